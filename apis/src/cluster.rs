@@ -1,0 +1,198 @@
+//! `InferenceCluster`: a member cluster of the fleet. Where it is (provider, region, zones),
+//! which law it is under (jurisdiction, country), how to reach it (kubeconfig Secret, entry
+//! URL), which node pools it has, and — in status — what capacity was observed there.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{CapacityType, ClusterTaint, Conditions, JurisdictionCode, SecretRef};
+
+/// A member cluster that runs model replicas.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "flotilla.dev",
+    version = "v1alpha1",
+    kind = "InferenceCluster",
+    shortname = "icl",
+    category = "flotilla",
+    status = "InferenceClusterStatus",
+    printcolumn(name = "Region", type_ = "string", json_path = ".spec.region"),
+    printcolumn(name = "Jurisdiction", type_ = "string", json_path = ".spec.jurisdiction"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Devices", type_ = "integer", json_path = ".status.devicesTotal"),
+    printcolumn(name = "Free", type_ = "integer", json_path = ".status.devicesFree"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.kubernetesVersion", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self.region == oldSelf.region").message("spec.region is immutable: register the cluster under a new name"))]
+#[x_kube(validation = Rule::new("self.jurisdiction == oldSelf.jurisdiction").message("spec.jurisdiction is immutable: register the cluster under a new name"))]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceClusterSpec {
+    /// The provider that runs the cluster and provisions its nodes.
+    pub provider: ClusterProvider,
+    /// Cloud region (`eu-central-1`) or a site name.
+    #[schemars(length(min = 1, max = 63))]
+    pub region: String,
+    /// Availability zones the cluster's nodes are in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
+    /// Jurisdiction code the cluster is under (`EU`, `US`, `APAC`).
+    pub jurisdiction: JurisdictionCode,
+    /// ISO 3166-1 alpha-2 country code (`DE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Z]{2}$"))]
+    pub country: Option<String>,
+    /// Where the member's kubeconfig is kept (key defaults to `kubeconfig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<ClusterCredentials>,
+    /// The in-cluster entry URL the fleet gateway sends requests to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^https?://[^\s/]+(/.*)?$"))]
+    pub endpoint: Option<String>,
+    /// Accelerator node pools.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub pools: Vec<NodePool>,
+    /// Taints: only deployments that tolerate them are placed here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<ClusterTaint>,
+    /// Set to stop new placements here (existing replicas stay).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordoned: bool,
+}
+
+/// Which provider runs the cluster. Exactly one is set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("[has(self.aws), has(self.static), has(self.sim)].filter(x, x).size() == 1").message("set exactly one of aws, static or sim"))]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterProvider {
+    /// An EKS cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsCluster>,
+    /// A cluster whose nodes are declared, not provisioned (on-premises, colocation).
+    #[serde(default, rename = "static", skip_serializing_if = "Option::is_none")]
+    pub static_: Option<StaticCluster>,
+    /// A simulated cloud, for tests and demos.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimCluster>,
+}
+
+/// Identity of an EKS cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwsCluster {
+    /// EKS cluster name.
+    #[schemars(length(min = 1, max = 100))]
+    pub eks_cluster: String,
+    /// AWS region of the EKS cluster.
+    #[schemars(regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]$"))]
+    pub region: String,
+    /// IAM role to assume for this cluster, if not the controller's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_arn: Option<String>,
+}
+
+/// A cluster with a fixed, declared inventory.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticCluster {
+    /// Free-form site description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+}
+
+/// A simulated cloud.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SimCluster {
+    /// Name of the simulated cloud.
+    #[schemars(length(min = 1, max = 63))]
+    pub cloud: String,
+}
+
+/// Where the member's credentials live in the control cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCredentials {
+    /// The Secret holding a kubeconfig.
+    pub secret_ref: SecretRef,
+}
+
+/// A pool of accelerator nodes of one InferenceClass.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("self.minNodes <= self.maxNodes").message("minNodes must be at most maxNodes"))]
+#[x_kube(validation = Rule::new("!has(self.nodes) || self.nodes <= self.maxNodes").message("nodes must be at most maxNodes"))]
+#[serde(rename_all = "camelCase")]
+pub struct NodePool {
+    /// Pool name, unique in the cluster; nodes carry it as label `flotilla.dev/pool`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// The InferenceClass of the pool's nodes.
+    #[schemars(length(min = 1, max = 253))]
+    pub class: String,
+    /// Nodes the provider keeps at least.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 10000))]
+    pub min_nodes: i32,
+    /// Nodes the provider may grow the pool to.
+    #[schemars(range(min = 0, max = 10000))]
+    pub max_nodes: i32,
+    /// Nodes that exist now. Declared for `static` pools and for offline planning;
+    /// the controller's observation in status takes precedence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub nodes: Option<i32>,
+    /// Capacity types the pool offers, in order of preference.
+    #[schemars(length(min = 1, max = 3))]
+    pub capacity_types: Vec<CapacityType>,
+    /// Capacity reservations backing the `reserved` type (`cr-0abc…`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservation_ids: Vec<String>,
+}
+
+/// Observed state of a member cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceClusterStatus {
+    /// The generation last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Reachable`, `CapacityKnown`, `Ready`.
+    #[serde(default)]
+    pub conditions: Conditions,
+    /// Observed capacity per pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatus>,
+    /// Devices over all pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices_total: Option<i64>,
+    /// Free devices over all pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices_free: Option<i64>,
+    /// The member's Kubernetes version (`v1.34.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    /// When the member last answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<Time>,
+}
+
+/// Observed capacity of one pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// The class its devices were matched to.
+    pub class: String,
+    /// Ready nodes in the pool.
+    pub nodes: i32,
+    /// Devices on those nodes.
+    pub devices_total: i64,
+    /// Devices allocated to pods or claims.
+    pub devices_allocated: i64,
+    /// Devices free.
+    pub devices_free: i64,
+}

@@ -1,0 +1,181 @@
+//! Every name Flotilla writes into the API that users may alert or match on: the API group,
+//! condition types, condition reasons (a closed set per kind), event reasons, finalizers,
+//! labels and the field manager. Nothing else in the workspace spells these strings.
+
+/// The API group of every Flotilla kind.
+pub const GROUP: &str = "flotilla.dev";
+/// The one served and stored version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as written in YAML.
+pub const API_VERSION: &str = "flotilla.dev/v1alpha1";
+
+/// The field manager used for every server-side apply Flotilla makes.
+pub const FIELD_MANAGER: &str = "flotilla";
+/// Finalizer that lets a ModelDeployment remove what it created in member clusters.
+pub const FINALIZER_MEMBER_CLEANUP: &str = "flotilla.dev/member-cleanup";
+/// Finalizer that lets a ModelCache remove its staging volumes and jobs.
+pub const FINALIZER_CACHE_CLEANUP: &str = "flotilla.dev/cache-cleanup";
+/// Finalizer that releases capacity obtained for a CapacityClaim.
+pub const FINALIZER_CAPACITY_RELEASE: &str = "flotilla.dev/capacity-release";
+
+/// Labels Flotilla puts on the objects it creates in member clusters and on nodes it asks for.
+pub mod labels {
+    /// The ModelDeployment (`<namespace>.<name>`) a member object belongs to.
+    pub const DEPLOYMENT: &str = "flotilla.dev/deployment";
+    /// The generation of the ModelDeployment that rendered the object.
+    pub const GENERATION: &str = "flotilla.dev/generation";
+    /// The InferenceCluster pool a node belongs to.
+    pub const POOL: &str = "flotilla.dev/pool";
+    /// The InferenceClass of a node.
+    pub const CLASS: &str = "flotilla.dev/class";
+    /// The CapacityClaim that asked for a node.
+    pub const CLAIM: &str = "flotilla.dev/claim";
+    /// Standard Kubernetes label marking who manages an object.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+}
+
+/// Condition types. Every kind has one aggregate `Ready`.
+pub mod condition {
+    /// Aggregate readiness, on every kind.
+    pub const READY: &str = "Ready";
+    /// InferenceCluster: the member's API server answers with the given credentials.
+    pub const REACHABLE: &str = "Reachable";
+    /// InferenceCluster: observed capacity is known and fresh.
+    pub const CAPACITY_KNOWN: &str = "CapacityKnown";
+    /// ModelDeployment: every replica has a place in the plan.
+    pub const PLACED: &str = "Placed";
+    /// ModelDeployment: the fleet (or a claim) has room for what the plan needs.
+    pub const CAPACITY_AVAILABLE: &str = "CapacityAvailable";
+    /// ModelDeployment: the gateway can route requests for the model.
+    pub const SERVING: &str = "Serving";
+    /// ModelDeployment: some but not all of the desired replicas are ready.
+    pub const DEGRADED: &str = "Degraded";
+    /// ModelDeployment: replicas wait for a ModelCache to be Ready in their cluster.
+    pub const WAITING_FOR_CACHE: &str = "WaitingForCache";
+    /// ModelCache / CapacityClaim: the spec is valid and accepted.
+    pub const ACCEPTED: &str = "Accepted";
+    /// ModelCache: weights are staged and verified in every target cluster.
+    pub const STAGED: &str = "Staged";
+    /// CapacityClaim: every pod set has the capacity it asked for.
+    pub const FULFILLED: &str = "Fulfilled";
+    /// CapacityClaim: a provider request is in flight.
+    pub const PROVISIONING: &str = "Provisioning";
+}
+
+/// Reasons, grouped by the kind whose conditions carry them. Each set is closed: a reason not
+/// listed here is never written.
+pub mod reason {
+    // Shared by every kind.
+    /// The spec failed validation; the message names the field.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// All is as asked.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// The controller has not observed enough yet to say.
+    pub const PENDING: &str = "Pending";
+
+    // InferenceCluster.
+    /// The referenced kubeconfig Secret does not exist.
+    pub const SECRET_MISSING: &str = "SecretMissing";
+    /// The Secret exists but holds no usable kubeconfig.
+    pub const SECRET_INVALID: &str = "SecretInvalid";
+    /// The member API server rejected the credentials.
+    pub const UNAUTHORIZED: &str = "Unauthorized";
+    /// The member API server did not answer in time.
+    pub const UNREACHABLE: &str = "Unreachable";
+    /// No node of the member matches any declared pool.
+    pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
+    /// Capacity was observed but is older than the staleness bound.
+    pub const CAPACITY_STALE: &str = "CapacityStale";
+    /// A pool names an InferenceClass that does not exist.
+    pub const UNKNOWN_CLASS: &str = "UnknownClass";
+
+    // ModelDeployment.
+    /// Every replica placed.
+    pub const PLACED: &str = "Placed";
+    /// Some or all replicas have no cluster with enough free devices.
+    pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
+    /// No cluster passes the deployment's selector and sovereignty rules.
+    pub const NO_ELIGIBLE_CLUSTER: &str = "NoEligibleCluster";
+    /// Placement uses a later device alternative than the first.
+    pub const FALLBACK_SELECTED: &str = "FallbackSelected";
+    /// The cheapest placement is above `maxCostPerHour`.
+    pub const COST_CEILING_EXCEEDED: &str = "CostCeilingExceeded";
+    /// A CapacityClaim was created or updated to obtain what is missing.
+    pub const CLAIM_PENDING: &str = "ClaimPending";
+    /// All desired replicas are ready.
+    pub const ALL_REPLICAS_READY: &str = "AllReplicasReady";
+    /// Some desired replicas are not ready.
+    pub const REPLICAS_NOT_READY: &str = "ReplicasNotReady";
+    /// No replica is ready anywhere.
+    pub const NO_REPLICAS_READY: &str = "NoReplicasReady";
+    /// A move between clusters is in progress (make-before-break).
+    pub const MOVING: &str = "Moving";
+    /// The gateway ejected every endpoint of the model.
+    pub const ALL_ENDPOINTS_EJECTED: &str = "AllEndpointsEjected";
+    /// The gateway routes the model with elevated errors or latency.
+    pub const SERVING_DEGRADED: &str = "Degraded";
+    /// The gateway routes the model normally.
+    pub const ROUTABLE: &str = "Routable";
+    /// A member cluster rejected an apply.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// The referenced ModelCache is not Ready in the cluster.
+    pub const CACHE_NOT_READY: &str = "CacheNotReady";
+
+    // ModelCache.
+    /// Staging waits to start in a cluster.
+    pub const CACHE_PENDING: &str = "Pending";
+    /// Weights are being downloaded.
+    pub const DOWNLOADING: &str = "Downloading";
+    /// The manifest digest is being checked.
+    pub const VERIFYING: &str = "Verifying";
+    /// The source refused the credentials.
+    pub const SOURCE_UNAUTHORIZED: &str = "SourceUnauthorized";
+    /// The source has no such model or revision.
+    pub const SOURCE_NOT_FOUND: &str = "SourceNotFound";
+    /// The staged files do not match the expected digest.
+    pub const DIGEST_MISMATCH: &str = "DigestMismatch";
+    /// No volume could be provisioned.
+    pub const STORAGE_UNAVAILABLE: &str = "StorageUnavailable";
+    /// The staging job failed for another reason; the message carries its log tail.
+    pub const JOB_FAILED: &str = "JobFailed";
+    /// Deletion waits because deployments still mount the cache.
+    pub const IN_USE: &str = "InUse";
+
+    // CapacityClaim.
+    /// A provider request is in flight.
+    pub const PROVISIONING: &str = "Provisioning";
+    /// Everything asked for was obtained.
+    pub const FULFILLED: &str = "Fulfilled";
+    /// Some pod sets or some of their pods have capacity, not all.
+    pub const PARTIALLY_FULFILLED: &str = "PartiallyFulfilled";
+    /// Capacity was obtained with a later device class or capacity type than the first.
+    pub const CLAIM_FALLBACK_SELECTED: &str = "FallbackSelected";
+    /// No provider offering had capacity for any allowed alternative.
+    pub const CAPACITY_UNAVAILABLE: &str = "CapacityUnavailable";
+    /// A provider quota stopped the request.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// The named reservation does not match the request (type, zone, size or dates).
+    pub const RESERVATION_MISMATCH: &str = "ReservationMismatch";
+    /// The claim passed `maxProvisioningLatency` unfulfilled, or its reservation ended.
+    pub const EXPIRED: &str = "Expired";
+    /// The provider took capacity back (spot interruption, reservation end).
+    pub const INTERRUPTED: &str = "Interrupted";
+    /// Scale-down waits for the application to drain.
+    pub const DRAIN_REQUIRED: &str = "DrainRequired";
+    /// Consolidation was wanted but the disruption policy forbids it now.
+    pub const CONSOLIDATION_BLOCKED: &str = "ConsolidationBlocked";
+}
+
+/// Event reasons (`Normal` and `Warning` events on Flotilla objects).
+pub mod event {
+    /// A deployment's placement changed.
+    pub const PLACEMENT_CHANGED: &str = "PlacementChanged";
+    /// A member workload was applied.
+    pub const APPLIED: &str = "Applied";
+    /// A member workload was removed.
+    pub const REMOVED: &str = "Removed";
+    /// A capacity request was sent to a provider.
+    pub const CAPACITY_REQUESTED: &str = "CapacityRequested";
+    /// A provider refused a capacity request.
+    pub const CAPACITY_REFUSED: &str = "CapacityRefused";
+}

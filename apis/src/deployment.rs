@@ -1,0 +1,382 @@
+//! `ModelDeployment`: a model to serve. Its source and engine, its topology and the devices
+//! each replica needs (an ordered list of alternatives with CEL selectors), and its placement
+//! policy: selector, sovereignty, spread, capacity types, cost ceiling. Status reports where
+//! replicas are, how many are ready, and why the rest are not placed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{CapacityType, ClusterToleration, Conditions, Sovereignty};
+
+/// A model served by the fleet.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "flotilla.dev",
+    version = "v1alpha1",
+    kind = "ModelDeployment",
+    namespaced,
+    shortname = "md",
+    category = "flotilla",
+    status = "ModelDeploymentStatus",
+    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.replicas"),
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.name"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Placed", type_ = "string", json_path = ".status.conditions[?(@.type==\"Placed\")].status"),
+    printcolumn(name = "Serving", type_ = "string", json_path = ".status.conditions[?(@.type==\"Serving\")].status"),
+    printcolumn(name = "Clusters", type_ = "string", json_path = ".status.clusters", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self.model.name == oldSelf.model.name").message("spec.model.name is immutable: clients route by it; create a new ModelDeployment"))]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDeploymentSpec {
+    /// What to serve.
+    pub model: ModelSource,
+    /// Desired replicas over the whole fleet.
+    #[schemars(range(min = 0, max = 100000))]
+    pub replicas: i32,
+    /// The serving engine container.
+    pub engine: Engine,
+    /// How a replica spans devices and nodes.
+    pub topology: Topology,
+    /// Which devices a replica may use, as ordered alternatives.
+    pub devices: DeviceRequest,
+    /// Where replicas may go.
+    #[serde(default)]
+    pub placement: PlacementPolicy,
+    /// How the gateway routes requests for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingPolicy>,
+}
+
+/// The model and where its weights come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSource {
+    /// The name clients put in `"model"`.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"))]
+    pub name: String,
+    /// Other names that route to this model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// Weights source: `hf://org/name@revision`, `s3://bucket/prefix` or `oci://registry/repo:tag`.
+    #[schemars(regex(pattern = r"^(hf|s3|oci)://.+$"))]
+    pub source: String,
+    /// A ModelCache in the same namespace that stages the weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_ref: Option<String>,
+}
+
+/// The engine container.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Engine {
+    /// Container image (`vllm/vllm-openai:v0.11.0`).
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// Arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Port the OpenAI-compatible API listens on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+}
+
+/// An environment variable of the engine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVar {
+    /// Name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// How replicas are built from devices and nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TopologyType {
+    /// One device per replica.
+    Standalone,
+    /// Several devices of one node per replica.
+    TensorParallel,
+    /// A replica spans several nodes (a LeaderWorkerSet).
+    MultiNode,
+    /// Prefill and decode run as separate roles.
+    Disaggregated,
+}
+
+/// The shape of one replica.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("self.type != 'Standalone' || self.devicesPerReplica == 1").message("Standalone replicas use exactly 1 device; use TensorParallel for more"))]
+#[x_kube(validation = Rule::new("self.type == 'MultiNode' || !has(self.nodesPerReplica) || self.nodesPerReplica == 1").message("nodesPerReplica above 1 needs type MultiNode"))]
+#[x_kube(validation = Rule::new("(self.type == 'Disaggregated') == (has(self.roles) && size(self.roles) > 0)").message("roles are required for, and only for, type Disaggregated"))]
+#[serde(rename_all = "camelCase")]
+pub struct Topology {
+    /// `Standalone`, `TensorParallel`, `MultiNode` or `Disaggregated`.
+    #[serde(rename = "type")]
+    pub type_: TopologyType,
+    /// Devices per replica (per node for MultiNode; ignored for Disaggregated, whose roles say).
+    #[schemars(range(min = 1, max = 64))]
+    pub devices_per_replica: u32,
+    /// Nodes per replica (MultiNode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub nodes_per_replica: Option<u32>,
+    /// Prefill/decode roles (Disaggregated): one replica is one of each role's pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub roles: Vec<TopologyRole>,
+}
+
+impl Topology {
+    /// Devices one whole replica uses.
+    pub fn devices_per_replica_total(&self) -> u32 {
+        match self.type_ {
+            TopologyType::Disaggregated => self.roles.iter().map(|r| r.devices_per_pod * r.pods).sum(),
+            TopologyType::MultiNode => self.devices_per_replica * self.nodes_per_replica.unwrap_or(1),
+            _ => self.devices_per_replica,
+        }
+    }
+}
+
+/// The role of a pod in a disaggregated replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum RoleName {
+    /// Computes the prompt's KV cache.
+    Prefill,
+    /// Generates tokens.
+    Decode,
+}
+
+/// One role of a disaggregated replica.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyRole {
+    /// `prefill` or `decode`.
+    pub name: RoleName,
+    /// Pods of this role per replica.
+    #[schemars(range(min = 1, max = 64))]
+    pub pods: u32,
+    /// Devices per pod of this role, all on one node.
+    #[schemars(range(min = 1, max = 64))]
+    pub devices_per_pod: u32,
+}
+
+/// Devices a replica may use: ordered alternatives, the first preferred.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRequest {
+    /// Alternatives in order of preference (at most 8, as DRA's `firstAvailable`).
+    #[schemars(length(min = 1, max = 8))]
+    pub alternatives: Vec<DeviceAlternative>,
+}
+
+/// One device alternative: a class, CEL selectors, or both.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.class) || (has(self.selectors) && size(self.selectors) > 0)").message("name a class, give selectors, or both"))]
+#[x_kube(validation = Rule::new("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas").message("minReplicas must be at most maxReplicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceAlternative {
+    /// An InferenceClass the devices must be of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// CEL expressions over `device` (DRA dialect); all must be true.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub selectors: Vec<CelExpression>,
+    /// Place at least this many replicas on this alternative, or report it unmet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub min_replicas: Option<i32>,
+    /// Place at most this many replicas on this alternative.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_replicas: Option<i32>,
+}
+
+/// A CEL expression, at most 10 KiB as in DRA.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct CelExpression(#[schemars(length(min = 1, max = 10240))] pub String);
+
+/// What spread is measured over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SpreadDomain {
+    /// Member clusters.
+    Cluster,
+    /// Availability zones.
+    Zone,
+    /// Regions.
+    Region,
+}
+
+/// Spread of replicas over a domain.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Spread {
+    /// The domain.
+    pub by: SpreadDomain,
+    /// Largest allowed difference in replicas between two eligible domains.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_skew: i32,
+}
+
+/// How replicas are divided among eligible clusters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SplitStrategy {
+    /// Fill the best-scoring cluster first.
+    #[default]
+    Packed,
+    /// Divide in proportion to free capacity.
+    Proportional,
+}
+
+/// Where replicas may go and what is preferred.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementPolicy {
+    /// Only clusters whose labels match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    /// Jurisdictions and regions allowed; applies to routing too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sovereignty: Option<Sovereignty>,
+    /// Spread over clusters, zones or regions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+    /// `Packed` (default) or `Proportional`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitStrategy>,
+    /// Allowed capacity types, in order of preference. Empty: reserved, on-demand.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub capacity_types: Vec<CapacityType>,
+    /// Most the whole deployment may cost per hour, in USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,9}(\.[0-9]{1,6})?$"))]
+    pub max_cost_per_hour: Option<String>,
+    /// Cluster taints this deployment tolerates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<ClusterToleration>,
+    /// Higher goes first when capacity is short.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: Option<i32>,
+    /// Capacity to ask for when the fleet has no room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_claim_template: Option<CapacityClaimTemplate>,
+}
+
+impl PlacementPolicy {
+    /// Capacity types allowed, in order, with the default applied.
+    pub fn capacity_types_or_default(&self) -> Vec<CapacityType> {
+        if self.capacity_types.is_empty() {
+            vec![CapacityType::Reserved, CapacityType::OnDemand]
+        } else {
+            self.capacity_types.clone()
+        }
+    }
+}
+
+/// What a generated CapacityClaim asks for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityClaimTemplate {
+    /// Capacity types to ask for, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity_types: Vec<CapacityType>,
+    /// Give up (condition `Expired`) if not fulfilled within this (`15m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub max_provisioning_latency: Option<String>,
+}
+
+/// Routing hints for the gateway.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingPolicy {
+    /// Models to serve instead when this one has no healthy allowed cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
+}
+
+/// Observed state of a ModelDeployment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDeploymentStatus {
+    /// The generation last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Placed`, `CapacityAvailable`, `Ready`, `Serving`, `Degraded`, `WaitingForCache`.
+    #[serde(default)]
+    pub conditions: Conditions,
+    /// Desired replicas placed (the scale subresource's status).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Replicas observed ready in member clusters.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Human summary such as `eu-fra-1:4/4,eu-par-1:2/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<String>,
+    /// Where replicas are meant to run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<ClusterPlacement>,
+    /// Replicas with no place, and why each cluster refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaced: Option<Unplaced>,
+}
+
+/// Replicas on one cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPlacement {
+    /// The InferenceCluster.
+    pub cluster: String,
+    /// The pool.
+    pub pool: String,
+    /// The InferenceClass.
+    pub class: String,
+    /// How the nodes are paid for.
+    pub capacity_type: CapacityType,
+    /// 1 for the first device alternative, 2 for the second, ...
+    pub fallback_rank: i32,
+    /// Replicas meant to run here.
+    pub desired: i32,
+    /// Replicas observed ready here.
+    #[serde(default)]
+    pub ready: i32,
+}
+
+/// Replicas that could not be placed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Unplaced {
+    /// How many.
+    pub replicas: i32,
+    /// The first reason each cluster gave.
+    #[serde(default)]
+    pub reasons: Vec<ClusterRejection>,
+}
+
+/// Why one cluster could not take a replica.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRejection {
+    /// The InferenceCluster.
+    pub cluster: String,
+    /// A machine-readable reason (`JurisdictionNotAllowed`, `InsufficientDevices`, ...).
+    pub reason: String,
+    /// The numbers behind it.
+    pub message: String,
+}

