@@ -1,0 +1,73 @@
+//! `fleetctl validate` as a user runs it: the example fleet passes, and every broken fixture
+//! under `tests/fixtures/invalid/` fails with exit code 1 and a message naming the file, the
+//! field and the problem (each fixture's `.expect`: line 1 the field, line 2 the message).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn fleetctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fleetctl")).args(args).current_dir(repo()).output().expect("run fleetctl")
+}
+
+#[test]
+fn example_fleet_is_valid_without_warnings() {
+    let out = fleetctl(&["validate", "-f", "examples/fleet", "--strict"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("0 error(s), 0 warning(s)"), "{stdout}");
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
+#[test]
+fn every_invalid_fixture_fails_naming_file_field_and_problem() {
+    let dir = repo().join("tests/fixtures/invalid");
+    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    fixtures.sort();
+    assert!(fixtures.len() >= 12, "at least 12 invalid fixtures, found {}", fixtures.len());
+    let mut failures = Vec::new();
+    for fixture in &fixtures {
+        let rel = fixture.strip_prefix(repo()).unwrap().to_string_lossy().to_string();
+        let expect = std::fs::read_to_string(fixture.with_extension("expect")).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        let mut lines = expect.lines();
+        let (field, message) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+        let out = fleetctl(&["validate", "-f", &rel]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let ok =
+            out.status.code() == Some(1) && stderr.contains(&rel) && stderr.contains(field) && stderr.contains(message);
+        if !ok {
+            failures.push(format!(
+                "{rel}: exit {:?}, wanted field {field:?} and {message:?} in:\n{stderr}",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn json_report_lists_problems_with_locations() {
+    let out = fleetctl(&["validate", "-f", "tests/fixtures/invalid/05-negative-replicas.yaml", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"], 1);
+    let p = &report["problems"][0];
+    assert_eq!(p["field"], "spec.replicas");
+    assert!(p["line"].as_u64().unwrap() >= 1);
+    assert!(Path::new(p["file"].as_str().unwrap()).ends_with("05-negative-replicas.yaml"));
+}
+
+#[test]
+fn missing_path_is_a_clear_error() {
+    let out = fleetctl(&["validate", "-f", "does/not/exist"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does/not/exist"));
+}
