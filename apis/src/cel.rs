@@ -168,7 +168,12 @@ impl SelectorEngine {
         match selector.program.execute(&ctx) {
             Ok(Value::Bool(b)) => Ok(b),
             Ok(other) => Err(SelectorError::NonBool {
-                got: format!("{:?}", other.type_of()),
+                got: match other {
+                    Value::Opaque(_) => {
+                        "a quantity or version; compare it, e.g. `.compareTo(quantity(\"80Gi\")) >= 0`".to_string()
+                    }
+                    v => format!("{:?}", v.type_of()).to_lowercase(),
+                },
                 expression: selector.expression.clone(),
             }),
             Err(e) => Err(SelectorError::Evaluation {

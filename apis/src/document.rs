@@ -185,6 +185,9 @@ pub struct Parsed {
     pub problems: Vec<Problem>,
     /// Documents of other API groups (Namespaces, Secrets, Argo CD objects), skipped.
     pub skipped: Vec<(SourceLocation, String)>,
+    /// Flotilla documents refused with errors: (kind, namespace, name). References to them are
+    /// not reported again as unknown.
+    pub refused: Vec<(Kind, Option<String>, String)>,
 }
 
 /// A raw document of a stream: its text and first line.
@@ -229,7 +232,11 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
             field: field.to_string(),
             message,
         };
-        let json: Json = match serde_yaml_ng::from_str(raw.text) {
+        // Through serde_yaml_ng's own Value first: it refuses duplicate keys, which a JSON map
+        // would silently resolve to the last one (`jurisdiction: EU` then `jurisdiction: US`).
+        let json: Json = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(raw.text)
+            .and_then(|v| serde_json::to_value(v).map_err(serde::de::Error::custom))
+        {
             Ok(v) => v,
             Err(e) => {
                 let at = e.location().map(|l| format!(" at line {}, column {}", raw.line + l.line() - 1, l.column()));
@@ -258,9 +265,9 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
             parsed.skipped.push((location.clone(), format!("{api_version} {kind_name}")));
             continue;
         }
-        let name = map.get("metadata").and_then(|m| m.get("name")).and_then(Json::as_str).unwrap_or("");
-        let ns = map.get("metadata").and_then(|m| m.get("namespace")).and_then(Json::as_str);
-        let object_name = match (ns, name.is_empty()) {
+        let name = map.get("metadata").and_then(|m| m.get("name")).and_then(Json::as_str).unwrap_or("").to_string();
+        let ns = map.get("metadata").and_then(|m| m.get("namespace")).and_then(Json::as_str).map(str::to_string);
+        let object_name = match (ns.as_deref(), name.is_empty()) {
             (_, true) => Some(kind_name.to_string()),
             (Some(ns), false) => Some(format!("{kind_name} {ns}/{name}")),
             (None, false) => Some(format!("{kind_name} {name}")),
@@ -270,6 +277,14 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
                 "apiVersion",
                 object_name,
                 format!("apiVersion {api_version} is not served; this release serves {API_VERSION}"),
+            ));
+            continue;
+        }
+        if kind_name.is_empty() {
+            parsed.problems.push(error(
+                "kind",
+                object_name,
+                "kind is missing: set it to one of the Flotilla kinds".into(),
             ));
             continue;
         }
@@ -284,6 +299,7 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
         };
         let schema_problems = checker.check(kind, &json);
         if !schema_problems.is_empty() {
+            parsed.refused.push((kind, ns.clone(), name.clone()));
             for (field, message) in schema_problems {
                 parsed.problems.push(error(&field, object_name.clone(), message));
             }
@@ -291,7 +307,10 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
         }
         match typed(kind, json) {
             Ok(object) => parsed.objects.push(Located { location, value: object }),
-            Err((field, message)) => parsed.problems.push(error(&field, object_name, message)),
+            Err((field, message)) => {
+                parsed.refused.push((kind, ns.clone(), name.clone()));
+                parsed.problems.push(error(&field, object_name, message));
+            }
         }
     }
     parsed

@@ -88,8 +88,17 @@ impl Checker {
             return;
         }
         if schema.get("x-kubernetes-int-or-string").and_then(Json::as_bool) == Some(true) {
-            if !(value.is_i64() || value.is_u64() || value.is_string()) {
-                out.push((at(path), format!("must be an integer or a string, not {}", type_name(value))));
+            // Every int-or-string field of ours is a resource quantity.
+            match value {
+                Json::Number(n) if n.is_i64() || n.is_u64() => {}
+                Json::String(q) if is_quantity(q) => {}
+                Json::String(q) => out.push((
+                    at(path),
+                    format!("{q:?} is not a quantity: write a number with an optional suffix (80Gi, 16G, 500M, 2)"),
+                )),
+                other => {
+                    out.push((at(path), format!("must be a quantity (80Gi) or an integer, not {}", type_name(other))))
+                }
             }
             return;
         }
@@ -119,7 +128,8 @@ impl Checker {
             }
             Some("string") => {
                 let Some(s) = value.as_str() else {
-                    out.push((at(path), format!("must be a string, not {}", type_name(value))));
+                    let hint = if value.is_number() { format!(": quote it, \"{value}\"") } else { String::new() };
+                    out.push((at(path), format!("must be a string, not {}{hint}", type_name(value))));
                     return;
                 };
                 self.check_string(schema, s, path, out);
@@ -281,6 +291,16 @@ fn check_metadata(kind: Kind, metadata: Option<&Json>, out: &mut Vec<FieldProble
             }
         }
     }
+}
+
+/// Whether `s` is a Kubernetes resource quantity (`80Gi`, `1.5`, `500m`, `1e3`).
+pub fn is_quantity(s: &str) -> bool {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    RE.get_or_init(|| {
+        Regex::new(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$").ok()
+    })
+    .as_ref()
+    .is_some_and(|re| re.is_match(s))
 }
 
 fn is_dns_label(s: &str) -> bool {

@@ -34,8 +34,14 @@ impl<'a> Sink<'a> {
     }
 }
 
-/// Checks a set of objects together and returns every problem found.
-pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
+/// Checks a set of objects together and returns every problem found. `refused` names the
+/// documents already refused with errors: references to them are not reported again.
+pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<String>, String)]) -> Vec<Problem> {
+    let refused_named = |kind: Kind, ns: Option<&str>, name: &str| {
+        refused.iter().any(|(k, n, m)| {
+            *k == kind && m == name && (ns.is_none() || n.as_deref().unwrap_or("default") == ns.unwrap_or(""))
+        })
+    };
     let engine = SelectorEngine::new();
     let mut sink = Sink { problems: Vec::new(), current: None };
 
@@ -76,6 +82,14 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
         }
     }
     let class_names: BTreeSet<&str> = classes.keys().copied().collect();
+    let per_node: BTreeMap<&str, u32> = objects
+        .iter()
+        .filter_map(|o| match &o.value {
+            FleetObject::Class(c) => Some((o.value.name(), c.spec.devices_per_node)),
+            _ => None,
+        })
+        .collect();
+    let known_class = |name: &str| class_names.contains(name) || refused_named(Kind::InferenceClass, None, name);
     let jurisdictions: BTreeSet<&str> = objects
         .iter()
         .filter_map(|o| match &o.value {
@@ -125,11 +139,17 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
                             format!("duplicate pool name {:?} in this cluster", p.name),
                         );
                     }
-                    if !class_names.contains(p.class.as_str()) {
+                    if !known_class(&p.class) {
                         sink.error(format!("spec.pools[{i}].class"), unknown_class(&p.class));
                     }
                     if has_duplicates(&p.capacity_types) {
                         sink.error(format!("spec.pools[{i}].capacityTypes"), "lists a capacity type twice");
+                    }
+                    if !p.reservation_ids.is_empty() && !p.capacity_types.contains(&CapacityType::Reserved) {
+                        sink.warn(
+                            format!("spec.pools[{i}].reservationIds"),
+                            "reservations are named but capacityTypes does not include reserved",
+                        );
                     }
                     if p.capacity_types.contains(&CapacityType::Reserved)
                         && p.reservation_ids.is_empty()
@@ -151,7 +171,7 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
                 for (i, alt) in s.devices.alternatives.iter().enumerate() {
                     let field = format!("spec.devices.alternatives[{i}]");
                     if let Some(class) = &alt.class
-                        && !class_names.contains(class.as_str())
+                        && !known_class(class)
                     {
                         sink.error(format!("{field}.class"), unknown_class(class));
                     }
@@ -169,6 +189,7 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
                 }
                 if let Some(cache) = &s.model.cache_ref
                     && !caches.contains(&(ns, cache.as_str()))
+                    && !refused_named(Kind::ModelCache, Some(ns), cache)
                 {
                     sink.error(
                         "spec.model.cacheRef",
@@ -188,14 +209,45 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
                         }
                     }
                 }
+                check_fit_deployment(&mut sink, s, &per_node);
+                if let Some(sel) = &s.placement.cluster_selector {
+                    check_label_selector(&mut sink, "spec.placement.clusterSelector", sel);
+                }
+                if let Some(t) = &s.placement.capacity_claim_template {
+                    if has_duplicates(&t.capacity_types) {
+                        sink.error("spec.placement.capacityClaimTemplate.capacityTypes", "lists a capacity type twice");
+                    }
+                }
+                if let Some(sov) = &s.placement.sovereignty {
+                    for r in sov.allowed_regions.iter().filter(|r| sov.denied_regions.contains(r)) {
+                        sink.warn(
+                            "spec.placement.sovereignty.deniedRegions",
+                            format!("{r} is both allowed and denied; denied wins"),
+                        );
+                    }
+                }
+                if let Some(routing) = &s.routing {
+                    if let Some(i) = routing.fallback_models.iter().position(|m| *m == s.model.name) {
+                        sink.error(format!("spec.routing.fallbackModels[{i}]"), "a model cannot fall back to itself");
+                    }
+                }
                 let roles: Vec<_> = s.topology.roles.iter().map(|r| r.name).collect();
                 if roles.iter().enumerate().any(|(i, r)| roles[..i].contains(r)) {
                     sink.error("spec.topology.roles", "each role (prefill, decode) may appear once");
                 }
             }
             FleetObject::Cache(c) => {
+                if let Some(sel) = &c.spec.targets.cluster_selector {
+                    check_label_selector(&mut sink, "spec.targets.clusterSelector", sel);
+                }
+                let size = c.spec.size.0.trim();
+                if size.starts_with('-')
+                    || size.trim_start_matches(['0', '.', '+']).chars().next().is_none_or(|ch| !ch.is_ascii_digit())
+                {
+                    sink.error("spec.size", format!("{size:?} must be a positive quantity such as 140Gi"));
+                }
                 for (i, d) in c.spec.targets.deployments.iter().enumerate() {
-                    if !deployments.contains(&(ns, d.as_str())) {
+                    if !deployments.contains(&(ns, d.as_str())) && !refused_named(Kind::ModelDeployment, Some(ns), d) {
                         sink.error(
                             format!("spec.targets.deployments[{i}]"),
                             format!("no ModelDeployment {ns}/{d} in this set"),
@@ -210,13 +262,41 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
                         sink.error(format!("spec.podSets[{i}].name"), format!("duplicate pod set name {:?}", p.name));
                     }
                 }
+                let usable: Vec<u32> = c
+                    .spec
+                    .capacity
+                    .device_classes
+                    .iter()
+                    .flat_map(|dc| match &dc.class {
+                        Some(name) => per_node.get(name.as_str()).copied().into_iter().collect::<Vec<_>>(),
+                        None => per_node.values().copied().collect(),
+                    })
+                    .collect();
+                if let Some(max) = usable.iter().copied().max() {
+                    for (i, p) in c.spec.pod_sets.iter().enumerate() {
+                        if p.devices_per_pod.max(0) as u32 > max {
+                            sink.error(
+                                format!("spec.podSets[{i}].devicesPerPod"),
+                                format!("{} devices on one node, but the usable classes have at most {max} devices per node", p.devices_per_pod),
+                            );
+                        }
+                    }
+                }
+                if !c.spec.capacity.reservation_ids.is_empty()
+                    && !c.spec.capacity.capacity_types.contains(&CapacityType::Reserved)
+                {
+                    sink.warn(
+                        "spec.capacity.reservationIds",
+                        "reservations are named but capacityTypes does not include reserved",
+                    );
+                }
                 if has_duplicates(&c.spec.capacity.capacity_types) {
                     sink.error("spec.capacity.capacityTypes", "lists a capacity type twice");
                 }
                 for (i, dc) in c.spec.capacity.device_classes.iter().enumerate() {
                     let field = format!("spec.capacity.deviceClasses[{i}]");
                     if let Some(class) = &dc.class
-                        && !class_names.contains(class.as_str())
+                        && !known_class(class)
                     {
                         sink.error(format!("{field}.class"), unknown_class(class));
                     }
@@ -226,6 +306,67 @@ pub fn validate_set(objects: &[Located<FleetObject>]) -> Vec<Problem> {
         }
     }
     sink.problems
+}
+
+/// A pod of the topology needs more devices on one node than any class it may use offers.
+fn check_fit_deployment(sink: &mut Sink<'_>, s: &crate::ModelDeploymentSpec, per_node: &BTreeMap<&str, u32>) {
+    use crate::deployment::TopologyType;
+    let usable: Vec<u32> = s
+        .devices
+        .alternatives
+        .iter()
+        .flat_map(|alt| match &alt.class {
+            Some(name) => per_node.get(name.as_str()).copied().into_iter().collect::<Vec<_>>(),
+            None => per_node.values().copied().collect(),
+        })
+        .collect();
+    let Some(max) = usable.iter().copied().max() else { return };
+    let t = &s.topology;
+    let mut pods: Vec<(String, u32)> = Vec::new();
+    match t.type_ {
+        TopologyType::Disaggregated => {
+            for (i, r) in t.roles.iter().enumerate() {
+                pods.push((format!("spec.topology.roles[{i}].devicesPerPod"), r.devices_per_pod));
+            }
+        }
+        _ => pods.push(("spec.topology.devicesPerReplica".to_string(), t.devices_per_replica)),
+    }
+    for (field, n) in pods {
+        if n > max {
+            sink.error(
+                field,
+                format!("{n} devices on one node, but the classes this deployment may use have at most {max} devices per node: use MultiNode or a larger class"),
+            );
+        }
+    }
+}
+
+/// Operators and values of a label selector, as the API server checks them.
+fn check_label_selector(
+    sink: &mut Sink<'_>,
+    field: &str,
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) {
+    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
+        let f = format!("{field}.matchExpressions[{i}]");
+        let n = e.values.as_ref().map_or(0, Vec::len);
+        match e.operator.as_str() {
+            "In" | "NotIn" if n == 0 => {
+                sink.error(format!("{f}.values"), format!("{} needs at least one value", e.operator))
+            }
+            "Exists" | "DoesNotExist" if n > 0 => {
+                sink.error(format!("{f}.values"), format!("{} takes no values", e.operator))
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => sink.error(
+                format!("{f}.operator"),
+                format!("{other:?} is not allowed; use one of \"In\", \"NotIn\", \"Exists\", \"DoesNotExist\""),
+            ),
+        }
+        if e.key.is_empty() {
+            sink.error(format!("{f}.key"), "must not be empty");
+        }
+    }
 }
 
 fn has_duplicates(types: &[CapacityType]) -> bool {

@@ -20,7 +20,7 @@ impl Fleet {
     /// Per-document problems plus the problems of the set as a whole, sorted by place.
     pub fn problems(&self) -> Vec<Problem> {
         let mut all = self.parsed.problems.clone();
-        all.extend(validate_set(&self.parsed.objects));
+        all.extend(validate_set(&self.parsed.objects, &self.parsed.refused));
         all.sort_by(|a, b| a.location.cmp(&b.location).then(a.field.cmp(&b.field)));
         all
     }
@@ -70,6 +70,7 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
         parsed.objects.extend(one.objects);
         parsed.problems.extend(one.problems);
         parsed.skipped.extend(one.skipped);
+        parsed.refused.extend(one.refused);
     }
     Ok(Fleet { files: files.len(), parsed })
 }

@@ -41,11 +41,16 @@ fn every_invalid_fixture_fails_naming_file_field_and_problem() {
         let (field, message) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
         let out = fleetctl(&["validate", "-f", &rel]);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let ok =
-            out.status.code() == Some(1) && stderr.contains(&rel) && stderr.contains(field) && stderr.contains(message);
+        // Exactly one error: the intended one, with no follow-on errors.
+        let errors = stderr.lines().filter(|l| l.contains(": error: ")).count();
+        let ok = out.status.code() == Some(1)
+            && errors == 1
+            && stderr.contains(&rel)
+            && stderr.contains(field)
+            && stderr.contains(message);
         if !ok {
             failures.push(format!(
-                "{rel}: exit {:?}, wanted field {field:?} and {message:?} in:\n{stderr}",
+                "{rel}: exit {:?}, {errors} error(s); wanted one naming {field:?} and {message:?} in:\n{stderr}",
                 out.status.code()
             ));
         }
