@@ -20,5 +20,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace --locked
 
-step "fleetctl validate -f examples/fleet"
+step "fleetctl validate + plan on examples/fleet (the README's main command)"
 cargo run -q --locked -p fleetctl -- validate -f examples/fleet
+cargo run -q --locked -p fleetctl -- plan -f examples/fleet

@@ -213,10 +213,10 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                 if let Some(sel) = &s.placement.cluster_selector {
                     check_label_selector(&mut sink, "spec.placement.clusterSelector", sel);
                 }
-                if let Some(t) = &s.placement.capacity_claim_template {
-                    if has_duplicates(&t.capacity_types) {
-                        sink.error("spec.placement.capacityClaimTemplate.capacityTypes", "lists a capacity type twice");
-                    }
+                if let Some(t) = &s.placement.capacity_claim_template
+                    && has_duplicates(&t.capacity_types)
+                {
+                    sink.error("spec.placement.capacityClaimTemplate.capacityTypes", "lists a capacity type twice");
                 }
                 if let Some(sov) = &s.placement.sovereignty {
                     for r in sov.allowed_regions.iter().filter(|r| sov.denied_regions.contains(r)) {
@@ -226,10 +226,10 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                         );
                     }
                 }
-                if let Some(routing) = &s.routing {
-                    if let Some(i) = routing.fallback_models.iter().position(|m| *m == s.model.name) {
-                        sink.error(format!("spec.routing.fallbackModels[{i}]"), "a model cannot fall back to itself");
-                    }
+                if let Some(routing) = &s.routing
+                    && let Some(i) = routing.fallback_models.iter().position(|m| *m == s.model.name)
+                {
+                    sink.error(format!("spec.routing.fallbackModels[{i}]"), "a model cannot fall back to itself");
                 }
                 let roles: Vec<_> = s.topology.roles.iter().map(|r| r.name).collect();
                 if roles.iter().enumerate().any(|(i, r)| roles[..i].contains(r)) {

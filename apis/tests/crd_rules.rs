@@ -1,6 +1,8 @@
 //! Every CEL rule of the CRDs (`x-kubernetes-validations`), evaluated client-side on the
 //! generated schema: each rule rejects what it should, and its negative twin passes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
+
 use flotilla_apis::document::Kind;
 use flotilla_apis::schema_check::Checker;
 use serde_json::{Value, json};

@@ -1,6 +1,8 @@
 //! The generated CRDs: five of them, each with a status subresource, printer columns and
 //! short names, and identical to the YAML committed under `charts/flotilla/crds/`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
+
 use std::path::PathBuf;
 
 use flotilla_apis::crd;

@@ -26,6 +26,13 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// The solver's snapshot of the loaded objects.
+    pub fn snapshot(&self) -> flotilla_placement::FleetSnapshot {
+        flotilla_placement::FleetSnapshot::from_objects(self.parsed.objects.iter().map(|o| &o.value))
+    }
+}
+
 fn collect(path: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     if meta.is_dir() {

@@ -7,6 +7,7 @@ use clap::Parser;
 
 mod cli;
 mod load;
+mod render;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

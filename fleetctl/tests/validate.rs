@@ -2,6 +2,8 @@
 //! under `tests/fixtures/invalid/` fails with exit code 1 and a message naming the file, the
 //! field and the problem (each fixture's `.expect`: line 1 the field, line 2 the message).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,1 +1,13 @@
-//! The placement solver: a pure function from a fleet snapshot to a plan where every ModelDeployment replica runs, with a machine-readable reason for every cluster that was rejected.
+//! The placement solver: a pure function from a fleet snapshot to a plan where every
+//! ModelDeployment replica runs, with a machine-readable reason for every cluster that was
+//! rejected. No I/O, no clock, no global state: the same snapshot gives the same plan.
+
+pub mod devices;
+pub mod filters;
+pub mod plan;
+pub mod snapshot;
+mod solve;
+
+pub use plan::{Assignment, DeploymentPlan, Plan, Reason, Rejection};
+pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView};
+pub use solve::{SolveOptions, solve};

@@ -1,0 +1,152 @@
+//! Rendering plans for people: the placement table, the unplaced section with every cluster's
+//! reason, and `explain`'s per-cluster filter verdicts and candidate scores.
+
+use std::fmt::Write as _;
+
+use flotilla_apis::common::format_price_micros;
+use flotilla_placement::plan::{DeploymentPlan, Plan};
+
+fn table(rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if widths.len() <= i {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The plan as a table plus an unplaced section.
+pub fn plan_table(plan: &Plan) -> String {
+    let mut rows = vec![
+        ["DEPLOYMENT", "MODEL", "CLUSTER", "POOL", "REPLICAS", "CLASS", "CAPACITY", "FALLBACK", "$/H"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for d in &plan.deployments {
+        let id = format!("{}/{}", d.namespace, d.name);
+        if d.assignments.is_empty() {
+            rows.push(vec![
+                id.clone(),
+                d.model.clone(),
+                "-".into(),
+                "-".into(),
+                "0".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "0.00".into(),
+            ]);
+        }
+        for a in &d.assignments {
+            rows.push(vec![
+                id.clone(),
+                d.model.clone(),
+                a.cluster.clone(),
+                a.pool.clone(),
+                a.replicas.to_string(),
+                a.class.clone(),
+                a.capacity_type.to_string(),
+                a.fallback_rank.to_string(),
+                format_price_micros(a.cost_micros_per_hour),
+            ]);
+        }
+    }
+    let mut out = table(&rows);
+    let placed: u32 = plan.deployments.iter().flat_map(|d| &d.assignments).map(|a| a.replicas).sum();
+    let desired: u32 = plan.deployments.iter().map(|d| d.desired).sum();
+    let cost: u64 = plan.deployments.iter().map(|d| d.cost_micros_per_hour).sum();
+    let _ = writeln!(out, "\n{placed} of {desired} replicas placed, ${}/h", format_price_micros(cost));
+    let short: Vec<&DeploymentPlan> =
+        plan.deployments.iter().filter(|d| d.unplaced > 0 || !d.unmet_minimums.is_empty()).collect();
+    if !short.is_empty() {
+        out.push_str("\nUNPLACED\n");
+        for d in short {
+            out.push_str(&unplaced_section(d));
+        }
+    }
+    out
+}
+
+fn unplaced_section(d: &DeploymentPlan) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}/{}: {} of {} replicas unplaced", d.namespace, d.name, d.unplaced, d.desired);
+    for m in &d.unmet_minimums {
+        let _ = writeln!(out, "  alternative {} wants at least {} replicas, got {}", m.rank, m.wanted, m.placed);
+    }
+    let rows: Vec<Vec<String>> = d
+        .rejections
+        .iter()
+        .map(|r| vec![format!("  {}", r.cluster), r.reason.to_string(), r.message.clone()])
+        .collect();
+    out.push_str(&table(&rows));
+    out
+}
+
+/// `explain`: every cluster's verdicts and candidates for one deployment.
+pub fn explain_text(d: &DeploymentPlan) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}/{} (model {}): {} of {} replicas placed, ${}/h",
+        d.namespace,
+        d.name,
+        d.model,
+        d.desired - d.unplaced,
+        d.desired,
+        format_price_micros(d.cost_micros_per_hour)
+    );
+    for c in d.explanation.iter().flatten() {
+        let _ = writeln!(out, "\n{} — {} replica(s) placed", c.cluster, c.placed);
+        let mut rows = Vec::new();
+        for v in &c.verdicts {
+            let verdict = match v.reason {
+                None => "pass".to_string(),
+                Some(r) => format!("FAIL {r}"),
+            };
+            rows.push(vec![format!("  {}", v.filter), verdict, v.detail.clone()]);
+        }
+        out.push_str(&table(&rows));
+        if !c.candidates.is_empty() {
+            let mut rows = vec![
+                ["  POOL", "CLASS", "ALT", "CAPACITY", "PREF", "$/H/REPLICA", "STICKY", "FREE SLOTS"]
+                    .map(String::from)
+                    .to_vec(),
+            ];
+            for s in &c.candidates {
+                rows.push(vec![
+                    format!("  {}", s.pool),
+                    s.class.clone(),
+                    s.fallback_rank.to_string(),
+                    s.capacity_type.to_string(),
+                    (s.capacity_type_rank + 1).to_string(),
+                    format_price_micros(s.replica_price_micros),
+                    if s.sticky { "yes" } else { "no" }.to_string(),
+                    s.free_replica_slots.to_string(),
+                ]);
+            }
+            out.push_str(&table(&rows));
+        }
+    }
+    if d.unplaced > 0 {
+        out.push('\n');
+        out.push_str(&unplaced_section(d));
+    }
+    out
+}

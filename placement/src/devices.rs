@@ -1,0 +1,222 @@
+//! Device matching and fit. Which classes each device alternative accepts (class name and CEL
+//! selectors, compiled once per expression and evaluated once per class), the pods one replica
+//! needs (devices each, each on one node), and whether a pool's free devices can hold them.
+
+use std::collections::HashMap;
+
+use flotilla_apis::cel::{CelValue, Selector, SelectorEngine, SelectorError};
+use flotilla_apis::deployment::{DeviceAlternative, Topology, TopologyType};
+
+use crate::plan::Reason;
+use crate::snapshot::ClassView;
+
+/// Result of matching one alternative against one class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClassMatch {
+    /// Every selector is true.
+    Match,
+    /// Some selector is false, or the class is not the named one.
+    NoMatch(String),
+    /// A selector failed to evaluate (other than a missing attribute) or returned a non-bool.
+    Error(String),
+}
+
+/// Caches compiled selectors and device values for one solve.
+pub struct DeviceMatcher<'s> {
+    engine: SelectorEngine,
+    classes: &'s std::collections::BTreeMap<String, ClassView>,
+    selectors: HashMap<String, Result<Selector, SelectorError>>,
+    devices: HashMap<String, Result<CelValue, SelectorError>>,
+    verdicts: HashMap<(String, String), bool>,
+}
+
+impl<'s> DeviceMatcher<'s> {
+    /// A matcher over the snapshot's classes.
+    pub fn new(classes: &'s std::collections::BTreeMap<String, ClassView>) -> Self {
+        Self {
+            engine: SelectorEngine::new(),
+            classes,
+            selectors: HashMap::new(),
+            devices: HashMap::new(),
+            verdicts: HashMap::new(),
+        }
+    }
+
+    /// Matches an alternative against a class.
+    pub fn matches(&mut self, alt: &DeviceAlternative, class: &str) -> ClassMatch {
+        if let Some(want) = &alt.class
+            && want != class
+        {
+            return ClassMatch::NoMatch(format!("class {class} is not {want}"));
+        }
+        let Some(view) = self.classes.get(class) else {
+            return ClassMatch::NoMatch(format!("class {class} is not defined"));
+        };
+        for expr in &alt.selectors {
+            let key = (expr.0.clone(), class.to_string());
+            if let Some(&ok) = self.verdicts.get(&key) {
+                if !ok {
+                    return ClassMatch::NoMatch(format!("`{}` is false for class {class}", expr.0));
+                }
+                continue;
+            }
+            let engine = &self.engine;
+            let selector = self.selectors.entry(expr.0.clone()).or_insert_with(|| engine.compile(&expr.0));
+            let selector = match selector {
+                Ok(s) => s,
+                Err(e) => return ClassMatch::Error(e.to_string()),
+            };
+            let device = self.devices.entry(class.to_string()).or_insert_with(|| engine.device(&view.spec.device));
+            let device = match device {
+                Ok(d) => d,
+                Err(e) => return ClassMatch::Error(format!("class {class}: {e}")),
+            };
+            match engine.matches(selector, device) {
+                Ok(b) => {
+                    self.verdicts.insert(key, b);
+                    if !b {
+                        return ClassMatch::NoMatch(format!("`{}` is false for class {class}", expr.0));
+                    }
+                }
+                Err(SelectorError::Evaluation { missing_key: true, message, .. }) => {
+                    self.verdicts.insert(key, false);
+                    return ClassMatch::NoMatch(format!("`{}` on class {class}: {message}", expr.0));
+                }
+                Err(e) => return ClassMatch::Error(e.to_string()),
+            }
+        }
+        ClassMatch::Match
+    }
+}
+
+/// The pods of one replica: devices each needs on one node, and whether they need distinct nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaShape {
+    /// Devices per pod, largest first.
+    pub pods: Vec<u32>,
+    /// Pods must be on distinct nodes (multi-node replicas).
+    pub distinct_nodes: bool,
+}
+
+impl ReplicaShape {
+    /// The shape of a topology.
+    pub fn of(topology: &Topology) -> Self {
+        let mut pods: Vec<u32> = match topology.type_ {
+            TopologyType::Standalone => vec![1],
+            TopologyType::TensorParallel => vec![topology.devices_per_replica],
+            TopologyType::MultiNode => {
+                vec![topology.devices_per_replica; topology.nodes_per_replica.unwrap_or(1) as usize]
+            }
+            TopologyType::Disaggregated => {
+                topology.roles.iter().flat_map(|r| std::iter::repeat_n(r.devices_per_pod, r.pods as usize)).collect()
+            }
+        };
+        pods.sort_unstable_by(|a, b| b.cmp(a));
+        Self { pods, distinct_nodes: topology.type_ == TopologyType::MultiNode }
+    }
+
+    /// Devices of the whole replica.
+    pub fn devices(&self) -> u32 {
+        self.pods.iter().sum()
+    }
+
+    /// The largest pod.
+    pub fn largest_pod(&self) -> u32 {
+        self.pods.first().copied().unwrap_or(0)
+    }
+
+    /// Places one replica on `free` (devices per node), best fit, and returns the new free
+    /// list, or `None` when it does not fit.
+    pub fn take(&self, free: &[u32]) -> Option<Vec<u32>> {
+        let mut free = free.to_vec();
+        let mut used = vec![false; free.len()];
+        for &pod in &self.pods {
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(i, f)| **f >= pod && !(self.distinct_nodes && used[*i]))
+                .min_by_key(|(i, f)| (**f, *i))
+                .map(|(i, _)| i)?;
+            free[best] -= pod;
+            used[best] = true;
+        }
+        Some(free)
+    }
+
+    /// How many replicas fit in `free`, up to `cap`.
+    pub fn count(&self, free: &[u32], cap: u32) -> u32 {
+        if self.pods.len() == 1 && !self.distinct_nodes {
+            let pod = self.pods[0].max(1);
+            let n: u32 = free.iter().map(|f| f / pod).sum();
+            return n.min(cap);
+        }
+        let mut free = free.to_vec();
+        let mut n = 0;
+        while n < cap {
+            match self.take(&free) {
+                Some(next) => {
+                    free = next;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+}
+
+/// Why a pool cannot hold even one replica, with the numbers.
+pub fn misfit(shape: &ReplicaShape, free: &[u32], per_node: u32) -> (Reason, String) {
+    if shape.largest_pod() > per_node {
+        return (
+            Reason::DoesNotFitNode,
+            format!("a pod needs {} devices on one node; nodes of this class have {per_node}", shape.largest_pod()),
+        );
+    }
+    let total: u32 = free.iter().sum();
+    let best = free.iter().copied().max().unwrap_or(0);
+    (
+        Reason::InsufficientDevices,
+        format!(
+            "needs {} devices ({} pod(s), largest {} on one node); {} free on {} node(s), at most {} on one node",
+            shape.devices(),
+            shape.pods.len(),
+            shape.largest_pod(),
+            total,
+            free.len(),
+            best
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(pods: &[u32], distinct: bool) -> ReplicaShape {
+        ReplicaShape { pods: pods.to_vec(), distinct_nodes: distinct }
+    }
+
+    #[test]
+    fn tensor_parallel_needs_one_node_with_enough() {
+        let s = shape(&[4], false);
+        assert_eq!(s.count(&[3, 3, 3], 10), 0, "9 free but no node has 4");
+        assert_eq!(s.count(&[8, 4, 3], 10), 3);
+        assert_eq!(s.count(&[8, 8], 3), 3, "capped");
+    }
+
+    #[test]
+    fn multi_node_needs_distinct_nodes() {
+        let s = shape(&[8, 8], true);
+        assert_eq!(s.count(&[16], 5), 0, "one big node is not two nodes");
+        assert_eq!(s.count(&[8, 8, 8], 5), 1);
+        let s = shape(&[8, 8], false);
+        assert_eq!(s.count(&[16], 5), 1, "without the distinct-node rule they share");
+    }
+
+    #[test]
+    fn best_fit_keeps_big_holes() {
+        let s = shape(&[2], false);
+        assert_eq!(s.take(&[8, 2]), Some(vec![8, 0]));
+    }
+}

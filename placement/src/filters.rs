@@ -1,0 +1,144 @@
+//! The per-(deployment, cluster) filters that do not depend on capacity: cluster selector,
+//! sovereignty, readiness and cordon, taints. Each returns a verdict; the first failure is the
+//! reason a cluster gives for taking nothing.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::common::TaintEffect;
+use flotilla_apis::deployment::PlacementPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::plan::{Reason, Verdict};
+use crate::snapshot::ClusterView;
+
+fn pass(filter: &'static str, detail: impl Into<String>) -> Verdict {
+    Verdict { filter, pass: true, reason: None, detail: detail.into() }
+}
+
+fn fail(filter: &'static str, reason: Reason, detail: impl Into<String>) -> Verdict {
+    Verdict { filter, pass: false, reason: Some(reason), detail: detail.into() }
+}
+
+/// Whether `labels` match a Kubernetes label selector. An empty selector matches everything.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> Result<(), String> {
+    if let Some(ml) = &selector.match_labels {
+        for (k, v) in ml {
+            match labels.get(k) {
+                Some(have) if have == v => {}
+                Some(have) => return Err(format!("label {k}={have}, selector wants {k}={v}")),
+                None => return Err(format!("no label {k}, selector wants {k}={v}")),
+            }
+        }
+    }
+    for e in selector.match_expressions.iter().flatten() {
+        let have = labels.get(&e.key);
+        let values = e.values.clone().unwrap_or_default();
+        let ok = match e.operator.as_str() {
+            "In" => have.is_some_and(|h| values.contains(h)),
+            "NotIn" => !have.is_some_and(|h| values.contains(h)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            other => return Err(format!("unknown selector operator {other:?}")),
+        };
+        if !ok {
+            return Err(format!(
+                "label {}={} fails `{} {} [{}]`",
+                e.key,
+                have.map_or("<none>", String::as_str),
+                e.key,
+                e.operator,
+                values.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the static filters in order and returns every verdict up to and including the first
+/// failure. `sticky` is true when the deployment already runs here: a cordon keeps existing
+/// replicas, a `NoExecute` taint does not.
+pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool) -> Vec<Verdict> {
+    let mut out = Vec::with_capacity(5);
+    let mut push = |v: Verdict| {
+        let ok = v.pass;
+        out.push(v);
+        ok
+    };
+    let sel = match &policy.cluster_selector {
+        None => pass("selector", "no cluster selector"),
+        Some(s) => match selector_matches(s, &cluster.labels) {
+            Ok(()) => pass("selector", "labels match"),
+            Err(why) => fail("selector", Reason::ClusterSelectorMismatch, why),
+        },
+    };
+    if !push(sel) {
+        return out;
+    }
+    let sov = match &policy.sovereignty {
+        None => pass("sovereignty", "no sovereignty policy"),
+        Some(s) => {
+            let j = &cluster.jurisdiction;
+            if !s.allowed_jurisdictions.is_empty() && !s.allowed_jurisdictions.iter().any(|a| a.as_str() == j) {
+                let allowed: Vec<_> = s.allowed_jurisdictions.iter().map(|a| a.as_str()).collect();
+                fail(
+                    "sovereignty",
+                    Reason::JurisdictionNotAllowed,
+                    format!("jurisdiction {j} not in allowed [{}]", allowed.join(", ")),
+                )
+            } else if !s.allowed_regions.is_empty() && !s.allowed_regions.contains(&cluster.region) {
+                fail(
+                    "sovereignty",
+                    Reason::RegionNotAllowed,
+                    format!("region {} not in allowed [{}]", cluster.region, s.allowed_regions.join(", ")),
+                )
+            } else if s.denied_regions.contains(&cluster.region) {
+                fail("sovereignty", Reason::RegionDenied, format!("region {} is denied", cluster.region))
+            } else {
+                pass("sovereignty", format!("jurisdiction {j}, region {} allowed", cluster.region))
+            }
+        }
+    };
+    if !push(sov) {
+        return out;
+    }
+    let ready = if !cluster.ready {
+        fail(
+            "readiness",
+            Reason::ClusterNotReady,
+            format!("cluster is not Ready ({})", cluster.not_ready_reason.as_deref().unwrap_or("unknown")),
+        )
+    } else if cluster.cordoned && !sticky {
+        fail("readiness", Reason::ClusterCordoned, "cluster is cordoned: no new replicas")
+    } else {
+        pass("readiness", if cluster.cordoned { "cordoned, but already runs here" } else { "Ready" })
+    };
+    if !push(ready) {
+        return out;
+    }
+    let untolerated = cluster.taints.iter().find(|t| {
+        let blocking = match t.effect {
+            TaintEffect::NoSchedule => !sticky,
+            TaintEffect::NoExecute => true,
+            TaintEffect::PreferNoSchedule => false,
+        };
+        blocking && !policy.tolerations.iter().any(|tol| tol.tolerates(t))
+    });
+    let taints = match untolerated {
+        Some(t) => fail(
+            "taints",
+            Reason::TaintNotTolerated,
+            format!("taint {}={}:{:?} is not tolerated", t.key, t.value.as_deref().unwrap_or(""), t.effect),
+        ),
+        None => pass("taints", if cluster.taints.is_empty() { "no taints" } else { "all taints tolerated" }),
+    };
+    push(taints);
+    out
+}
+
+/// Whether a cluster has a `PreferNoSchedule` taint the policy does not tolerate.
+pub fn prefers_not(policy: &PlacementPolicy, cluster: &ClusterView) -> bool {
+    cluster
+        .taints
+        .iter()
+        .any(|t| t.effect == TaintEffect::PreferNoSchedule && !policy.tolerations.iter().any(|tol| tol.tolerates(t)))
+}

@@ -1,0 +1,244 @@
+//! Placing one replica on the best candidate that can take it (alternative maximum, cost
+//! ceiling, spread skew, free devices), and turning the final state into a deployment plan
+//! with assignments, unmet minimums, per-cluster rejections and, on request, explanations.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::deployment::SpreadDomain;
+
+use super::{Blocks, Candidate, Ctx};
+use crate::devices::{ReplicaShape, misfit};
+use crate::plan::{
+    Assignment, CandidateScore, ClusterExplanation, DeploymentPlan, Reason, Rejection, UnmetMinimum, Verdict,
+};
+use crate::snapshot::{ClusterView, DeploymentView};
+
+/// The placement state of one deployment.
+pub(super) struct Placing {
+    pub candidates: Vec<Candidate>,
+    pub remaining: u32,
+    pub cost: u64,
+    pub max_cost: Option<u64>,
+    pub per_rank: Vec<u32>,
+    pub domains: BTreeMap<String, u32>,
+    pub blocks: Blocks,
+}
+
+/// How far a candidate got before it was refused; the furthest is the most telling reason.
+pub(super) fn stage(reason: Reason) -> u8 {
+    match reason {
+        Reason::NoMatchingDevices | Reason::SelectorError => 1,
+        Reason::DoesNotFitNode => 2,
+        Reason::CapacityTypeNotAllowed => 3,
+        Reason::NoPrice => 4,
+        Reason::InsufficientDevices => 5,
+        _ => 6,
+    }
+}
+
+fn domain(cluster: &ClusterView, by: SpreadDomain) -> String {
+    match by {
+        SpreadDomain::Cluster => cluster.name.clone(),
+        SpreadDomain::Region => cluster.region.clone(),
+        SpreadDomain::Zone => cluster.zones.first().cloned().unwrap_or_else(|| cluster.region.clone()),
+    }
+}
+
+impl Ctx<'_, '_> {
+    /// Places one replica on the first of `ids` that can take it. False when none can.
+    pub(super) fn place(
+        &mut self,
+        state: &mut Placing,
+        ids: &[usize],
+        shape: &ReplicaShape,
+        spread: Option<(SpreadDomain, u32)>,
+        d: &DeploymentView,
+    ) -> bool {
+        let clusters = &self.snapshot.clusters;
+        let min_domain = spread.map(|(by, _)| {
+            // Domains that can still take a replica, with their counts (0 if none yet).
+            let mut eligible: BTreeMap<String, u32> = BTreeMap::new();
+            for c in &state.candidates {
+                if shape.take(&self.free[c.cluster][c.pool]).is_some() {
+                    let key = domain(&clusters[c.cluster], by);
+                    let count = state.domains.get(&key).copied().unwrap_or(0);
+                    eligible.insert(key, count);
+                }
+            }
+            eligible.values().copied().min().unwrap_or(0)
+        });
+        for &i in ids {
+            *self.evaluations += 1;
+            let c = &state.candidates[i];
+            let (ci, pi) = (c.cluster, c.pool);
+            let alt = &d.spec.devices.alternatives[(c.rank - 1) as usize];
+            if let Some(max) = alt.max_replicas
+                && state.per_rank[(c.rank - 1) as usize] >= max.max(0) as u32
+            {
+                state.blocks.insert(
+                    ci,
+                    (Reason::AlternativeMaxReached, format!("alternative {} has maxReplicas {max}", c.rank)),
+                );
+                continue;
+            }
+            if let Some(max) = state.max_cost
+                && state.cost + c.replica_price > max
+            {
+                state.blocks.insert(
+                    ci,
+                    (
+                        Reason::CostCeilingExceeded,
+                        format!(
+                            "one more replica here costs ${}/h; placed so far ${}/h, ceiling ${}/h",
+                            flotilla_apis::common::format_price_micros(c.replica_price),
+                            flotilla_apis::common::format_price_micros(state.cost),
+                            flotilla_apis::common::format_price_micros(max)
+                        ),
+                    ),
+                );
+                continue;
+            }
+            let domain_key = spread.map(|(by, _)| domain(&clusters[ci], by));
+            if let (Some((_, skew)), Some(key), Some(min)) = (spread, &domain_key, min_domain) {
+                let count = state.domains.get(key).copied().unwrap_or(0);
+                if count + 1 > min + skew {
+                    state.blocks.insert(
+                        ci,
+                        (
+                            Reason::SpreadConstraint,
+                            format!(
+                                "{key} would have {} replicas, the emptiest domain {min}; maxSkew {skew}",
+                                count + 1
+                            ),
+                        ),
+                    );
+                    continue;
+                }
+            }
+            let Some(next) = shape.take(&self.free[ci][pi]) else {
+                let per_node =
+                    self.snapshot.classes.get(&clusters[ci].pools[pi].class).map_or(0, |c| c.devices_per_node());
+                let (reason, msg) = misfit(shape, &self.free[ci][pi], per_node);
+                state.blocks.insert(ci, (reason, format!("pool {}: {msg}", clusters[ci].pools[pi].name)));
+                continue;
+            };
+            self.free[ci][pi] = next;
+            let c = &mut state.candidates[i];
+            c.placed += 1;
+            state.per_rank[(c.rank - 1) as usize] += 1;
+            state.cost += c.replica_price;
+            state.remaining -= 1;
+            if let Some(key) = domain_key {
+                *state.domains.entry(key).or_default() += 1;
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Builds the deployment's plan from the final state.
+    pub(super) fn finish(
+        &mut self,
+        d: &DeploymentView,
+        state: Placing,
+        verdicts: Vec<Vec<Verdict>>,
+        static_block: BTreeMap<usize, (Reason, String)>,
+        pool_blocks: Blocks,
+        _shape: &ReplicaShape,
+    ) -> DeploymentPlan {
+        let clusters = &self.snapshot.clusters;
+        let mut assignments: Vec<Assignment> = state
+            .candidates
+            .iter()
+            .filter(|c| c.placed > 0)
+            .map(|c| {
+                let pool = &clusters[c.cluster].pools[c.pool];
+                Assignment {
+                    cluster: clusters[c.cluster].name.clone(),
+                    pool: pool.name.clone(),
+                    class: pool.class.clone(),
+                    capacity_type: pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand),
+                    fallback_rank: c.rank,
+                    replicas: c.placed,
+                    cost_micros_per_hour: c.replica_price * u64::from(c.placed),
+                }
+            })
+            .collect();
+        assignments.sort_by(|a, b| {
+            a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)).then(a.fallback_rank.cmp(&b.fallback_rank))
+        });
+        let unmet_minimums = d
+            .spec
+            .devices
+            .alternatives
+            .iter()
+            .enumerate()
+            .filter_map(|(ai, alt)| {
+                let wanted = alt.min_replicas.unwrap_or(0).max(0) as u32;
+                (state.per_rank[ai] < wanted).then(|| UnmetMinimum {
+                    rank: ai as u32 + 1,
+                    wanted,
+                    placed: state.per_rank[ai],
+                })
+            })
+            .collect();
+        let took: std::collections::BTreeSet<usize> =
+            state.candidates.iter().filter(|c| c.placed > 0).map(|c| c.cluster).collect();
+        let mut rejections = Vec::new();
+        if state.remaining > 0 || self.explain {
+            for (ci, cluster) in clusters.iter().enumerate() {
+                // With replicas unplaced every refusing cluster is reported, including those
+                // that took some; in explain mode only those that took none.
+                if took.contains(&ci) && state.remaining == 0 {
+                    continue;
+                }
+                let (reason, message) = match static_block.get(&ci).or(state.blocks.get(&ci)).or(pool_blocks.get(&ci)) {
+                    Some(r) => r.clone(),
+                    None => continue,
+                };
+                rejections.push(Rejection { cluster: cluster.name.clone(), reason, message });
+            }
+        }
+        let explanation = self.explain.then(|| {
+            clusters
+                .iter()
+                .enumerate()
+                .map(|(ci, cluster)| ClusterExplanation {
+                    cluster: cluster.name.clone(),
+                    verdicts: verdicts.get(ci).cloned().unwrap_or_default(),
+                    candidates: state
+                        .candidates
+                        .iter()
+                        .filter(|c| c.cluster == ci)
+                        .map(|c| {
+                            let pool = &cluster.pools[c.pool];
+                            CandidateScore {
+                                pool: pool.name.clone(),
+                                class: pool.class.clone(),
+                                fallback_rank: c.rank,
+                                capacity_type: pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand),
+                                capacity_type_rank: c.capacity_type_rank,
+                                replica_price_micros: c.replica_price,
+                                sticky: d.current.iter().any(|p| p.cluster == cluster.name && p.pool == pool.name),
+                                free_replica_slots: c.initial_slots,
+                            }
+                        })
+                        .collect(),
+                    placed: state.candidates.iter().filter(|c| c.cluster == ci).map(|c| c.placed).sum(),
+                })
+                .collect()
+        });
+        DeploymentPlan {
+            namespace: d.namespace.clone(),
+            name: d.name.clone(),
+            model: d.spec.model.name.clone(),
+            desired: d.spec.replicas.max(0) as u32,
+            assignments,
+            unplaced: state.remaining,
+            unmet_minimums,
+            cost_micros_per_hour: state.cost,
+            rejections,
+            explanation,
+        }
+    }
+}

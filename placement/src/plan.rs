@@ -1,0 +1,222 @@
+//! What the solver returns: per deployment, the replicas on each (cluster, pool) with class,
+//! capacity type, fallback rank and cost; the replicas it could not place; and, for every
+//! cluster that took nothing, the first filter that refused it with the numbers behind it.
+
+use flotilla_apis::CapacityType;
+use serde::Serialize;
+
+/// Why a cluster (or one of its pools) cannot take a replica. Closed set; documented in
+/// `docs/placement.md` so users can alert on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Reason {
+    /// The deployment's cluster selector does not match the cluster's labels.
+    ClusterSelectorMismatch,
+    /// The cluster's jurisdiction is not in `allowedJurisdictions`.
+    JurisdictionNotAllowed,
+    /// The cluster's region is not in `allowedRegions`.
+    RegionNotAllowed,
+    /// The cluster's region is in `deniedRegions`.
+    RegionDenied,
+    /// The cluster is not Ready.
+    ClusterNotReady,
+    /// The cluster is cordoned: no new replicas.
+    ClusterCordoned,
+    /// A `NoSchedule`/`NoExecute` taint is not tolerated.
+    TaintNotTolerated,
+    /// No pool's devices match any device alternative.
+    NoMatchingDevices,
+    /// A selector failed to evaluate on the pool's devices.
+    SelectorError,
+    /// A replica's pod needs more devices on one node than a node has.
+    DoesNotFitNode,
+    /// The pool's capacity type is not allowed by the deployment.
+    CapacityTypeNotAllowed,
+    /// The pool's class has no price for its capacity type while a cost ceiling is set.
+    NoPrice,
+    /// Not enough free devices (on few enough nodes).
+    InsufficientDevices,
+    /// Placing here would exceed `maxCostPerHour`.
+    CostCeilingExceeded,
+    /// Placing here would exceed the spread's `maxSkew`.
+    SpreadConstraint,
+    /// The alternative's `maxReplicas` is reached.
+    AlternativeMaxReached,
+    /// The solver's evaluation budget ran out before this deployment was solved.
+    BudgetExhausted,
+}
+
+impl Reason {
+    /// The reason as written in status and output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClusterSelectorMismatch => "ClusterSelectorMismatch",
+            Self::JurisdictionNotAllowed => "JurisdictionNotAllowed",
+            Self::RegionNotAllowed => "RegionNotAllowed",
+            Self::RegionDenied => "RegionDenied",
+            Self::ClusterNotReady => "ClusterNotReady",
+            Self::ClusterCordoned => "ClusterCordoned",
+            Self::TaintNotTolerated => "TaintNotTolerated",
+            Self::NoMatchingDevices => "NoMatchingDevices",
+            Self::SelectorError => "SelectorError",
+            Self::DoesNotFitNode => "DoesNotFitNode",
+            Self::CapacityTypeNotAllowed => "CapacityTypeNotAllowed",
+            Self::NoPrice => "NoPrice",
+            Self::InsufficientDevices => "InsufficientDevices",
+            Self::CostCeilingExceeded => "CostCeilingExceeded",
+            Self::SpreadConstraint => "SpreadConstraint",
+            Self::AlternativeMaxReached => "AlternativeMaxReached",
+            Self::BudgetExhausted => "BudgetExhausted",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The whole plan, deployments in solve order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// One entry per deployment.
+    pub deployments: Vec<DeploymentPlan>,
+}
+
+impl Plan {
+    /// Whether every replica of every deployment was placed.
+    pub fn fully_placed(&self) -> bool {
+        self.deployments.iter().all(|d| d.unplaced == 0 && d.unmet_minimums.is_empty())
+    }
+
+    /// The plan of one deployment.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&DeploymentPlan> {
+        self.deployments.iter().find(|d| d.namespace == namespace && d.name == name)
+    }
+}
+
+/// Where one deployment's replicas go.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentPlan {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The served model name.
+    pub model: String,
+    /// Desired replicas.
+    pub desired: u32,
+    /// Replicas placed, per (cluster, pool), in cluster order.
+    pub assignments: Vec<Assignment>,
+    /// Replicas with no place.
+    pub unplaced: u32,
+    /// Alternatives whose `minReplicas` could not be met: (rank, wanted, placed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unmet_minimums: Vec<UnmetMinimum>,
+    /// Total cost of the placed replicas, millionths of a dollar per hour.
+    pub cost_micros_per_hour: u64,
+    /// For every cluster that took no replica while some stayed unplaced (or, in explain
+    /// mode, always): the first reason it gave.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejections: Vec<Rejection>,
+    /// Filter verdicts and scores per cluster, only when explain was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Vec<ClusterExplanation>>,
+}
+
+/// A minimum that was not met.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnmetMinimum {
+    /// 1-based rank of the alternative.
+    pub rank: u32,
+    /// Its `minReplicas`.
+    pub wanted: u32,
+    /// How many it got.
+    pub placed: u32,
+}
+
+/// Replicas on one pool of one cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    /// The InferenceCluster.
+    pub cluster: String,
+    /// The pool.
+    pub pool: String,
+    /// The InferenceClass.
+    pub class: String,
+    /// How the nodes are paid for.
+    pub capacity_type: CapacityType,
+    /// 1-based rank of the device alternative used.
+    pub fallback_rank: u32,
+    /// Replicas.
+    pub replicas: u32,
+    /// Cost of these replicas, millionths of a dollar per hour.
+    pub cost_micros_per_hour: u64,
+}
+
+/// Why a cluster took no replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rejection {
+    /// The InferenceCluster.
+    pub cluster: String,
+    /// The reason code.
+    pub reason: Reason,
+    /// The numbers behind it.
+    pub message: String,
+}
+
+/// One filter's verdict, for `fleetctl explain`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// Filter name (`selector`, `sovereignty`, `readiness`, `taints`, `devices`, ...).
+    pub filter: &'static str,
+    /// Passed?
+    pub pass: bool,
+    /// The reason when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// Detail.
+    pub detail: String,
+}
+
+/// A (pool, alternative) candidate and how it scored, for `fleetctl explain`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateScore {
+    /// Pool.
+    pub pool: String,
+    /// Class.
+    pub class: String,
+    /// Alternative rank (1-based).
+    pub fallback_rank: u32,
+    /// Capacity type.
+    pub capacity_type: CapacityType,
+    /// Index of the capacity type in the deployment's preference (0 best).
+    pub capacity_type_rank: u32,
+    /// Price of one replica, micro-USD per hour.
+    pub replica_price_micros: u64,
+    /// Whether the deployment already runs here (stickiness).
+    pub sticky: bool,
+    /// Replicas that fit in free capacity before this deployment was solved.
+    pub free_replica_slots: u32,
+}
+
+/// Everything the solver considered for one cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterExplanation {
+    /// The cluster.
+    pub cluster: String,
+    /// Each filter, in the order applied.
+    pub verdicts: Vec<Verdict>,
+    /// Candidates that passed every filter.
+    pub candidates: Vec<CandidateScore>,
+    /// Replicas placed here.
+    pub placed: u32,
+}

@@ -1,0 +1,219 @@
+//! The solver's input: a fleet snapshot of clusters (labels, region, jurisdiction, readiness,
+//! taints, per-pool node capacity), classes (device descriptions, prices) and deployments
+//! (spec, current placements). Built by the controller from its caches, or offline from YAML
+//! by [`FleetSnapshot::from_objects`].
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
+use flotilla_apis::constants::condition;
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
+use flotilla_apis::{CapacityType, FleetObject, InferenceCluster};
+
+/// Everything the solver looks at.
+#[derive(Clone, Debug, Default)]
+pub struct FleetSnapshot {
+    /// Member clusters.
+    pub clusters: Vec<ClusterView>,
+    /// Classes by name.
+    pub classes: BTreeMap<String, ClassView>,
+    /// Deployments to solve.
+    pub deployments: Vec<DeploymentView>,
+}
+
+/// A member cluster as the solver sees it.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    /// Name.
+    pub name: String,
+    /// Labels the cluster selector matches (metadata labels plus `flotilla.dev/*` facts).
+    pub labels: BTreeMap<String, String>,
+    /// Region.
+    pub region: String,
+    /// Zones.
+    pub zones: Vec<String>,
+    /// Jurisdiction code.
+    pub jurisdiction: String,
+    /// Ready to take replicas.
+    pub ready: bool,
+    /// Why not, when not ready.
+    pub not_ready_reason: Option<String>,
+    /// No new replicas (existing stay).
+    pub cordoned: bool,
+    /// Taints.
+    pub taints: Vec<ClusterTaint>,
+    /// Pools.
+    pub pools: Vec<PoolView>,
+}
+
+/// A node pool: nodes of one class and their free devices.
+#[derive(Clone, Debug, Default)]
+pub struct PoolView {
+    /// Pool name.
+    pub name: String,
+    /// Class name.
+    pub class: String,
+    /// The capacity type its current nodes are paid as.
+    pub capacity_type: Option<CapacityType>,
+    /// Free devices per ready node, after devices used by anything Flotilla does not manage.
+    pub free_per_node: Vec<u32>,
+}
+
+/// A class as the solver sees it.
+#[derive(Clone, Debug)]
+pub struct ClassView {
+    /// The spec.
+    pub spec: InferenceClassSpec,
+}
+
+impl ClassView {
+    /// Devices per node.
+    pub fn devices_per_node(&self) -> u32 {
+        self.spec.devices_per_node
+    }
+
+    /// Prices.
+    pub fn prices(&self) -> &PricePerCapacityType {
+        &self.spec.price_per_node_hour
+    }
+}
+
+/// A deployment to solve.
+#[derive(Clone, Debug)]
+pub struct DeploymentView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Creation order key (seconds since the epoch, or document order offline).
+    pub created: i64,
+    /// The spec.
+    pub spec: ModelDeploymentSpec,
+    /// Where its replicas run now.
+    pub current: Vec<ClusterPlacement>,
+}
+
+impl DeploymentView {
+    /// `priority`, 0 when unset.
+    pub fn priority(&self) -> i32 {
+        self.spec.placement.priority.unwrap_or(0)
+    }
+}
+
+/// Spreads `allocated` devices over `nodes` nodes of `per_node` devices, filling whole nodes
+/// first (the shape an observed total most likely has), and returns free devices per node.
+pub fn free_per_node(nodes: u32, per_node: u32, allocated: u64) -> Vec<u32> {
+    let mut left = allocated;
+    (0..nodes)
+        .map(|_| {
+            let used = left.min(u64::from(per_node)) as u32;
+            left -= u64::from(used);
+            per_node - used
+        })
+        .collect()
+}
+
+impl FleetSnapshot {
+    /// A snapshot from fleet objects as committed in Git (or exported with their status).
+    ///
+    /// Capacity: a pool's observed status (`status.pools`) when present, else its declared
+    /// `nodes` with nothing allocated, else no nodes. Readiness: the `Ready` condition when a
+    /// status is present, else ready (a declared cluster is assumed up). Deployments keep the
+    /// placements their status records, so that a re-plan is sticky.
+    pub fn from_objects<'a>(objects: impl IntoIterator<Item = &'a FleetObject>) -> Self {
+        let mut snap = FleetSnapshot::default();
+        let mut order = 0i64;
+        let mut clusters = Vec::new();
+        for obj in objects {
+            match obj {
+                FleetObject::Class(c) => {
+                    snap.classes
+                        .insert(c.metadata.name.clone().unwrap_or_default(), ClassView { spec: c.spec.clone() });
+                }
+                FleetObject::Cluster(c) => clusters.push(c),
+                FleetObject::Deployment(d) => {
+                    order += 1;
+                    let created = d.metadata.creation_timestamp.as_ref().map_or(order, |t| t.0.as_second());
+                    snap.deployments.push(DeploymentView {
+                        namespace: d.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                        name: d.metadata.name.clone().unwrap_or_default(),
+                        created,
+                        spec: d.spec.clone(),
+                        current: d.status.as_ref().map(|s| s.placements.clone()).unwrap_or_default(),
+                    });
+                }
+                FleetObject::Cache(_) | FleetObject::Claim(_) => {}
+            }
+        }
+        for c in clusters {
+            let view = cluster_view(c, &snap.classes);
+            snap.clusters.push(view);
+        }
+        snap.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        snap
+    }
+}
+
+fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
+    let name = c.metadata.name.clone().unwrap_or_default();
+    let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
+    labels.insert("flotilla.dev/cluster".into(), name.clone());
+    labels.insert("flotilla.dev/region".into(), c.spec.region.clone());
+    labels.insert("flotilla.dev/jurisdiction".into(), c.spec.jurisdiction.0.clone());
+    if let Some(country) = &c.spec.country {
+        labels.insert("flotilla.dev/country".into(), country.clone());
+    }
+    let (ready, not_ready_reason) = match &c.status {
+        Some(s) if !s.conditions.0.is_empty() => match s.conditions.get(condition::READY) {
+            Some(r) if r.status == "True" => (true, None),
+            Some(r) => (false, Some(format!("{}: {}", r.reason, r.message))),
+            None => (false, Some("no Ready condition yet".to_string())),
+        },
+        _ => (true, None),
+    };
+    let pools = c
+        .spec
+        .pools
+        .iter()
+        .map(|p| {
+            let per_node = classes.get(&p.class).map_or(0, ClassView::devices_per_node);
+            let observed = c.status.as_ref().and_then(|s| s.pools.iter().find(|o| o.name == p.name));
+            let free = match observed {
+                Some(o) => free_per_node(o.nodes.max(0) as u32, per_node, o.devices_allocated.max(0) as u64),
+                None => free_per_node(p.nodes.unwrap_or(0).max(0) as u32, per_node, 0),
+            };
+            PoolView {
+                name: p.name.clone(),
+                class: p.class.clone(),
+                capacity_type: p.capacity_types.first().copied(),
+                free_per_node: free,
+            }
+        })
+        .collect();
+    ClusterView {
+        name,
+        labels,
+        region: c.spec.region.clone(),
+        zones: c.spec.zones.clone(),
+        jurisdiction: c.spec.jurisdiction.0.clone(),
+        ready,
+        not_ready_reason,
+        cordoned: c.spec.cordoned,
+        taints: c.spec.taints.clone(),
+        pools,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_per_node;
+
+    #[test]
+    fn allocation_fills_whole_nodes_first() {
+        assert_eq!(free_per_node(4, 8, 10), vec![0, 6, 8, 8]);
+        assert_eq!(free_per_node(2, 8, 0), vec![8, 8]);
+        assert_eq!(free_per_node(2, 8, 99), vec![0, 0]);
+        assert!(free_per_node(0, 8, 0).is_empty());
+    }
+}

@@ -1,0 +1,310 @@
+//! The solver. Deployments are taken in a stable order (priority, creation, name); for each,
+//! clusters are filtered (selector, sovereignty, readiness, taints), (pool, alternative)
+//! candidates are built (device match, node fit, capacity type, price) and ranked (stickiness,
+//! capacity-type preference, price, name), then replicas are placed one at a time — current
+//! placements first, then per-alternative minimums, then the rest in fallback order — each one
+//! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::common::parse_price_micros;
+use flotilla_apis::deployment::SplitStrategy;
+
+use crate::devices::{ClassMatch, DeviceMatcher, ReplicaShape, misfit};
+use crate::filters::{prefers_not, static_verdicts};
+use crate::plan::{DeploymentPlan, Plan, Reason, Rejection, Verdict};
+use crate::snapshot::{ClusterView, DeploymentView, FleetSnapshot};
+
+/// Knobs of one solve. No clock: the budget counts candidate evaluations, so a solve that
+/// runs out of budget runs out at the same point every time.
+#[derive(Clone, Debug)]
+pub struct SolveOptions {
+    /// Record filter verdicts and scores for this deployment (`namespace`, `name`).
+    pub explain: Option<(String, String)>,
+    /// Candidate evaluations allowed before the remaining deployments are left unsolved
+    /// (reason `BudgetExhausted`; a controller keeps their current placements).
+    pub max_evaluations: u64,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        Self { explain: None, max_evaluations: 200_000_000 }
+    }
+}
+
+/// One (cluster, pool, alternative) a deployment may use.
+#[derive(Clone, Debug)]
+struct Candidate {
+    cluster: usize,
+    pool: usize,
+    rank: u32,
+    capacity_type_rank: u32,
+    prefer_not: bool,
+    replica_price: u64,
+    sticky_quota: u32,
+    /// Only current replicas may stay (cordoned, or a `NoSchedule` taint): no new ones.
+    sticky_only: bool,
+    initial_slots: u32,
+    placed: u32,
+}
+
+/// Solves the whole fleet. Same snapshot and options in, same plan out.
+pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
+    let mut free: Vec<Vec<Vec<u32>>> =
+        snapshot.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_per_node.clone()).collect()).collect();
+    let mut matcher = DeviceMatcher::new(&snapshot.classes);
+    let mut order: Vec<&DeploymentView> = snapshot.deployments.iter().collect();
+    order.sort_by(|a, b| {
+        b.priority()
+            .cmp(&a.priority())
+            .then(a.created.cmp(&b.created))
+            .then(a.namespace.cmp(&b.namespace))
+            .then(a.name.cmp(&b.name))
+    });
+    let mut evaluations = 0u64;
+    let mut plan = Plan::default();
+    for d in order {
+        let explain = options.explain.as_ref().is_some_and(|(ns, n)| *ns == d.namespace && *n == d.name);
+        if evaluations > options.max_evaluations {
+            plan.deployments.push(budget_exhausted(d));
+            continue;
+        }
+        let mut ctx = Ctx { snapshot, free: &mut free, matcher: &mut matcher, evaluations: &mut evaluations, explain };
+        plan.deployments.push(ctx.solve_one(d));
+    }
+    plan
+}
+
+fn budget_exhausted(d: &DeploymentView) -> DeploymentPlan {
+    DeploymentPlan {
+        namespace: d.namespace.clone(),
+        name: d.name.clone(),
+        model: d.spec.model.name.clone(),
+        desired: d.spec.replicas.max(0) as u32,
+        unplaced: d.spec.replicas.max(0) as u32,
+        rejections: vec![Rejection {
+            cluster: "*".into(),
+            reason: Reason::BudgetExhausted,
+            message: "the solver's evaluation budget ran out before this deployment; current placements are kept"
+                .into(),
+        }],
+        ..Default::default()
+    }
+}
+
+struct Ctx<'a, 's> {
+    snapshot: &'s FleetSnapshot,
+    free: &'a mut Vec<Vec<Vec<u32>>>,
+    matcher: &'a mut DeviceMatcher<'s>,
+    evaluations: &'a mut u64,
+    explain: bool,
+}
+
+/// What blocked the last attempt on a cluster, for the rejection report.
+type Blocks = BTreeMap<usize, (Reason, String)>;
+
+impl Ctx<'_, '_> {
+    fn solve_one(&mut self, d: &DeploymentView) -> DeploymentPlan {
+        let spec = &d.spec;
+        let policy = &spec.placement;
+        let shape = ReplicaShape::of(&spec.topology);
+        let cap_types = policy.capacity_types_or_default();
+        let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
+        let desired = spec.replicas.max(0) as u32;
+        let clusters = &self.snapshot.clusters;
+
+        let mut verdicts: Vec<Vec<Verdict>> = Vec::with_capacity(clusters.len());
+        let mut static_block: BTreeMap<usize, (Reason, String)> = BTreeMap::new();
+        let mut pool_blocks: Blocks = BTreeMap::new();
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for (ci, cluster) in clusters.iter().enumerate() {
+            let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+            let v = static_verdicts(policy, cluster, sticky_here);
+            if let Some(f) = v.iter().find(|v| !v.pass) {
+                static_block.insert(ci, (f.reason.unwrap_or(Reason::ClusterNotReady), f.detail.clone()));
+                verdicts.push(v);
+                continue;
+            }
+            let before = candidates.len();
+            let mut device_verdicts = Vec::new();
+            for (pi, pool) in cluster.pools.iter().enumerate() {
+                for (ai, alt) in spec.devices.alternatives.iter().enumerate() {
+                    *self.evaluations += 1;
+                    let rank = ai as u32 + 1;
+                    let fail = |reason: Reason, msg: String| {
+                        (reason, format!("pool {} (alternative {rank}): {msg}", pool.name))
+                    };
+                    let outcome = match self.matcher.matches(alt, &pool.class) {
+                        ClassMatch::Match => self.candidate(d, cluster, ci, pi, rank, &shape, &cap_types, max_cost),
+                        ClassMatch::NoMatch(why) => Err((Reason::NoMatchingDevices, why)),
+                        ClassMatch::Error(why) => Err((Reason::SelectorError, why)),
+                    };
+                    match outcome {
+                        Ok(c) => candidates.push(c),
+                        Err((reason, msg)) => {
+                            let (reason, msg) = fail(reason, msg);
+                            if self.explain {
+                                device_verdicts.push(Verdict {
+                                    filter: "devices",
+                                    pass: false,
+                                    reason: Some(reason),
+                                    detail: msg.clone(),
+                                });
+                            }
+                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| stage(reason) > stage(*r));
+                            if better {
+                                pool_blocks.insert(ci, (reason, msg));
+                            }
+                        }
+                    }
+                }
+            }
+            let mut v = v;
+            if candidates.len() == before && cluster.pools.is_empty() {
+                pool_blocks.insert(ci, (Reason::NoMatchingDevices, "cluster has no pools".into()));
+            }
+            v.extend(device_verdicts);
+            verdicts.push(v);
+        }
+        candidates.sort_by(|a, b| {
+            (b.sticky_quota > 0)
+                .cmp(&(a.sticky_quota > 0))
+                .then(a.prefer_not.cmp(&b.prefer_not))
+                .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
+                .then(a.replica_price.cmp(&b.replica_price))
+                .then(clusters[a.cluster].name.cmp(&clusters[b.cluster].name))
+                .then(a.pool.cmp(&b.pool))
+                .then(a.rank.cmp(&b.rank))
+        });
+
+        let mut state = Placing {
+            candidates,
+            remaining: desired,
+            cost: 0,
+            max_cost,
+            per_rank: vec![0; spec.devices.alternatives.len()],
+            domains: BTreeMap::new(),
+            blocks: Blocks::new(),
+        };
+        let spread = policy.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32));
+        let proportional = policy.split == Some(SplitStrategy::Proportional);
+
+        // 1. Current placements, round-robin so spread can hold.
+        loop {
+            let mut progress = false;
+            for i in 0..state.candidates.len() {
+                if state.remaining == 0 {
+                    break;
+                }
+                if state.candidates[i].sticky_quota > 0 && self.place(&mut state, &[i], &shape, spread, d) {
+                    state.candidates[i].sticky_quota -= 1;
+                    progress = true;
+                }
+            }
+            if !progress || state.remaining == 0 {
+                break;
+            }
+        }
+        // 2. Per-alternative minimums, 3. the rest in fallback order.
+        for phase_min in [true, false] {
+            for (ai, alt) in spec.devices.alternatives.iter().enumerate() {
+                let rank = ai as u32 + 1;
+                let ids: Vec<usize> = (0..state.candidates.len())
+                    .filter(|&i| state.candidates[i].rank == rank && !state.candidates[i].sticky_only)
+                    .collect();
+                let want = alt.min_replicas.unwrap_or(0).max(0) as u32;
+                while state.remaining > 0 && (!phase_min || state.per_rank[ai] < want) {
+                    let pick = if proportional { self.proportional_order(&state, &ids) } else { ids.clone() };
+                    if !self.place(&mut state, &pick, &shape, spread, d) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.finish(d, state, verdicts, static_block, pool_blocks, &shape)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn candidate(
+        &self,
+        d: &DeploymentView,
+        cluster: &ClusterView,
+        ci: usize,
+        pi: usize,
+        rank: u32,
+        shape: &ReplicaShape,
+        cap_types: &[flotilla_apis::CapacityType],
+        max_cost: Option<u64>,
+    ) -> Result<Candidate, (Reason, String)> {
+        let pool = &cluster.pools[pi];
+        let class =
+            self.snapshot.classes.get(&pool.class).ok_or((Reason::NoMatchingDevices, "class not defined".into()))?;
+        let per_node = class.devices_per_node();
+        if shape.largest_pod() > per_node {
+            return Err(misfit(shape, &[], per_node));
+        }
+        if shape.distinct_nodes && shape.pods.len() > pool.free_per_node.len() {
+            return Err((
+                Reason::InsufficientDevices,
+                format!("a replica spans {} nodes; the pool has {}", shape.pods.len(), pool.free_per_node.len()),
+            ));
+        }
+        let Some(cap) = pool.capacity_type else {
+            return Err((Reason::CapacityTypeNotAllowed, "pool declares no capacity type".into()));
+        };
+        let Some(cap_rank) = cap_types.iter().position(|t| *t == cap) else {
+            let allowed: Vec<_> = cap_types.iter().map(|t| t.as_str()).collect();
+            return Err((
+                Reason::CapacityTypeNotAllowed,
+                format!("nodes are {cap}; the deployment allows [{}]", allowed.join(", ")),
+            ));
+        };
+        let node_price = class.prices().micros(cap);
+        if node_price.is_none() && max_cost.is_some() {
+            return Err((
+                Reason::NoPrice,
+                format!("class {} has no {cap} price and a cost ceiling is set", pool.class),
+            ));
+        }
+        let replica_price = node_price
+            .map_or(0, |p| (u128::from(p) * u128::from(shape.devices()) / u128::from(per_node.max(1))) as u64);
+        let sticky_quota: u32 = d
+            .current
+            .iter()
+            .filter(|p| p.cluster == cluster.name && p.pool == pool.name && p.fallback_rank.max(1) as u32 == rank)
+            .map(|p| p.desired.max(0) as u32)
+            .sum();
+        let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
+        let sticky_only = static_verdicts(&d.spec.placement, cluster, false).iter().any(|v| !v.pass);
+        Ok(Candidate {
+            cluster: ci,
+            pool: pi,
+            rank,
+            capacity_type_rank: cap_rank as u32,
+            prefer_not: prefers_not(&d.spec.placement, cluster),
+            replica_price,
+            sticky_quota,
+            sticky_only,
+            initial_slots,
+            placed: 0,
+        })
+    }
+
+    /// Candidates ordered for a proportional split: least placed relative to free slots first.
+    fn proportional_order(&self, state: &Placing, ids: &[usize]) -> Vec<usize> {
+        let mut ids = ids.to_vec();
+        ids.sort_by(|&a, &b| {
+            let (ca, cb) = (&state.candidates[a], &state.candidates[b]);
+            // ca.placed / ca.slots < cb.placed / cb.slots, without division.
+            (u64::from(ca.placed) * u64::from(cb.initial_slots.max(1)))
+                .cmp(&(u64::from(cb.placed) * u64::from(ca.initial_slots.max(1))))
+                .then(cb.initial_slots.cmp(&ca.initial_slots))
+                .then(a.cmp(&b))
+        });
+        ids
+    }
+}
+
+#[path = "place.rs"]
+mod place;
+use place::{Placing, stage};

@@ -1,0 +1,393 @@
+//! One test per filter and per scoring rule, each with its negative twin: the same case with
+//! the constraint removed (or reversed) gives a different answer, so the test fails if the
+//! mechanism is missing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
+
+use flotilla_apis::CapacityType;
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
+use flotilla_placement::plan::{DeploymentPlan, Reason};
+use flotilla_placement::snapshot::free_per_node;
+use flotilla_placement::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, SolveOptions, solve};
+use serde_json::{Value, json};
+
+fn class(name: &str, memory: &str, arch: &str, per_node: u32, on_demand: &str, spot: &str) -> (String, ClassView) {
+    let spec: InferenceClassSpec = serde_json::from_value(json!({
+        "device": {
+            "driver": "gpu.nvidia.com",
+            "attributes": {"architecture": {"string": arch}, "productName": {"string": name}},
+            "capacity": {"memory": memory}
+        },
+        "devicesPerNode": per_node,
+        "pricePerNodeHour": {"reserved": "10.00", "onDemand": on_demand, "spot": spot}
+    }))
+    .unwrap();
+    (name.to_string(), ClassView { spec })
+}
+
+fn pool(name: &str, class: &str, nodes: u32, per_node: u32, cap: CapacityType) -> PoolView {
+    PoolView {
+        name: name.into(),
+        class: class.into(),
+        capacity_type: Some(cap),
+        free_per_node: free_per_node(nodes, per_node, 0),
+    }
+}
+
+fn cluster(name: &str, region: &str, jurisdiction: &str, pools: Vec<PoolView>) -> ClusterView {
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert("flotilla.dev/cluster".to_string(), name.to_string());
+    labels.insert("flotilla.dev/jurisdiction".to_string(), jurisdiction.to_string());
+    ClusterView {
+        name: name.into(),
+        labels,
+        region: region.into(),
+        zones: vec![format!("{region}a")],
+        jurisdiction: jurisdiction.into(),
+        ready: true,
+        pools,
+        ..Default::default()
+    }
+}
+
+/// A deployment: `extra` is merged into the spec (placement, devices, topology, ...).
+fn deployment(name: &str, replicas: i32, extra: Value) -> DeploymentView {
+    let mut spec = json!({
+        "model": {"name": name, "source": "hf://org/model"},
+        "replicas": replicas,
+        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "topology": {"type": "TensorParallel", "devicesPerReplica": 4},
+        "devices": {"alternatives": [{"class": "h100"}]},
+        "placement": {"capacityTypes": ["reserved", "on-demand", "spot"]}
+    });
+    merge(&mut spec, extra);
+    DeploymentView {
+        namespace: "ml".into(),
+        name: name.into(),
+        created: 0,
+        spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
+        current: vec![],
+    }
+}
+
+fn merge(base: &mut Value, extra: Value) {
+    match (base, extra) {
+        (Value::Object(b), Value::Object(e)) => {
+            for (k, v) in e {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, e) => *b = e,
+    }
+}
+
+/// Two H100 clusters (EU and US, on-demand) and an A100 EU cluster; 2 nodes of 8 each.
+fn fleet(deployments: Vec<DeploymentView>) -> FleetSnapshot {
+    let od = CapacityType::OnDemand;
+    FleetSnapshot {
+        classes: [
+            class("h100", "80Gi", "Hopper", 8, "98.00", "40.00"),
+            class("a100", "80Gi", "Ampere", 8, "40.00", "16.00"),
+            class("l40s", "48Gi", "Ada", 4, "10.00", "4.00"),
+        ]
+        .into_iter()
+        .collect(),
+        clusters: vec![
+            cluster("eu-1", "eu-central-1", "EU", vec![pool("h100", "h100", 2, 8, od)]),
+            cluster("eu-2", "eu-west-3", "EU", vec![pool("a100", "a100", 2, 8, od)]),
+            cluster("us-1", "us-east-1", "US", vec![pool("h100", "h100", 2, 8, od)]),
+        ],
+        deployments,
+    }
+}
+
+fn solve1(snap: &FleetSnapshot) -> DeploymentPlan {
+    solve(snap, &SolveOptions::default()).deployments.into_iter().next().unwrap()
+}
+
+fn on(plan: &DeploymentPlan, cluster: &str) -> u32 {
+    plan.assignments.iter().filter(|a| a.cluster == cluster).map(|a| a.replicas).sum()
+}
+
+fn reason(plan: &DeploymentPlan, cluster: &str) -> Option<Reason> {
+    plan.rejections.iter().find(|r| r.cluster == cluster).map(|r| r.reason)
+}
+
+#[test]
+fn sovereignty_never_spills_over_even_when_full() {
+    // 6 TP4 replicas; the one EU H100 cluster holds 4 (2 nodes × 2). The US cluster has room.
+    let eu_only = deployment("m", 6, json!({"placement": {"sovereignty": {"allowedJurisdictions": ["EU"]}}}));
+    let plan = solve1(&fleet(vec![eu_only]));
+    assert_eq!(on(&plan, "eu-1"), 4);
+    assert_eq!(on(&plan, "us-1"), 0, "the sovereign model never left its jurisdiction");
+    assert_eq!(plan.unplaced, 2);
+    assert_eq!(reason(&plan, "us-1"), Some(Reason::JurisdictionNotAllowed));
+    // Twin: without the policy the US cluster takes the overflow.
+    let plan = solve1(&fleet(vec![deployment("m", 6, json!({}))]));
+    assert_eq!(plan.unplaced, 0);
+    assert_eq!(on(&plan, "us-1"), 2);
+}
+
+#[test]
+fn allowed_and_denied_regions() {
+    let d = deployment("m", 2, json!({"placement": {"sovereignty": {"allowedRegions": ["us-east-1"]}}}));
+    let plan = solve1(&fleet(vec![d]));
+    assert_eq!(on(&plan, "us-1"), 2);
+    assert_eq!(reason(&plan, "eu-1"), None, "all placed: no rejections reported");
+    let d = deployment("m", 6, json!({"placement": {"sovereignty": {"deniedRegions": ["us-east-1"]}}}));
+    let plan = solve1(&fleet(vec![d]));
+    assert_eq!(on(&plan, "us-1"), 0);
+    assert_eq!(reason(&plan, "us-1"), Some(Reason::RegionDenied));
+    // Twin: allowedRegions naming eu-central-1 sends it there instead.
+    let d = deployment("m", 2, json!({"placement": {"sovereignty": {"allowedRegions": ["eu-central-1"]}}}));
+    assert_eq!(on(&solve1(&fleet(vec![d])), "eu-1"), 2);
+}
+
+#[test]
+fn cluster_selector_excludes() {
+    let sel = json!({"placement": {"clusterSelector": {"matchLabels": {"flotilla.dev/jurisdiction": "US"}}}});
+    let plan = solve1(&fleet(vec![deployment("m", 6, sel)]));
+    assert_eq!(on(&plan, "eu-1"), 0);
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::ClusterSelectorMismatch));
+    let expr = json!({"placement": {"clusterSelector": {"matchExpressions": [
+        {"key": "flotilla.dev/cluster", "operator": "NotIn", "values": ["eu-1"]}]}}});
+    let plan = solve1(&fleet(vec![deployment("m", 6, expr)]));
+    assert_eq!(on(&plan, "eu-1"), 0);
+    assert_eq!(on(&plan, "us-1"), 4);
+    // Twin: no selector, eu-1 (first by name at equal price) gets replicas.
+    assert!(on(&solve1(&fleet(vec![deployment("m", 6, json!({}))])), "eu-1") > 0);
+}
+
+#[test]
+fn readiness_and_cordon() {
+    let mut snap = fleet(vec![deployment("m", 2, json!({}))]);
+    snap.clusters[0].ready = false;
+    snap.clusters[0].not_ready_reason = Some("Unreachable: timeout".into());
+    let plan = solve1(&snap);
+    assert_eq!(on(&plan, "eu-1"), 0);
+    assert_eq!(on(&plan, "us-1"), 2);
+    // Cordoned: no new replicas, but the replicas already there stay.
+    let mut snap = fleet(vec![deployment("m", 6, json!({}))]);
+    snap.clusters[0].cordoned = true;
+    let plan = solve1(&snap);
+    assert_eq!(on(&plan, "eu-1"), 0);
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::ClusterCordoned));
+    snap.deployments[0].current = vec![placement("eu-1", "h100", 1, 2)];
+    let plan = solve1(&snap);
+    assert_eq!(on(&plan, "eu-1"), 2, "cordon keeps existing replicas");
+}
+
+fn placement(cluster: &str, pool: &str, rank: i32, desired: i32) -> ClusterPlacement {
+    ClusterPlacement {
+        cluster: cluster.into(),
+        pool: pool.into(),
+        class: pool.into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: rank,
+        desired,
+        ready: desired,
+    }
+}
+
+#[test]
+fn taints_need_tolerations() {
+    let mut snap = fleet(vec![deployment("m", 2, json!({}))]);
+    for c in &mut snap.clusters {
+        c.taints = vec![
+            serde_json::from_value(json!({"key": "dedicated", "value": "research", "effect": "NoSchedule"})).unwrap(),
+        ];
+    }
+    let plan = solve1(&snap);
+    assert_eq!(plan.unplaced, 2);
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::TaintNotTolerated));
+    let tolerant =
+        json!({"placement": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "research"}]}});
+    snap.deployments = vec![deployment("m", 2, tolerant)];
+    assert_eq!(solve1(&snap).unplaced, 0);
+}
+
+#[test]
+fn cel_selectors_choose_devices() {
+    let hopper = json!({"devices": {"alternatives": [{"selectors": [
+        "device.attributes[\"gpu.nvidia.com\"].architecture == \"Ampere\""]}]}});
+    let plan = solve1(&fleet(vec![deployment("m", 2, hopper)]));
+    assert_eq!(on(&plan, "eu-2"), 2, "only the A100 cluster matches Ampere");
+    assert_eq!(on(&plan, "eu-1") + on(&plan, "us-1"), 0);
+    // Twin: a memory selector every class here satisfies places on the cheapest (A100 on-demand).
+    let mem = json!({"devices": {"alternatives": [{"selectors": [
+        "device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"80Gi\")) >= 0"]}]}});
+    let plan = solve1(&fleet(vec![deployment("m", 6, mem)]));
+    assert_eq!(plan.unplaced, 0);
+    assert!(on(&plan, "eu-1") + on(&plan, "us-1") > 0);
+    // A selector that errors (missing attribute) is a non-match with a reason, not a crash.
+    let missing =
+        json!({"devices": {"alternatives": [{"selectors": ["device.attributes[\"gpu.nvidia.com\"].nosuch == 1"]}]}});
+    let plan = solve1(&fleet(vec![deployment("m", 1, missing)]));
+    assert_eq!(plan.unplaced, 1);
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::NoMatchingDevices));
+    assert!(plan.rejections[0].message.contains("nosuch"), "{:?}", plan.rejections);
+}
+
+#[test]
+fn tensor_parallel_must_fit_one_node() {
+    let mut snap = fleet(vec![deployment(
+        "m",
+        1,
+        json!({"devices": {"alternatives": [{"class": "l40s"}]},
+        "topology": {"devicesPerReplica": 8}}),
+    )]);
+    snap.clusters.push(cluster("eu-3", "eu-north-1", "EU", vec![pool("l40s", "l40s", 4, 4, CapacityType::OnDemand)]));
+    let plan = solve1(&snap);
+    assert_eq!(plan.unplaced, 1, "16 free L40S devices, but no node has 8");
+    assert_eq!(reason(&plan, "eu-3"), Some(Reason::DoesNotFitNode));
+    // Twin: TP4 fits.
+    snap.deployments = vec![deployment("m", 1, json!({"devices": {"alternatives": [{"class": "l40s"}]}}))];
+    assert_eq!(on(&solve1(&snap), "eu-3"), 1);
+}
+
+#[test]
+fn multi_node_replicas_need_distinct_nodes() {
+    let mn = json!({"topology": {"type": "MultiNode", "devicesPerReplica": 8, "nodesPerReplica": 2}});
+    let plan = solve1(&fleet(vec![deployment("m", 3, mn)]));
+    assert_eq!(plan.unplaced, 1, "each H100 cluster has 2 nodes: one 2-node replica each");
+    assert_eq!(on(&plan, "eu-1") + on(&plan, "us-1"), 2);
+}
+
+#[test]
+fn capacity_types_allowed_and_preferred() {
+    let mut snap = fleet(vec![deployment("m", 2, json!({"placement": {"capacityTypes": ["spot"]}}))]);
+    let plan = solve1(&snap);
+    assert_eq!(plan.unplaced, 2);
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::CapacityTypeNotAllowed));
+    // Twin: a spot pool exists on us-1 → used, and preferred over on-demand when listed first.
+    snap.clusters[2].pools.push(pool("spot", "h100", 1, 8, CapacityType::Spot));
+    assert_eq!(on(&solve1(&snap), "us-1"), 2);
+    snap.deployments = vec![deployment("m", 2, json!({"placement": {"capacityTypes": ["spot", "on-demand"]}}))];
+    let plan = solve1(&snap);
+    assert!(plan.assignments.iter().all(|a| a.capacity_type == CapacityType::Spot), "{:?}", plan.assignments);
+    snap.deployments = vec![deployment("m", 2, json!({"placement": {"capacityTypes": ["on-demand", "spot"]}}))];
+    let plan = solve1(&snap);
+    assert!(plan.assignments.iter().all(|a| a.capacity_type == CapacityType::OnDemand), "{:?}", plan.assignments);
+}
+
+#[test]
+fn cheaper_cluster_first() {
+    let any80 = json!({"devices": {"alternatives": [{"selectors": [
+        "device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"80Gi\")) >= 0"]}]}});
+    let plan = solve1(&fleet(vec![deployment("m", 2, any80.clone())]));
+    assert_eq!(on(&plan, "eu-2"), 2, "A100 at $40 beats H100 at $98");
+    // Twin: make the A100 dearer.
+    let mut snap = fleet(vec![deployment("m", 2, any80)]);
+    snap.classes.get_mut("a100").unwrap().spec.price_per_node_hour.on_demand = Some("200.00".into());
+    assert_eq!(on(&solve1(&snap), "eu-2"), 0);
+}
+
+#[test]
+fn cost_ceiling_holds() {
+    // One TP4 H100 replica costs 98/2 = $49/h.
+    let plan = solve1(&fleet(vec![deployment("m", 4, json!({"placement": {"maxCostPerHour": "100"}}))]));
+    assert_eq!(plan.desired - plan.unplaced, 2);
+    assert!(plan.cost_micros_per_hour <= 100_000_000);
+    assert!(plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded), "{:?}", plan.rejections);
+    // Twin: no ceiling, all four placed.
+    assert_eq!(solve1(&fleet(vec![deployment("m", 4, json!({}))])).unplaced, 0);
+}
+
+#[test]
+fn ordered_fallback_and_minimums() {
+    let alts = json!({"devices": {"alternatives": [{"class": "h100"}, {"class": "a100"}]},
+                      "placement": {"clusterSelector": {"matchLabels": {"flotilla.dev/jurisdiction": "EU"}}}});
+    // 4 fit on the EU H100: alternative 2 unused.
+    let plan = solve1(&fleet(vec![deployment("m", 4, alts.clone())]));
+    assert!(plan.assignments.iter().all(|a| a.fallback_rank == 1), "{:?}", plan.assignments);
+    // 6: the two the first cannot hold go to the A100 at rank 2.
+    let plan = solve1(&fleet(vec![deployment("m", 6, alts)]));
+    assert_eq!(on(&plan, "eu-1"), 4);
+    assert_eq!(on(&plan, "eu-2"), 2);
+    assert!(plan.assignments.iter().any(|a| a.fallback_rank == 2));
+    // A minimum on the second alternative is honoured even when the first could hold all.
+    let with_min = json!({"devices": {"alternatives": [{"class": "h100"}, {"class": "a100", "minReplicas": 1}]},
+                          "placement": {"clusterSelector": {"matchLabels": {"flotilla.dev/jurisdiction": "EU"}}}});
+    let plan = solve1(&fleet(vec![deployment("m", 4, with_min)]));
+    assert_eq!(on(&plan, "eu-2"), 1);
+    assert_eq!(on(&plan, "eu-1"), 3);
+    assert!(plan.unmet_minimums.is_empty());
+}
+
+#[test]
+fn spread_max_skew() {
+    let spread = json!({"placement": {"spread": {"by": "cluster", "maxSkew": 1},
+        "sovereignty": {"allowedJurisdictions": ["EU", "US"]}}});
+    let plan = solve1(&fleet(vec![deployment("m", 4, spread)]));
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (2, 2), "{:?}", plan.assignments);
+    // Twin: without spread the first cluster is packed.
+    let plan = solve1(&fleet(vec![deployment("m", 4, json!({}))]));
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (4, 0));
+}
+
+#[test]
+fn stickiness_keeps_a_healthy_placement() {
+    let mut snap = fleet(vec![deployment("m", 2, json!({}))]);
+    snap.deployments[0].current = vec![placement("us-1", "h100", 1, 2)];
+    let plan = solve1(&snap);
+    assert_eq!(on(&plan, "us-1"), 2, "stays where it runs although eu-1 sorts first");
+    // Twin: no current placement → eu-1.
+    snap.deployments[0].current.clear();
+    assert_eq!(on(&solve1(&snap), "eu-1"), 2);
+    // Sticky but now forbidden by sovereignty → moves.
+    snap.deployments =
+        vec![deployment("m", 2, json!({"placement": {"sovereignty": {"allowedJurisdictions": ["EU"]}}}))];
+    snap.deployments[0].current = vec![placement("us-1", "h100", 1, 2)];
+    let plan = solve1(&snap);
+    assert_eq!(on(&plan, "us-1"), 0);
+    assert_eq!(on(&plan, "eu-1"), 2);
+}
+
+#[test]
+fn proportional_split_follows_free_capacity() {
+    let mut snap = fleet(vec![deployment("m", 6, json!({"placement": {"split": "Proportional"}}))]);
+    snap.clusters[2].pools[0] = pool("h100", "h100", 4, 8, CapacityType::OnDemand); // us-1: 8 slots, eu-1: 4
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (2, 4), "{:?}", plan.assignments);
+    // Twin: packed fills eu-1 first.
+    snap.deployments = vec![deployment("m", 6, json!({}))];
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (4, 2));
+}
+
+#[test]
+fn capacity_is_consumed_across_deployments_in_priority_order() {
+    let a = deployment("a", 4, json!({"placement": {"sovereignty": {"allowedJurisdictions": ["EU"]}}}));
+    let mut b =
+        deployment("b", 4, json!({"placement": {"sovereignty": {"allowedJurisdictions": ["EU"]}, "priority": 10}}));
+    b.created = 5;
+    let plan = solve(&fleet(vec![a, b]), &SolveOptions::default());
+    assert_eq!(plan.deployments[0].name, "b", "higher priority first");
+    assert_eq!(plan.deployments[0].unplaced, 0);
+    assert_eq!(plan.deployments[1].unplaced, 4, "the devices were promised to b");
+    assert_eq!(
+        plan.deployments[1].rejections.iter().find(|r| r.cluster == "eu-1").map(|r| r.reason),
+        Some(Reason::InsufficientDevices)
+    );
+}
+
+#[test]
+fn same_input_same_bytes() {
+    let snap = fleet(vec![
+        deployment("a", 3, json!({"placement": {"spread": {"by": "region", "maxSkew": 1}}})),
+        deployment("b", 5, json!({"devices": {"alternatives": [{"class": "a100"}, {"class": "h100"}]}})),
+    ]);
+    let one = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+    let two = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+    assert_eq!(one, two);
+}
+
+#[test]
+fn budget_exhaustion_is_reported_not_silent() {
+    let snap = fleet(vec![deployment("a", 1, json!({})), deployment("b", 1, json!({}))]);
+    let plan = solve(&snap, &SolveOptions { max_evaluations: 0, ..Default::default() });
+    // The first deployment runs (the budget is checked between deployments), the second does not.
+    assert_eq!(plan.deployments[0].unplaced, 0);
+    assert_eq!(plan.deployments[1].rejections[0].reason, Reason::BudgetExhausted);
+}
