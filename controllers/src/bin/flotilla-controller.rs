@@ -1,0 +1,165 @@
+//! `flotilla-controller`: the Flotilla control plane process. Connects to the control cluster,
+//! takes part in leader election on a Lease, runs the reconcilers only while it holds the
+//! lease (so two replicas never both write), serves probes and metrics, and shuts down
+//! gracefully on SIGTERM or Ctrl-C, releasing the lease.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use flotilla_controllers::metrics::Metrics;
+use flotilla_controllers::server::{Probes, serve};
+use flotilla_controllers::{ControllerConfig, run_cluster_controller};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::sync::watch;
+
+/// The Flotilla controller.
+#[derive(Debug, Parser)]
+#[command(name = "flotilla-controller", version, about)]
+struct Args {
+    /// Kubeconfig of the control cluster (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Where probes and metrics listen.
+    #[arg(long, env = "FLOTILLA_PROBE_ADDR", default_value = "0.0.0.0:8081")]
+    probe_addr: SocketAddr,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "FLOTILLA_LEASE_NAMESPACE", default_value = "flotilla-system")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "flotilla-controller")]
+    lease_name: String,
+    /// This replica's identity (default: $POD_NAME or the host name plus the process id).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Lease duration in seconds; a dead leader is replaced after at most this long.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// How often each member cluster is observed, in seconds.
+    #[arg(long, default_value_t = 10)]
+    poll_seconds: u64,
+    /// Member call timeout in seconds (a member that does not answer within it is Unreachable).
+    #[arg(long, default_value_t = 8)]
+    member_timeout_seconds: u64,
+}
+
+async fn control_client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
+    let config = match path {
+        Some(p) => {
+            let kc = Kubeconfig::read_from(p).with_context(|| format!("reading kubeconfig {}", p.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
+        None => Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+fn identity(args: &Args) -> String {
+    args.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "flotilla".into());
+        format!("{host}-{}", std::process::id())
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    let client = control_client(args.kubeconfig.as_ref()).await?;
+    let id = identity(&args);
+    let metrics = Metrics::default();
+    let probes = Probes::default();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = stop_tx.send(true);
+    });
+    #[cfg(unix)]
+    {
+        let tx = stop_rx.clone();
+        tokio::spawn(async move {
+            if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                term.recv().await;
+            }
+            drop(tx);
+        });
+    }
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let server = tokio::spawn(serve(args.probe_addr, probes.clone(), metrics.clone(), stopped(stop_rx.clone())));
+
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.lease_namespace)
+        .with_identity(&id)
+        .with_duration(args.lease_duration)
+        .with_grace((args.lease_duration / 3).max(1))
+        .build()
+        .await
+        .context("setting up the leader lease")?;
+    let (mut leader_rx, lease_task) = manager.watch().await;
+    tracing::info!(identity = %id, lease = %args.lease_name, "waiting for leadership");
+    probes.ready.store(true, Ordering::Relaxed); // a standby is ready: it is doing its job
+
+    let config = ControllerConfig {
+        poll: Duration::from_secs(args.poll_seconds),
+        timeouts: flotilla_controllers::member::Timeouts {
+            connect: Duration::from_secs(args.member_timeout_seconds.min(3)),
+            observe: Duration::from_secs(args.member_timeout_seconds),
+        },
+        field_manager: "flotilla-controller".into(),
+        ..Default::default()
+    };
+    let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;
+    let mut stop = stop_rx.clone();
+    loop {
+        let leader = *leader_rx.borrow_and_update();
+        metrics.set_leader(leader);
+        match (leader, running.is_some()) {
+            (true, false) => {
+                tracing::info!(identity = %id, "became leader: starting reconcilers");
+                let (tx, rx) = watch::channel(false);
+                let (client, config, metrics, probes) =
+                    (client.clone(), config.clone(), metrics.clone(), probes.clone());
+                let handle = tokio::spawn(async move {
+                    run_cluster_controller(client, config, metrics, stopped(rx), move || {
+                        probes.ready.store(true, Ordering::Relaxed);
+                    })
+                    .await;
+                });
+                running = Some((tx, handle));
+            }
+            (false, true) => {
+                tracing::warn!(identity = %id, "lost leadership: stopping reconcilers");
+                if let Some((tx, handle)) = running.take() {
+                    let _ = tx.send(true);
+                    handle.abort();
+                }
+            }
+            _ => {}
+        }
+        tokio::select! {
+            changed = leader_rx.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    tracing::info!("shutting down");
+    if let Some((tx, handle)) = running.take() {
+        let _ = tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
+    }
+    drop(leader_rx); // closing the channel makes the lease task release the lease and finish
+    if let Ok(Ok(Ok(manager))) = tokio::time::timeout(Duration::from_secs(5), lease_task).await {
+        let _ = manager.release().await;
+    }
+    let _ = server.await;
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! From what a member cluster shows — nodes, DRA `ResourceSlice`s, pods and `ResourceClaim`s —
+//! to observed capacity per declared pool: ready nodes, devices (matched to the pool's class by
+//! the class's device description), devices allocated, devices free. Pure: the reconciler
+//! lists, this decides.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::cluster::{NodePool, PoolStatus};
+use flotilla_apis::common::DeviceAttribute;
+use flotilla_apis::constants::labels;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceAttribute as SliceAttribute, ResourceClaim, ResourceSlice};
+
+/// The extended resource clusters without DRA publish GPUs as.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// What was observed in one member.
+#[derive(Clone, Debug, Default)]
+pub struct MemberObservation {
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// ResourceSlices (empty when the member has no DRA).
+    pub slices: Vec<ResourceSlice>,
+    /// Pods that are not finished.
+    pub pods: Vec<Pod>,
+    /// Allocated ResourceClaims.
+    pub claims: Vec<ResourceClaim>,
+}
+
+/// Observed capacity of every declared pool, and the pools no node matched.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Inventory {
+    /// One entry per declared pool, in spec order.
+    pub pools: Vec<PoolStatus>,
+    /// Pools with no ready node.
+    pub empty_pools: Vec<String>,
+}
+
+impl Inventory {
+    /// Devices over all pools.
+    pub fn total(&self) -> i64 {
+        self.pools.iter().map(|p| p.devices_total).sum()
+    }
+
+    /// Free devices over all pools.
+    pub fn free(&self) -> i64 {
+        self.pools.iter().map(|p| p.devices_free).sum()
+    }
+}
+
+fn node_ready(node: &Node) -> bool {
+    let schedulable = !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    schedulable && ready
+}
+
+fn attribute_equal(want: &DeviceAttribute, have: &SliceAttribute) -> bool {
+    match (want, have) {
+        (DeviceAttribute { string: Some(w), .. }, SliceAttribute { string: Some(h), .. }) => w == h,
+        (DeviceAttribute { int: Some(w), .. }, SliceAttribute { int: Some(h), .. }) => w == h,
+        (DeviceAttribute { bool: Some(w), .. }, SliceAttribute { bool: Some(h), .. }) => w == h,
+        (DeviceAttribute { version: Some(w), .. }, SliceAttribute { version: Some(h), .. }) => w == h,
+        _ => false,
+    }
+}
+
+/// DRA devices on `node` that match the class's device description (driver and attributes).
+fn dra_devices(class: &InferenceClassSpec, node: &str, slices: &[ResourceSlice]) -> Option<(i64, BTreeSet<String>)> {
+    let mut found = false;
+    let mut count = 0;
+    let mut pools = BTreeSet::new();
+    for slice in slices.iter().filter(|s| s.spec.node_name.as_deref() == Some(node)) {
+        if slice.spec.driver != class.device.driver {
+            continue;
+        }
+        found = true;
+        for device in slice.spec.devices.iter().flatten() {
+            let attrs = device.attributes.as_ref();
+            let matches = class.device.attributes.iter().all(|(name, want)| {
+                let short = name.rsplit_once('/').map_or(name.as_str(), |(_, n)| n);
+                attrs.and_then(|a| a.get(name).or_else(|| a.get(short))).is_some_and(|have| attribute_equal(want, have))
+            });
+            if matches {
+                count += 1;
+                pools.insert(slice.spec.pool.name.clone());
+            }
+        }
+    }
+    found.then_some((count, pools))
+}
+
+fn gpu_quantity(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> i64 {
+    q.and_then(|q| q.0.parse::<i64>().ok()).unwrap_or(0)
+}
+
+/// Devices requested through the extended resource by pods on `node`.
+fn pod_gpus(node: &str, pods: &[Pod]) -> i64 {
+    pods.iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")))
+        .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+        .map(|c| {
+            let r = c.resources.as_ref();
+            let req = r.and_then(|r| r.requests.as_ref()).and_then(|m| m.get(GPU_RESOURCE));
+            let lim = r.and_then(|r| r.limits.as_ref()).and_then(|m| m.get(GPU_RESOURCE));
+            gpu_quantity(req.or(lim))
+        })
+        .sum()
+}
+
+/// Devices allocated through DRA claims from the given driver pools.
+fn claimed(driver: &str, pools: &BTreeSet<String>, claims: &[ResourceClaim]) -> i64 {
+    claims
+        .iter()
+        .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == driver && pools.contains(&r.pool))
+        .count() as i64
+}
+
+/// Observed capacity for every declared pool.
+pub fn observe(
+    pools: &[NodePool],
+    classes: &BTreeMap<String, InferenceClassSpec>,
+    seen: &MemberObservation,
+) -> Inventory {
+    let mut out = Inventory::default();
+    for pool in pools {
+        let mut status = PoolStatus { name: pool.name.clone(), class: pool.class.clone(), ..Default::default() };
+        let class = classes.get(&pool.class);
+        for node in seen
+            .nodes
+            .iter()
+            .filter(|n| n.metadata.labels.as_ref().and_then(|l| l.get(labels::POOL)).is_some_and(|p| *p == pool.name))
+        {
+            if !node_ready(node) {
+                continue;
+            }
+            let name = node.metadata.name.as_deref().unwrap_or("");
+            let (devices, allocated) = match class.and_then(|c| dra_devices(c, name, &seen.slices).map(|d| (c, d))) {
+                Some((c, (devices, driver_pools))) => {
+                    (devices, pod_gpus(name, &seen.pods) + claimed(&c.device.driver, &driver_pools, &seen.claims))
+                }
+                None => {
+                    let alloc =
+                        node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(GPU_RESOURCE));
+                    (gpu_quantity(alloc), pod_gpus(name, &seen.pods))
+                }
+            };
+            status.nodes += 1;
+            status.devices_total += devices;
+            status.devices_allocated += allocated.min(devices);
+        }
+        status.devices_free = status.devices_total - status.devices_allocated;
+        if status.nodes == 0 {
+            out.empty_pools.push(pool.name.clone());
+        }
+        out.pools.push(status);
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "inventory_tests.rs"]
+mod tests;

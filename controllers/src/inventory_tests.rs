@@ -1,0 +1,90 @@
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::*;
+
+fn class() -> BTreeMap<String, InferenceClassSpec> {
+    let spec: InferenceClassSpec = serde_json::from_value(json!({
+        "device": {"driver": "gpu.nvidia.com",
+                   "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                   "capacity": {"memory": "80Gi"}},
+        "devicesPerNode": 8
+    }))
+    .unwrap();
+    [("h100".to_string(), spec)].into_iter().collect()
+}
+
+fn pools() -> Vec<NodePool> {
+    serde_json::from_value(json!([{"name": "h100", "class": "h100", "maxNodes": 4, "capacityTypes": ["on-demand"]}]))
+        .unwrap()
+}
+
+fn node(name: &str, pool: &str, ready: bool, gpus: Option<&str>) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"flotilla.dev/pool": pool}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            "allocatable": gpus.map(|g| json!({"nvidia.com/gpu": g})).unwrap_or(json!({}))
+        }
+    }))
+    .unwrap()
+}
+
+fn slice(node: &str, product: &str, n: usize) -> ResourceSlice {
+    let devices: Vec<_> = (0..n)
+        .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"productName": {"string": product}}, "capacity": {"memory": {"value": "80Gi"}}}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-gpu")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+    }))
+    .unwrap()
+}
+
+fn pod(node: &str, gpus: &str, phase: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("p-{node}-{gpus}")},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": gpus}}}]},
+        "status": {"phase": phase}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn extended_resource_nodes_are_counted_with_pod_requests() {
+    let seen = MemberObservation {
+        nodes: vec![
+            node("n1", "h100", true, Some("8")),
+            node("n2", "h100", true, Some("8")),
+            node("n3", "h100", false, Some("8")),
+        ],
+        pods: vec![pod("n1", "4", "Running"), pod("n2", "8", "Succeeded")],
+        ..Default::default()
+    };
+    let inv = observe(&pools(), &class(), &seen);
+    assert_eq!(inv.pools[0].nodes, 2, "the not-ready node does not count");
+    assert_eq!(inv.pools[0].devices_total, 16);
+    assert_eq!(inv.pools[0].devices_allocated, 4, "finished pods free their devices");
+    assert_eq!(inv.pools[0].devices_free, 12);
+    assert!(inv.empty_pools.is_empty());
+}
+
+#[test]
+fn dra_slices_count_only_devices_matching_the_class() {
+    let seen = MemberObservation {
+        nodes: vec![node("n1", "h100", true, None)],
+        slices: vec![slice("n1", "NVIDIA H100 80GB HBM3", 8), slice("n1", "NVIDIA A100-SXM4-80GB", 2)],
+        ..Default::default()
+    };
+    let inv = observe(&pools(), &class(), &seen);
+    assert_eq!(inv.pools[0].devices_total, 8, "the A100 devices are not this class");
+}
+
+#[test]
+fn nodes_of_other_pools_and_empty_pools() {
+    let seen = MemberObservation { nodes: vec![node("n1", "other", true, Some("8"))], ..Default::default() };
+    let inv = observe(&pools(), &class(), &seen);
+    assert_eq!(inv.pools[0].nodes, 0);
+    assert_eq!(inv.empty_pools, vec!["h100".to_string()]);
+}
