@@ -2,7 +2,7 @@
 # The project's test command (README, CI). Runs every tier that exists:
 #   1. formatting and lints (clippy with the workspace's deny lints),
 #   2. unit, property, snapshot and integration tests of every crate (cargo test),
-#   3. end-to-end tests on real API servers, when the harness is present (tests/e2e).
+#   3. end-to-end tests on real API servers started by tests/e2e/harness (scripts/test-e2e.sh).
 # Anything a tier needs is installed by scripts/setup.sh, which this calls first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test --workspace"
 cargo test --workspace --locked
+
+step "end-to-end tests on real API servers (tests/e2e/harness)"
+bash scripts/test-e2e.sh
 
 step "fleetctl validate + plan on examples/fleet (the README's main command)"
 cargo run -q --locked -p fleetctl -- validate -f examples/fleet

@@ -29,7 +29,7 @@ use crate::common::{Conditions, SecretRef};
 #[serde(rename_all = "camelCase")]
 pub struct ModelCacheSpec {
     /// `hf://org/name`, `s3://bucket/prefix` or `oci://registry/repo:tag`.
-    #[schemars(regex(pattern = r"^(hf|s3|oci)://.+$"))]
+    #[schemars(length(max = 1024), regex(pattern = r"^(hf|s3|oci)://.+$"))]
     pub source: String,
     /// Revision (commit, tag or branch) for `hf://` sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +60,7 @@ pub struct CacheTargets {
     pub cluster_selector: Option<LabelSelector>,
     /// ModelDeployments in this namespace: stage wherever they are placed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub deployments: Vec<String>,
 }
 

@@ -37,6 +37,7 @@ pub struct InferenceClusterSpec {
     pub region: String,
     /// Availability zones the cluster's nodes are in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
     pub zones: Vec<String>,
     /// Jurisdiction code the cluster is under (`EU`, `US`, `APAC`).
     pub jurisdiction: JurisdictionCode,
@@ -57,6 +58,7 @@ pub struct InferenceClusterSpec {
     pub pools: Vec<NodePool>,
     /// Taints: only deployments that tolerate them are placed here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub taints: Vec<ClusterTaint>,
     /// Set to stop new placements here (existing replicas stay).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -65,7 +67,7 @@ pub struct InferenceClusterSpec {
 
 /// Which provider runs the cluster. Exactly one is set.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[x_kube(validation = Rule::new("[has(self.aws), has(self.static), has(self.sim)].filter(x, x).size() == 1").message("set exactly one of aws, static or sim"))]
+#[x_kube(validation = Rule::new("(has(self.aws) ? 1 : 0) + (has(self.static) ? 1 : 0) + (has(self.sim) ? 1 : 0) == 1").message("set exactly one of aws, static or sim"))]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterProvider {
     /// An EKS cluster.

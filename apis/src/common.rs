@@ -103,7 +103,7 @@ impl PricePerCapacityType {
 
 /// One typed device attribute, as in a DRA `ResourceSlice`: exactly one of the four is set.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[x_kube(validation = Rule::new("[has(self.string), has(self.int), has(self.bool), has(self.version)].filter(x, x).size() == 1").message("set exactly one of string, int, bool or version"))]
+#[x_kube(validation = Rule::new("(has(self.string) ? 1 : 0) + (has(self.int) ? 1 : 0) + (has(self.bool) ? 1 : 0) + (has(self.version) ? 1 : 0) == 1").message("set exactly one of string, int, bool or version"))]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceAttribute {
     /// A string value.
@@ -129,12 +129,14 @@ pub struct DeviceSpec {
     /// The DRA driver name, which is also the domain of unqualified attribute names.
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
     pub driver: String,
-    /// Typed attributes. Names may be qualified (`domain/name`); unqualified ones belong to
-    /// the driver's domain.
+    /// Typed attributes (at most 32, as in DRA). Names may be qualified (`domain/name`);
+    /// unqualified ones belong to the driver's domain.
     #[serde(default)]
+    #[schemars(extend("maxProperties" = 32))]
     pub attributes: BTreeMap<String, DeviceAttribute>,
-    /// Capacities such as `memory: 80Gi`.
+    /// Capacities such as `memory: 80Gi` (at most 32).
     #[serde(default)]
+    #[schemars(extend("maxProperties" = 32))]
     pub capacity: BTreeMap<String, Quantity>,
 }
 
@@ -219,12 +221,14 @@ pub enum TolerationOperator {
 pub struct ClusterToleration {
     /// Taint key to tolerate; empty with `Exists` tolerates every taint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub key: Option<String>,
     /// `Equal` (default) or `Exists`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator: Option<TolerationOperator>,
     /// Value to match with `Equal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub value: Option<String>,
     /// Effect to tolerate; empty tolerates every effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]

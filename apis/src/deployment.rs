@@ -267,6 +267,7 @@ pub struct PlacementPolicy {
     pub max_cost_per_hour: Option<String>,
     /// Cluster taints this deployment tolerates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub tolerations: Vec<ClusterToleration>,
     /// Higher goes first when capacity is short.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,178 @@
+//! The Rust side of the e2e harness: starts real clusters with `tests/e2e/harness/up.sh`
+//! (etcd + kube-apiserver + controller-manager + scheduler + kwok per cluster), adds fake GPU
+//! nodes, stops and starts members, runs `flotilla-controller` processes with captured logs,
+//! and tears everything down on drop. A harness that cannot start fails the test loudly.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn harness(script: &str) -> PathBuf {
+    repo().join("tests/e2e/harness").join(script)
+}
+
+/// Real clusters for one test.
+pub struct Fleet {
+    pub dir: PathBuf,
+}
+
+impl Fleet {
+    /// Starts the named clusters in a fresh directory.
+    pub fn up(test: &str, names: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("flotilla-e2e-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fleet = Fleet { dir };
+        fleet.run("up.sh", names);
+        fleet
+    }
+
+    fn run(&self, script: &str, args: &[&str]) -> String {
+        let out = Command::new("bash")
+            .arg(harness(script))
+            .args(args)
+            .env("FLOTILLA_E2E_DIR", &self.dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+        assert!(
+            out.status.success(),
+            "the e2e harness failed: {script} {args:?}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    pub fn kubeconfig(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.kubeconfig"))
+    }
+
+    pub fn kubeconfig_text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.kubeconfig(name)).unwrap()
+    }
+
+    pub async fn client(&self, name: &str) -> Client {
+        let kc = Kubeconfig::read_from(self.kubeconfig(name)).unwrap();
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
+        Client::try_from(config).unwrap()
+    }
+
+    /// Adds `count` fake GPU nodes of a profile (h100, a100, l40s) in pool `pool`.
+    pub fn gpu_nodes(&self, cluster: &str, profile: &str, count: u32, pool: &str, region: &str) {
+        let kc = self.kubeconfig(cluster);
+        self.run(
+            "gpu-nodes.sh",
+            &[kc.to_str().unwrap(), profile, "--count", &count.to_string(), "--pool", pool, "--region", region],
+        );
+    }
+
+    pub fn stop(&self, name: &str) {
+        self.run("stop.sh", &[name]);
+    }
+
+    pub fn start(&self, name: &str) {
+        self.run("start.sh", &[name]);
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(harness("down.sh")).env("FLOTILLA_E2E_DIR", &self.dir).output();
+    }
+}
+
+/// A running `flotilla-controller` with its logs captured in a file.
+pub struct ControllerProcess {
+    pub child: Child,
+    pub log: PathBuf,
+    pub probe: String,
+    pub identity: String,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl ControllerProcess {
+    pub fn start(fleet: &Fleet, control: &str, identity: &str, extra: &[&str]) -> Self {
+        let log = fleet.dir.join(format!("controller-{identity}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let port = free_port();
+        let probe = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla-controller"))
+            .arg("--kubeconfig")
+            .arg(fleet.kubeconfig(control))
+            .args(["--probe-addr", &probe, "--identity", identity, "--lease-namespace", "flotilla-system"])
+            .args(extra)
+            .env("RUST_LOG", "info,flotilla_controllers=debug")
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        Self { child, log, probe, identity: identity.to_string() }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The Prometheus text of this replica, empty if it does not answer.
+    pub fn metrics(&self) -> String {
+        let Ok(mut s) = std::net::TcpStream::connect(&self.probe) else { return String::new() };
+        use std::io::{Read, Write};
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// Sum of a metric's samples whose line contains `filter`.
+    pub fn metric_sum(&self, name: &str, filter: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The gateway's openai-client tests: a venv with the pinned official `openai` SDK and pytest
+# (created once under ${FLOTILLA_CACHE:-~/.cache/flotilla}/venv, re-installed only when
+# tests/gateway/requirements.txt changes), the gateway and simulator binaries, then pytest.
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${FLOTILLA_CACHE:-$HOME/.cache/flotilla}"
+VENV="$CACHE/venv"
+REQ=tests/gateway/requirements.txt
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+if ! cmp -s "$REQ" "$VENV/.gateway-requirements.txt"; then
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQ"
+  cp "$REQ" "$VENV/.gateway-requirements.txt"
+fi
+
+cargo build --quiet --locked -p flotilla-gateway -p flotilla-enginesim
+TARGET="${CARGO_TARGET_DIR:-target}"
+export FLOTILLA_GATEWAY_BIN="$TARGET/debug/flotilla-gateway"
+export FLOTILLA_ENGINESIM_BIN="$TARGET/debug/flotilla-enginesim"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/gateway "$@"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# End-to-end tests on real API servers. Builds the Kubernetes binaries once (cached under
+# ${FLOTILLA_CACHE:-~/.cache/flotilla}; minutes on a fresh machine, nothing afterwards), then
+# runs the tests marked `#[ignore = "needs the e2e harness ..."]`; each test starts and tears
+# down its own clusters (tests/e2e/harness). A harness that cannot start fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+start=$(date +%s)
+bin_dir=$(bash tests/e2e/harness/build.sh)
+echo "e2e: Kubernetes binaries in ${bin_dir} ($(( $(date +%s) - start )) s)"
+
+# One test binary at a time, one test at a time: each brings up several clusters.
+cargo test --locked -p flotilla-controllers --test e2e_cluster -- --ignored --test-threads=1
