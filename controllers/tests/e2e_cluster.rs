@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use flotilla_apis::InferenceCluster;
 use futures_util::StreamExt;
-use harness::{ControllerProcess, Fleet, wait_for};
+use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -23,40 +22,6 @@ use serde_json::json;
 
 const BOGUS_TOKEN: &str = "flotilla-bogus-token-7f3a9c";
 const MEMBERS: [&str; 3] = ["m1", "m2", "m3"];
-
-async fn install_crds(control: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(control.clone());
-    for crd in flotilla_apis::crd::all() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(&name, &PatchParams::apply("flotilla-e2e").force(), &Patch::Apply(&crd)).await.unwrap();
-    }
-    for crd in flotilla_apis::crd::all() {
-        let name = crd.metadata.name.clone().unwrap();
-        wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let c = crds.get(&name).await.ok()?;
-                c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-            }
-        })
-        .await;
-    }
-}
-
-async fn apply(client: &Client, value: serde_json::Value) {
-    let gvk = (value["apiVersion"].as_str().unwrap().to_string(), value["kind"].as_str().unwrap().to_string());
-    let name = value["metadata"]["name"].as_str().unwrap().to_string();
-    let ns = value["metadata"]["namespace"].as_str().map(str::to_string);
-    let (group, version) = gvk.0.split_once('/').map_or(("", gvk.0.as_str()), |(g, v)| (g, v));
-    let ar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, &gvk.1));
-    let api: Api<kube::core::DynamicObject> = match ns {
-        Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    let obj: kube::core::DynamicObject = serde_json::from_value(value).unwrap();
-    api.patch(&name, &PatchParams::apply("flotilla-e2e").force(), &Patch::Apply(&obj)).await.unwrap();
-}
 
 fn class(name: &str, product: &str, per_node: u32) -> serde_json::Value {
     json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass", "metadata": {"name": name},

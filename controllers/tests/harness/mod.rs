@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Api, Client, Config};
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -175,4 +177,51 @@ where
 
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Installs every Flotilla CRD with server-side apply and waits until each is Established.
+pub async fn install_crds(control: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(control.clone());
+    for crd in flotilla_apis::crd::all() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.patch(&name, &PatchParams::apply("flotilla-e2e").force(), &Patch::Apply(&crd)).await.unwrap();
+    }
+    for crd in flotilla_apis::crd::all() {
+        let name = crd.metadata.name.clone().unwrap();
+        wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let c = crds.get(&name).await.ok()?;
+                c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// Server-side applies one object given as JSON, with strict field validation.
+pub async fn apply(client: &Client, value: serde_json::Value) {
+    try_apply(client, value).await.unwrap();
+}
+
+/// Server-side applies one object, returning the API server's refusal if any.
+pub async fn try_apply(client: &Client, value: serde_json::Value) -> Result<(), kube::Error> {
+    let gvk = (value["apiVersion"].as_str().unwrap().to_string(), value["kind"].as_str().unwrap().to_string());
+    let name = value["metadata"]["name"].as_str().unwrap().to_string();
+    let namespaced = matches!(value["kind"].as_str(), Some("ModelDeployment" | "ModelCache" | "CapacityClaim"));
+    let ns = value["metadata"]["namespace"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| namespaced.then(|| "default".to_string()));
+    let (group, version) = gvk.0.split_once('/').map_or(("", gvk.0.as_str()), |(g, v)| (g, v));
+    let ar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, &gvk.1));
+    let api: Api<kube::core::DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let obj: kube::core::DynamicObject = serde_json::from_value(value).map_err(kube::Error::SerdeError)?;
+    api.patch(&name, &PatchParams::apply("flotilla-e2e").force().validation_strict(), &Patch::Apply(&obj))
+        .await
+        .map(|_| ())
 }
