@@ -20,6 +20,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace --locked
 
+step "gateway: the official openai Python client against the gateway"
+bash scripts/gateway-pytest.sh
+
 step "end-to-end tests on real API servers (tests/e2e/harness)"
 bash scripts/test-e2e.sh
 

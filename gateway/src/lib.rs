@@ -1,1 +1,122 @@
-//! The fleet gateway: one OpenAI-compatible endpoint that routes each request to a healthy cluster its model is allowed in.
+//! The fleet gateway: one OpenAI-compatible endpoint that routes each request to a healthy
+//! cluster its model is allowed in. Requests flow `http` (validation) → `proxy` (fallback
+//! chain and attempt loop, choosing with `pick` over `health`) → `upstream` (one attempt) →
+//! `sse` (stream relay); the routing `table` is swapped atomically by `serve`'s reload loop.
+
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod http;
+pub mod metrics;
+pub mod pick;
+pub mod proxy;
+pub mod serve;
+pub mod sse;
+pub mod table;
+pub mod upstream;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+pub use config::GatewayConfig;
+pub use error::GatewayError;
+pub use http::app;
+pub use table::RoutingTable;
+use tokio::sync::Semaphore;
+
+use crate::config::ms;
+use crate::health::{BreakerConfig, HealthRegistry, lock};
+use crate::metrics::{Metrics, ReloadResult};
+
+/// Everything a request needs: configuration, the current table, cluster health, metrics,
+/// the upstream client and the concurrency limit.
+#[derive(Debug)]
+pub struct AppState {
+    /// Configuration.
+    pub cfg: GatewayConfig,
+    /// The routing table in force; in-flight requests keep the one they started with.
+    pub table: ArcSwap<RoutingTable>,
+    /// Per-cluster health.
+    pub health: HealthRegistry,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Upstream client.
+    pub client: upstream::Client,
+    /// Concurrency limit.
+    pub limit: Arc<Semaphore>,
+    rr: AtomicU64,
+    jitter: Mutex<u64>,
+    table_text: Mutex<String>,
+}
+
+impl AppState {
+    /// State with `table` in force.
+    pub fn new(cfg: GatewayConfig, table: RoutingTable) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::default());
+        let breaker = BreakerConfig {
+            failures: cfg.breaker_failures.max(1),
+            open: ms(cfg.breaker_open_ms),
+            max_open: ms(cfg.breaker_max_open_ms.max(cfg.breaker_open_ms)),
+        };
+        Arc::new(AppState {
+            health: HealthRegistry::new(breaker, metrics.clone()),
+            client: upstream::client(ms(cfg.connect_timeout_ms)),
+            limit: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
+            jitter: Mutex::new(cfg.seed),
+            rr: AtomicU64::new(0),
+            table: ArcSwap::from_pointee(table),
+            table_text: Mutex::new(String::new()),
+            metrics,
+            cfg,
+        })
+    }
+
+    /// State with the table read from `cfg.config`.
+    pub fn load(cfg: GatewayConfig) -> Result<Arc<Self>, GatewayError> {
+        let st = AppState::new(cfg, RoutingTable::default());
+        st.reload()?;
+        Ok(st)
+    }
+
+    /// Re-read the table file; `Ok(true)` when a changed table was put in force. An invalid
+    /// file leaves the table in force untouched.
+    pub fn reload(&self) -> Result<bool, GatewayError> {
+        let path = self.cfg.config.display().to_string();
+        let text = std::fs::read_to_string(&self.cfg.config)
+            .map_err(|e| GatewayError::Table { path: path.clone(), message: e.to_string() })?;
+        let mut last = lock(&self.table_text);
+        if *last == text {
+            return Ok(false);
+        }
+        let parsed = RoutingTable::from_yaml(&path, &text);
+        *last = text;
+        match parsed {
+            Ok(t) => {
+                self.table.store(Arc::new(t));
+                self.metrics.reload(ReloadResult::applied);
+                Ok(true)
+            }
+            Err(e) => {
+                self.metrics.reload(ReloadResult::invalid);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn next_rr(&self) -> u64 {
+        self.rr.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Backoff before retry `n` (1-based): half of `base·2^(n-1)` (capped) plus up to as much again.
+    pub(crate) fn backoff(&self, n: u32) -> Duration {
+        let full =
+            self.cfg.backoff_base_ms.saturating_mul(1u64 << n.saturating_sub(1).min(20)).min(self.cfg.backoff_max_ms);
+        let mut s = lock(&self.jitter);
+        *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let r = pick::hash(*s, b"jitter");
+        let half = full / 2;
+        ms(half + if half == 0 { 0 } else { r % (half + 1) })
+    }
+}

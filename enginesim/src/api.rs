@@ -1,0 +1,253 @@
+//! The simulator's HTTP surface: the vLLM OpenAI endpoints, `/health`, `/metrics`, and the
+//! `/sim/*` control endpoints. An inference request is logged, meets its injected fault,
+//! queues for a sequence slot, and is answered by [`crate::generate`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::cache::fnv;
+use crate::generate::{self, Answer, Inflight, Kind, StreamPlan};
+use crate::server::ConnKill;
+use crate::{Fault, SimState, lock};
+
+/// The simulator's router.
+pub fn router(state: Arc<SimState>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/metrics", get(|State(s): State<Arc<SimState>>| async move { crate::metrics::render(&s) }))
+        .route("/sim/fault", post(set_fault).delete(clear_fault))
+        .route("/sim/stats", get(stats))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    (status, [("x-sim-error", code.to_string())], Json(body)).into_response()
+}
+
+async fn chat(State(s): State<Arc<SimState>>, req: Request) -> Response {
+    infer(s, req, Kind::Chat).await
+}
+
+async fn completions(State(s): State<Arc<SimState>>, req: Request) -> Response {
+    infer(s, req, Kind::Completion).await
+}
+
+fn prompt_of(v: &Value, kind: Kind) -> String {
+    let text = |x: &Value| match x {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().filter_map(|p| p["text"].as_str().or(p.as_str())).collect::<Vec<_>>().join(" "),
+        _ => String::new(),
+    };
+    match kind {
+        Kind::Chat => v["messages"]
+            .as_array()
+            .map(|m| m.iter().map(|m| text(&m["content"])).collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default(),
+        Kind::Completion => text(&v["prompt"]),
+    }
+}
+
+async fn read_json(s: &SimState, req: Request) -> Result<(Value, String), Response> {
+    let path = req.uri().path().to_string();
+    let body = axum::body::to_bytes(req.into_body(), 64 << 20)
+        .await
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "BadRequestError", "bad_body", e.to_string()))?;
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "BadRequestError", "invalid_json", e.to_string()))?;
+    let model = v["model"].as_str().unwrap_or_default().to_string();
+    if !s.config.models.contains(&model) {
+        s.record(&path, &model, String::new());
+        let msg = format!("The model `{model}` does not exist.");
+        return Err(error(StatusCode::NOT_FOUND, "NotFoundError", "model_not_found", msg));
+    }
+    Ok((v, path))
+}
+
+/// The response for a fault that replaces the answer, if `fault` is one.
+async fn fault_response(fault: Option<Fault>, kill: Option<ConnKill>, model: &str) -> Option<Response> {
+    Some(match fault? {
+        Fault::RateLimit(after) => {
+            let mut r =
+                error(StatusCode::TOO_MANY_REQUESTS, "RateLimitError", "rate_limited", "Too many requests".into());
+            if let Some(secs) = after {
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            r
+        }
+        Fault::Error500 => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", "internal", "engine error".into())
+        }
+        Fault::Error503 => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "unavailable", "engine busy".into())
+        }
+        Fault::Reset => {
+            if let Some(k) = kill {
+                k.0.notify_one();
+            }
+            std::future::pending::<()>().await;
+            return None;
+        }
+        Fault::NoResponse => {
+            std::future::pending::<()>().await;
+            return None;
+        }
+        Fault::ContextLength => context_error(model, 0),
+        Fault::ContentPolicy => error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "content_policy_violation",
+            "The prompt was rejected by the content policy.".into(),
+        ),
+        _ => return None,
+    })
+}
+
+fn context_error(model: &str, requested: u64) -> Response {
+    let msg = format!(
+        "This model's maximum context length is exceeded: you requested {requested} tokens of `{model}`. Please reduce the length of the messages or completion."
+    );
+    error(StatusCode::BAD_REQUEST, "BadRequestError", "context_length_exceeded", msg)
+}
+
+async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
+    let kill = req.extensions().get::<ConnKill>().cloned();
+    let (v, path) = match read_json(&s, req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let model = v["model"].as_str().unwrap_or_default().to_string();
+    let prompt = prompt_of(&v, kind);
+    let head = prompt.split_whitespace().take(8).collect::<Vec<_>>().join(" ");
+    s.record(&path, &model, head);
+    let fault = s.take_fault();
+    if let Some(r) = fault_response(fault, kill, &model).await {
+        return r;
+    }
+    let words: Vec<&str> = prompt.split_whitespace().collect();
+    let limit = v["max_tokens"].as_u64().or(v["max_completion_tokens"].as_u64());
+    let n = limit.unwrap_or(u64::from(s.config.default_tokens)).min(4096);
+    let requested = words.len() as u64 + n;
+    if requested > u64::from(s.config.max_model_len) {
+        return context_error(&model, requested);
+    }
+    let Some(slot) = Inflight::start(&s).await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "shutting_down", "engine stopping".into());
+    };
+    let lookup = lock(&s.cache).lookup_insert(&words);
+    s.prefix_queries.fetch_add(lookup.queried_tokens, std::sync::atomic::Ordering::Relaxed);
+    s.prefix_hits.fetch_add(lookup.hit_tokens, std::sync::atomic::Ordering::Relaxed);
+    let ttft = match fault {
+        Some(Fault::SlowFirstToken(ms)) => Duration::from_millis(ms),
+        _ => Duration::from_millis(s.config.ttft_ms + s.config.prefill_ms_per_block * lookup.missed_blocks),
+    };
+    let seq = s.request_count() as u64;
+    let answer = Answer {
+        id: format!("chatcmpl-{:016x}", fnv(s.config.seed ^ seq, prompt.as_bytes())),
+        model,
+        kind,
+        tokens: generate::words(s.config.seed, &prompt, n),
+        prompt_tokens: words.len() as u64,
+        finish: if limit.is_some() { "length" } else { "stop" },
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default(),
+    };
+    let itl = Duration::from_millis(s.config.itl_ms);
+    let sim_name = HeaderValue::from_str(&s.config.name).unwrap_or(HeaderValue::from_static("sim"));
+    if v["stream"].as_bool() != Some(true) {
+        let body = generate::complete(&answer, slot, ttft, itl).await;
+        return ([("x-sim-name", sim_name)], Json(body)).into_response();
+    }
+    let include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
+    let plan = StreamPlan { ttft, itl, fault, include_usage };
+    let body = generate::stream(answer, slot, plan);
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-sim-name", sim_name);
+    r
+}
+
+async fn embeddings(State(s): State<Arc<SimState>>, req: Request) -> Response {
+    let kill = req.extensions().get::<ConnKill>().cloned();
+    let (v, path) = match read_json(&s, req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let model = v["model"].as_str().unwrap_or_default().to_string();
+    let inputs: Vec<String> = match &v["input"] {
+        Value::String(x) => vec![x.clone()],
+        Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string())).collect(),
+        _ => Vec::new(),
+    };
+    s.record(&path, &model, inputs.first().cloned().unwrap_or_default());
+    if let Some(r) = fault_response(s.take_fault(), kill, &model).await {
+        return r;
+    }
+    let mut tokens = 0u64;
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            tokens += text.split_whitespace().count() as u64;
+            let mut rng = crate::cache::Rng::new(fnv(s.config.seed, text.as_bytes()));
+            let e: Vec<f64> = (0..8).map(|_| (rng.next_u64() % 2000) as f64 / 1000.0 - 1.0).collect();
+            json!({"object": "embedding", "index": i, "embedding": e})
+        })
+        .collect();
+    if s.config.ttft_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(s.config.ttft_ms)).await;
+    }
+    s.completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Json(json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+        .into_response()
+}
+
+async fn models(State(s): State<Arc<SimState>>) -> Json<Value> {
+    let data: Vec<Value> = s
+        .config
+        .models
+        .iter()
+        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "vllm", "max_model_len": s.config.max_model_len}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn set_fault(State(s): State<Arc<SimState>>, Json(v): Json<Value>) -> Response {
+    let count = v["count"].as_u64().map(|c| u32::try_from(c).unwrap_or(u32::MAX));
+    match v["fault"].as_str().map(str::parse::<Fault>) {
+        Some(Ok(f)) => {
+            s.set_fault(Some(f), count);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Some(Err(e)) => error(StatusCode::BAD_REQUEST, "BadRequestError", "bad_fault", e.to_string()),
+        None => {
+            s.set_fault(None, None);
+            StatusCode::NO_CONTENT.into_response()
+        }
+    }
+}
+
+async fn clear_fault(State(s): State<Arc<SimState>>) -> StatusCode {
+    s.set_fault(None, None);
+    StatusCode::NO_CONTENT
+}
+
+async fn stats(State(s): State<Arc<SimState>>) -> Json<Value> {
+    let paths: Vec<Value> = s.requests().iter().map(|r| json!({"path": r.path, "model": r.model})).collect();
+    Json(json!({
+        "requests": s.request_count(), "completed": s.completed(), "cancelled": s.cancelled(),
+        "running": s.running(), "log": paths,
+    }))
+}

@@ -1,0 +1,164 @@
+//! The simulator's knobs: command-line flags (also built in code by tests) and the failure
+//! modes it can inject, parsed from strings such as `rate-limit:2` or `cut:3`.
+
+use std::str::FromStr;
+
+use clap::Parser;
+
+use crate::SimError;
+
+/// How one simulated engine behaves. Every flag has a default that makes a fast, healthy engine.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "flotilla-enginesim", about = "A vLLM-compatible engine simulator for testing the Flotilla gateway")]
+pub struct SimConfig {
+    /// Address to listen on (`127.0.0.1:0` picks a free port and prints it).
+    #[arg(long, default_value = "127.0.0.1:8000", env = "ENGINESIM_LISTEN")]
+    pub listen: String,
+    /// A name for this engine, returned in the `x-sim-name` header (e.g. the cluster it plays).
+    #[arg(long, default_value = "sim")]
+    pub name: String,
+    /// Served model names (repeat the flag for several); requests for others get 404.
+    #[arg(long = "model", default_values_t = vec!["sim-model".to_string()])]
+    pub models: Vec<String>,
+    /// Base time to first token, in milliseconds (before any prefill cost).
+    #[arg(long, default_value_t = 10)]
+    pub ttft_ms: u64,
+    /// Extra prefill time per prompt block that misses the prefix cache, in milliseconds.
+    #[arg(long, default_value_t = 1)]
+    pub prefill_ms_per_block: u64,
+    /// Inter-token latency, in milliseconds.
+    #[arg(long, default_value_t = 2)]
+    pub itl_ms: u64,
+    /// Output tokens when the request sets no `max_tokens`.
+    #[arg(long, default_value_t = 8)]
+    pub default_tokens: u32,
+    /// Sequences processed at once; further requests wait in a queue (`vllm:num_requests_waiting`).
+    #[arg(long, default_value_t = 16)]
+    pub max_num_seqs: usize,
+    /// Context length in tokens (whitespace-separated words); prompt + max_tokens above it gets a 400.
+    #[arg(long, default_value_t = 4096)]
+    pub max_model_len: u32,
+    /// Tokens per prefix-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Prefix-cache capacity in blocks (least recently used blocks are evicted).
+    #[arg(long, default_value_t = 4096)]
+    pub cache_blocks: usize,
+    /// Seed for generated text and embeddings; the same seed and prompt give the same answer.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Failure to inject on inference endpoints. One of: rate-limit, rate-limit:SECS (with
+    /// Retry-After), error-500, error-503, reset (connection closed before headers),
+    /// no-response, slow-first-token:MS, cut:N (stream cut after N tokens), stall:N (stream
+    /// stalls for a minute after N tokens), malformed:N (a malformed chunk after N tokens),
+    /// no-done (stream ends without `[DONE]`), context-length, content-policy. Also settable at
+    /// runtime: `POST /sim/fault {"fault": "error-500", "count": 1}`.
+    #[arg(long)]
+    pub fault: Option<Fault>,
+    /// Inject the fault this many times, then behave (absent: every request).
+    #[arg(long)]
+    pub fault_count: Option<u32>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            listen: "127.0.0.1:0".into(),
+            name: "sim".into(),
+            models: vec!["sim-model".into()],
+            ttft_ms: 10,
+            prefill_ms_per_block: 1,
+            itl_ms: 2,
+            default_tokens: 8,
+            max_num_seqs: 16,
+            max_model_len: 4096,
+            block_size: 16,
+            cache_blocks: 4096,
+            seed: 0,
+            fault: None,
+            fault_count: None,
+        }
+    }
+}
+
+/// A failure the simulator injects into an inference request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// HTTP 429, with `Retry-After: secs` when set.
+    RateLimit(Option<u64>),
+    /// HTTP 500.
+    Error500,
+    /// HTTP 503.
+    Error503,
+    /// The connection is closed before any response header.
+    Reset,
+    /// Nothing is ever sent; the request hangs until the client gives up.
+    NoResponse,
+    /// The first token takes this many milliseconds.
+    SlowFirstToken(u64),
+    /// The stream is cut (connection aborted) after this many tokens.
+    Cut(u32),
+    /// The stream stalls for a minute after this many tokens.
+    Stall(u32),
+    /// A malformed SSE chunk is sent after this many tokens.
+    Malformed(u32),
+    /// The stream ends cleanly but without `data: [DONE]`.
+    NoDone,
+    /// HTTP 400: the context length is exceeded.
+    ContextLength,
+    /// HTTP 400: the content policy rejected the prompt.
+    ContentPolicy,
+}
+
+impl FromStr for Fault {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        let num = |default: u64| -> Result<u64, SimError> {
+            match arg {
+                None => Ok(default),
+                Some(a) => a.parse().map_err(|_| SimError::BadFault(s.to_string())),
+            }
+        };
+        let small = |default: u64| num(default).map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        Ok(match kind {
+            "rate-limit" => Fault::RateLimit(arg.map(|_| num(1)).transpose()?),
+            "error-500" => Fault::Error500,
+            "error-503" => Fault::Error503,
+            "reset" => Fault::Reset,
+            "no-response" => Fault::NoResponse,
+            "slow-first-token" => Fault::SlowFirstToken(num(5000)?),
+            "cut" => Fault::Cut(small(2)?),
+            "stall" => Fault::Stall(small(2)?),
+            "malformed" => Fault::Malformed(small(2)?),
+            "no-done" => Fault::NoDone,
+            "context-length" => Fault::ContextLength,
+            "content-policy" => Fault::ContentPolicy,
+            _ => return Err(SimError::BadFault(s.to_string())),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        SimConfig::command().debug_assert();
+    }
+
+    #[test]
+    fn faults_parse() {
+        assert_eq!("rate-limit".parse::<Fault>().unwrap(), Fault::RateLimit(None));
+        assert_eq!("rate-limit:3".parse::<Fault>().unwrap(), Fault::RateLimit(Some(3)));
+        assert_eq!("cut:5".parse::<Fault>().unwrap(), Fault::Cut(5));
+        assert_eq!("stall".parse::<Fault>().unwrap(), Fault::Stall(2));
+        assert!("explode".parse::<Fault>().is_err());
+        assert!("cut:x".parse::<Fault>().is_err());
+    }
+}

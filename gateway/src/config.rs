@@ -1,0 +1,133 @@
+//! The gateway's knobs: command-line flags with environment fallbacks, turned into durations
+//! and limits that the proxy, the health tracker and the server read.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// How a cluster is chosen among the allowed, healthy ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RoutingMode {
+    /// Prefix affinity with bounded load, least load otherwise (the default).
+    Prefix,
+    /// The least loaded cluster (in-flight plus scraped queue), latency as tie-break.
+    LeastLoad,
+    /// Round robin (for comparison in benchmarks).
+    RoundRobin,
+}
+
+/// `flotilla-gateway`: one OpenAI-compatible URL for every model in the fleet.
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "flotilla-gateway",
+    about = "One OpenAI-compatible URL for every model in the fleet",
+    after_help = "Example:\n  flotilla-gateway --config gateway/examples/routing.yaml --listen 127.0.0.1:8080"
+)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    #[arg(long, env = "FLOTILLA_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: String,
+    /// The routing table (YAML); re-read when it changes and on SIGHUP.
+    #[arg(long, env = "FLOTILLA_GATEWAY_CONFIG")]
+    pub config: PathBuf,
+    /// How often the routing table file is checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub reload_interval_ms: u64,
+    /// API keys clients must send as `Authorization: Bearer` (comma-separated; none: no auth).
+    #[arg(long, env = "FLOTILLA_GATEWAY_API_KEYS", value_delimiter = ',')]
+    pub api_keys: Vec<String>,
+    /// Upstream attempts per model (first try plus retries).
+    #[arg(long, default_value_t = 3)]
+    pub max_attempts: u32,
+    /// Total time for all attempts of one request until the first response byte, in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    pub deadline_ms: u64,
+    /// TCP connect timeout, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub connect_timeout_ms: u64,
+    /// Time to first token of a streamed answer before failing over, in milliseconds.
+    #[arg(long, default_value_t = 15_000)]
+    pub ttft_timeout_ms: u64,
+    /// Time for a whole non-streamed answer before failing over, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    pub request_timeout_ms: u64,
+    /// Longest gap between stream chunks before the stream is declared stalled, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub idle_timeout_ms: u64,
+    /// First retry backoff, in milliseconds (doubles per retry, equal jitter).
+    #[arg(long, default_value_t = 50)]
+    pub backoff_base_ms: u64,
+    /// Largest retry backoff, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub backoff_max_ms: u64,
+    /// Longest upstream `Retry-After` the gateway waits for itself, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub max_retry_after_ms: u64,
+    /// Consecutive failures that open a cluster's circuit.
+    #[arg(long, default_value_t = 5)]
+    pub breaker_failures: u32,
+    /// How long a circuit stays open before a half-open probe, in milliseconds (doubles on a failed probe).
+    #[arg(long, default_value_t = 5000)]
+    pub breaker_open_ms: u64,
+    /// Longest open period, in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    pub breaker_max_open_ms: u64,
+    /// How a cluster is chosen.
+    #[arg(long, value_enum, default_value_t = RoutingMode::Prefix)]
+    pub routing: RoutingMode,
+    /// Prompt bytes hashed for prefix affinity.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_bytes: usize,
+    /// Bounded-load factor: an affine cluster is skipped above this multiple of the mean load.
+    #[arg(long, default_value_t = 1.25)]
+    pub load_factor: f64,
+    /// How often each cluster's `/metrics` is scraped for its queue depth, in milliseconds (0: never).
+    #[arg(long, default_value_t = 2000)]
+    pub scrape_interval_ms: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Largest request head (request line and headers), in bytes.
+    #[arg(long, default_value_t = 64 << 10)]
+    pub max_header_bytes: usize,
+    /// Requests served at once; more get 503 with `Retry-After`.
+    #[arg(long, default_value_t = 1024)]
+    pub max_concurrency: usize,
+    /// `Retry-After` seconds sent with 503 when no allowed cluster can serve.
+    #[arg(long, default_value_t = 1)]
+    pub unavailable_retry_after_s: u64,
+    /// How long shutdown waits for in-flight requests, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub drain_ms: u64,
+    /// Seed for retry jitter.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl GatewayConfig {
+    /// A configuration with every default, reading the table from `config`.
+    pub fn with_table(config: impl Into<PathBuf>) -> Self {
+        let path = config.into();
+        let mut c = GatewayConfig::parse_from(["flotilla-gateway", "--config", "x"]);
+        c.config = path;
+        c
+    }
+}
+
+/// Milliseconds as a duration.
+pub fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        GatewayConfig::command().debug_assert();
+        assert_eq!(GatewayConfig::with_table("t.yaml").max_attempts, 3);
+    }
+}

@@ -1,0 +1,156 @@
+//! The gateway's one error type and its one mapping to HTTP: every failure a client can hit
+//! leaves here as an OpenAI-shaped body (`{"error":{"message","type","param","code"}}`) with
+//! the status code CONVENTIONS.md assigns to it.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Everything that can go wrong in the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The routing table file is unreadable or invalid; the previous table stays in force.
+    #[error("routing table {path}: {message}")]
+    Table {
+        /// The file.
+        path: String,
+        /// What is wrong and what to change.
+        message: String,
+    },
+    /// The request is not valid JSON or misses a field.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The request body is above the limit.
+    #[error("request body is larger than {0} bytes: send a shorter prompt or raise --max-body-bytes")]
+    TooLarge(usize),
+    /// No or a wrong API key.
+    #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key the gateway was started with")]
+    Unauthorized,
+    /// The model is not in the routing table.
+    #[error("model `{0}` is not served by this fleet: GET /v1/models lists the models and aliases")]
+    UnknownModel(String),
+    /// No route for the path.
+    #[error("no such endpoint: {0}")]
+    NoRoute(String),
+    /// Every allowed cluster is rate limiting.
+    #[error("every cluster allowed to serve `{model}` is rate limiting: retry after {retry_after} s")]
+    RateLimited {
+        /// Requested model.
+        model: String,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
+    /// No cluster that the model's policy allows can take the request.
+    #[error("no cluster allowed to serve `{model}` can take the request now ({reason}): retry after {retry_after} s")]
+    NoHealthyCluster {
+        /// Requested model.
+        model: String,
+        /// Why.
+        reason: String,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
+    /// The gateway is at its concurrency limit.
+    #[error("the gateway is at its concurrency limit ({0} requests): retry shortly")]
+    Overloaded(usize),
+    /// Upstream clusters failed and the attempt budget ran out.
+    #[error("upstream failure serving `{model}`: {reason}")]
+    Upstream {
+        /// Requested model.
+        model: String,
+        /// The last failure.
+        reason: String,
+    },
+    /// Upstream clusters timed out and the attempt budget ran out.
+    #[error("upstream timeout serving `{model}`: {reason}")]
+    UpstreamTimeout {
+        /// Requested model.
+        model: String,
+        /// The last failure.
+        reason: String,
+    },
+    /// Listening or accepting failed.
+    #[error("network: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl GatewayError {
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::UnknownModel(_) | GatewayError::NoRoute(_) => StatusCode::NOT_FOUND,
+            GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::NoHealthyCluster { .. } | GatewayError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Table { .. } | GatewayError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// `(type, code)` of the OpenAI error body.
+    pub fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            GatewayError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
+            GatewayError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
+            GatewayError::Unauthorized => ("authentication_error", "invalid_api_key"),
+            GatewayError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
+            GatewayError::NoRoute(_) => ("invalid_request_error", "unknown_url"),
+            GatewayError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
+            GatewayError::NoHealthyCluster { .. } => ("service_unavailable_error", "no_healthy_cluster"),
+            GatewayError::Overloaded(_) => ("service_unavailable_error", "gateway_overloaded"),
+            GatewayError::Upstream { .. } => ("upstream_error", "upstream_failed"),
+            GatewayError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
+            GatewayError::Table { .. } | GatewayError::Io(_) => ("server_error", "internal_error"),
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            GatewayError::RateLimited { retry_after, .. } | GatewayError::NoHealthyCluster { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            GatewayError::Overloaded(_) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI-shaped body.
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind();
+        let param = matches!(self, GatewayError::UnknownModel(_)).then_some("model");
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status(), Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after() {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_conventional_statuses_and_openai_bodies() {
+        let e = GatewayError::NoHealthyCluster { model: "m".into(), reason: "all down".into(), retry_after: 2 };
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let r = e.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(GatewayError::UnknownModel("x".into()).status(), StatusCode::NOT_FOUND);
+        assert_eq!(GatewayError::UnknownModel("x".into()).body()["error"]["param"], "model");
+        assert_eq!(GatewayError::Unauthorized.status(), StatusCode::UNAUTHORIZED);
+        let up = GatewayError::Upstream { model: "m".into(), reason: "reset".into() };
+        assert_eq!(up.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(up.body()["error"]["code"], "upstream_failed");
+    }
+}

@@ -1,0 +1,176 @@
+//! The gateway's HTTP surface: `fn app(state) -> Router`. Client requests get a request id,
+//! a concurrency slot, authentication, a bounded body and a known model here; then the
+//! proxy serves them. Also `/v1/models` (the routing table's models and aliases), `/healthz`,
+//! `/readyz` and `/metrics`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::config::RoutingMode;
+use crate::metrics::{Endpoint, Outcome};
+use crate::pick::{hash, prefix_key};
+use crate::proxy::{self, Prepared};
+use crate::{AppState, GatewayError};
+
+/// The request id of the request being served.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+/// The gateway's router.
+pub fn app(st: Arc<AppState>) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::chat_completions, r)),
+        )
+        .route("/v1/completions", post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::completions, r)))
+        .route("/v1/embeddings", post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::embeddings, r)))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|uri: Uri| async move { GatewayError::NoRoute(uri.path().chars().take(200).collect()) })
+        .layer(middleware::from_fn(request_id))
+        .with_state(st)
+}
+
+fn new_id() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or_default();
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}{:016x}", hash(t, &n.to_le_bytes()), hash(n, &t.to_le_bytes()))
+}
+
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let valid = |s: &&str| {
+        !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    };
+    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).filter(valid).map(str::to_string);
+    let id = id.unwrap_or_else(new_id);
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+fn outcome(status: StatusCode) -> Outcome {
+    match status.as_u16() {
+        200..=299 => Outcome::ok,
+        429 => Outcome::rate_limited,
+        503 => Outcome::unavailable,
+        504 => Outcome::timeout,
+        400..=499 => Outcome::client_error,
+        _ => Outcome::upstream_error,
+    }
+}
+
+async fn infer(State(st): State<Arc<AppState>>, endpoint: Endpoint, req: Request) -> Response {
+    let started = Instant::now();
+    let (label, result) = handle(&st, endpoint, req).await;
+    let resp = result.unwrap_or_else(IntoResponse::into_response);
+    st.metrics.request(&label, endpoint, outcome(resp.status()), started.elapsed().as_secs_f64());
+    resp
+}
+
+/// The prompt text that prefix affinity hashes.
+fn prompt_text(endpoint: Endpoint, v: &Value) -> String {
+    let text = |x: &Value| match x {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            parts.iter().filter_map(|p| p["text"].as_str().or(p.as_str())).collect::<Vec<_>>().join(" ")
+        }
+        _ => String::new(),
+    };
+    match endpoint {
+        Endpoint::chat_completions => v["messages"]
+            .as_array()
+            .map(|ms| ms.iter().map(|m| text(&m["content"])).collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default(),
+        Endpoint::completions => text(&v["prompt"]),
+        Endpoint::embeddings => String::new(),
+    }
+}
+
+async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String, Result<Response, GatewayError>) {
+    let unknown = || "unknown".to_string();
+    let Ok(permit) = st.limit.clone().try_acquire_owned() else {
+        return (unknown(), Err(GatewayError::Overloaded(st.cfg.max_concurrency)));
+    };
+    if !st.cfg.api_keys.is_empty() {
+        let key = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !key.is_some_and(|k| st.cfg.api_keys.iter().any(|a| a == k.trim())) {
+            return (unknown(), Err(GatewayError::Unauthorized));
+        }
+    }
+    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_else(new_id);
+    let bytes = match axum::body::to_bytes(req.into_body(), st.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => return (unknown(), Err(GatewayError::TooLarge(st.cfg.max_body_bytes))),
+    };
+    let v: Value = match serde_json::from_slice(&bytes) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return (unknown(), Err(GatewayError::BadRequest("the body must be a JSON object".into()))),
+        Err(e) => return (unknown(), Err(GatewayError::BadRequest(format!("the body is not valid JSON: {e}")))),
+    };
+    let Some(name) = v["model"].as_str() else {
+        return (
+            unknown(),
+            Err(GatewayError::BadRequest("`model` is required: name a model from GET /v1/models".into())),
+        );
+    };
+    let model = match st.table.load().resolve(name) {
+        Some(m) => m.name.clone(),
+        None => return (unknown(), Err(GatewayError::UnknownModel(name.chars().take(200).collect()))),
+    };
+    let stream = endpoint != Endpoint::embeddings && v["stream"].as_bool() == Some(true);
+    let key = match st.cfg.routing {
+        RoutingMode::Prefix => prefix_key(&prompt_text(endpoint, &v), st.cfg.prefix_bytes),
+        _ => None,
+    };
+    let p = Prepared { endpoint, body: v, stream, key, request_id, model: model.clone() };
+    (model, proxy::serve(st, p, permit).await)
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let table = st.table.load();
+    let mut data = Vec::new();
+    for m in table.models() {
+        for id in std::iter::once(&m.name).chain(&m.aliases) {
+            data.push(json!({"id": id, "object": "model", "created": 0, "owned_by": "flotilla", "root": m.name}));
+        }
+    }
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn readyz(State(st): State<Arc<AppState>>) -> Response {
+    let table = st.table.load();
+    let now = Instant::now();
+    let serving = table.models().any(|m| {
+        table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| st.health.get(&r.cluster.name).breaker_available(now))
+    });
+    if serving {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no model has an available cluster").into_response()
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let ct = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, ct)], st.metrics.render()).into_response()
+}

@@ -1,0 +1,226 @@
+//! The gateway's Prometheus metrics. Every label value is a closed enum or a name from the
+//! routing table (never text from a request): requests by model and outcome, attempts by
+//! cluster and result, in-flight and circuit state per cluster, stream endings, fallbacks,
+//! table reloads, tokens and latency.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The API a request used.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    chat_completions,
+    /// `/v1/completions`.
+    completions,
+    /// `/v1/embeddings`.
+    embeddings,
+}
+
+impl Endpoint {
+    /// The upstream path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::chat_completions => "/v1/chat/completions",
+            Endpoint::completions => "/v1/completions",
+            Endpoint::embeddings => "/v1/embeddings",
+        }
+    }
+}
+
+/// How a request ended for the client.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    /// 2xx.
+    ok,
+    /// A 4xx the client caused.
+    client_error,
+    /// 429.
+    rate_limited,
+    /// 503.
+    unavailable,
+    /// 502.
+    upstream_error,
+    /// 504.
+    timeout,
+}
+
+/// What one upstream attempt got.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AttemptResult {
+    /// A usable answer.
+    ok,
+    /// TCP connect failed.
+    connect_error,
+    /// The connection closed before an answer.
+    reset,
+    /// No first token in time.
+    timeout,
+    /// 5xx.
+    server_error,
+    /// 429.
+    rate_limited,
+    /// 4xx.
+    client_error,
+    /// Garbage instead of an answer.
+    malformed,
+}
+
+/// How a relayed stream ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StreamEnd {
+    /// With `[DONE]`.
+    complete,
+    /// Cleanly but without `[DONE]`; the gateway added it.
+    finalised,
+    /// The upstream connection broke.
+    cut,
+    /// No chunk within the idle timeout.
+    stalled,
+    /// A chunk that does not parse.
+    malformed,
+    /// Ended before the answer was finished.
+    truncated,
+    /// The upstream sent an error event.
+    upstream_error,
+    /// The client went away.
+    client_gone,
+}
+
+/// Result of a routing-table reload.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReloadResult {
+    /// A new table is in force.
+    applied,
+    /// The file did not parse or validate; the old table stays.
+    invalid,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    model: String,
+    endpoint: Endpoint,
+    outcome: Outcome,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    cluster: String,
+    result: AttemptResult,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabel {
+    cluster: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamLabels {
+    cluster: String,
+    end: StreamEnd,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: ReloadResult,
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// All gateway metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    attempts: Family<AttemptLabels, Counter>,
+    inflight: Family<ClusterLabel, Gauge>,
+    circuit_open: Family<ClusterLabel, Gauge>,
+    streams: Family<StreamLabels, Counter>,
+    fallbacks: Family<ModelLabel, Counter>,
+    reloads: Family<ReloadLabels, Counter>,
+    duration: HistFamily<ModelLabel>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("flotilla_gateway");
+        let m = Metrics {
+            requests: Family::default(),
+            attempts: Family::default(),
+            inflight: Family::default(),
+            circuit_open: Family::default(),
+            streams: Family::default(),
+            fallbacks: Family::default(),
+            reloads: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
+        registry.register("upstream_attempts", "Upstream attempts by cluster and result", m.attempts.clone());
+        registry.register("upstream_inflight", "Requests in flight per cluster", m.inflight.clone());
+        registry.register("circuit_open", "1 while a cluster's circuit is open or probing", m.circuit_open.clone());
+        registry.register("streams", "Relayed streams by cluster and how they ended", m.streams.clone());
+        registry.register("fallbacks", "Requests served by a fallback model, by requested model", m.fallbacks.clone());
+        registry.register("table_reloads", "Routing table reloads by result", m.reloads.clone());
+        registry.register(
+            "request_duration_seconds",
+            "Time to the response head (first token for streams) by model",
+            m.duration.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Count a finished request. `model` must come from the routing table (or be `unknown`).
+    pub fn request(&self, model: &str, endpoint: Endpoint, outcome: Outcome, secs: f64) {
+        let labels = RequestLabels { model: model.to_string(), endpoint, outcome };
+        self.requests.get_or_create(&labels).inc();
+        self.duration.get_or_create(&ModelLabel { model: model.to_string() }).observe(secs);
+    }
+    /// Count an attempt.
+    pub fn attempt(&self, cluster: &str, result: AttemptResult) {
+        self.attempts.get_or_create(&AttemptLabels { cluster: cluster.to_string(), result }).inc();
+    }
+    /// Count a stream ending.
+    pub fn stream(&self, cluster: &str, end: StreamEnd) {
+        self.streams.get_or_create(&StreamLabels { cluster: cluster.to_string(), end }).inc();
+    }
+    /// Count a fallback.
+    pub fn fallback(&self, model: &str) {
+        self.fallbacks.get_or_create(&ModelLabel { model: model.to_string() }).inc();
+    }
+    /// Count a reload.
+    pub fn reload(&self, result: ReloadResult) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+    /// The in-flight gauge of a cluster.
+    pub fn inflight(&self, cluster: &str) -> Gauge {
+        self.inflight.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).clone()
+    }
+    /// The circuit gauge of a cluster.
+    pub fn circuit_open(&self, cluster: &str) -> Gauge {
+        self.circuit_open.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).clone()
+    }
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

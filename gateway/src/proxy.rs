@@ -1,0 +1,306 @@
+//! The request path after validation: the model's fallback chain, and for each model the
+//! attempt loop — choose an allowed, available cluster, send, classify, and on a failure
+//! before the first byte retry elsewhere (or the same cluster for a one-off 500 or a short
+//! `Retry-After`) with jittered exponential backoff, a bounded number of attempts and one
+//! deadline. Success turns into the client's response: a complete body, or a relayed stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use crate::config::ms;
+use crate::health::{AttemptGuard, ClusterHealth};
+use crate::metrics::{AttemptResult, Endpoint, StreamEnd};
+use crate::pick::{self, Candidate};
+use crate::table::{Model, Route, RoutingTable};
+use crate::upstream::{self, Failure, Outgoing, Success};
+use crate::{AppState, GatewayError};
+
+/// Header naming the cluster that served.
+pub const CLUSTER_HEADER: &str = "x-flotilla-cluster";
+/// Header naming the model that served (differs from the request's on fallback).
+pub const MODEL_HEADER: &str = "x-flotilla-model";
+
+/// A validated client request.
+#[derive(Debug)]
+pub struct Prepared {
+    /// Which API.
+    pub endpoint: Endpoint,
+    /// The JSON body (its `model` is rewritten per attempt).
+    pub body: serde_json::Value,
+    /// `stream: true`.
+    pub stream: bool,
+    /// Prefix-affinity key.
+    pub key: Option<u64>,
+    /// The request id.
+    pub request_id: String,
+    /// Canonical name of the requested model.
+    pub model: String,
+}
+
+enum ModelError {
+    /// The upstream rejected the request itself; `context_length` says whether a fallback may help.
+    Client { response: Response, context_length: bool },
+    /// No cluster of this model served it.
+    Failed(GatewayError),
+}
+
+#[derive(Debug, Default)]
+struct Tried {
+    attempts: u32,
+    excluded: bool,
+    not_before: Option<Instant>,
+}
+
+/// Serve `p` through the model's clusters and then its fallbacks.
+pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit) -> Result<Response, GatewayError> {
+    let table = st.table.load_full();
+    let origin = table.resolve(&p.model).ok_or_else(|| GatewayError::UnknownModel(p.model.clone()))?;
+    let deadline = Instant::now() + ms(st.cfg.deadline_ms);
+    let chain: Vec<&Model> =
+        std::iter::once(origin).chain(origin.fallbacks.iter().filter_map(|f| table.resolve(f))).collect();
+    let mut permit = Some(permit);
+    let mut last = None;
+    for (i, m) in chain.iter().enumerate() {
+        match try_model(st, &table, origin, m, &p, deadline, &mut permit).await {
+            Ok(mut r) => {
+                if i > 0 {
+                    st.metrics.fallback(&origin.name);
+                }
+                if let Ok(v) = HeaderValue::from_str(&m.name) {
+                    r.headers_mut().insert(MODEL_HEADER, v);
+                }
+                return Ok(r);
+            }
+            Err(ModelError::Client { response, context_length }) => {
+                if !(context_length && i + 1 < chain.len()) {
+                    return Ok(response);
+                }
+                tracing::info!(request_id = %p.request_id, model = %m.name, "context length exceeded; trying the fallback");
+            }
+            Err(ModelError::Failed(e)) => {
+                tracing::info!(request_id = %p.request_id, model = %m.name, error = %e, "model could not serve");
+                last = Some(e);
+                if Instant::now() >= deadline {
+                    break;
+                }
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| GatewayError::NoHealthyCluster {
+        model: origin.name.clone(),
+        reason: "the deadline passed".into(),
+        retry_after: st.cfg.unavailable_retry_after_s,
+    }))
+}
+
+fn is_context_length(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    text.contains("context_length_exceeded") || text.contains("maximum context length")
+}
+
+/// The upstream's own client-error body when it is OpenAI-shaped, else ours.
+fn client_error(status: StatusCode, body: Bytes, cluster: &str) -> Response {
+    let shaped = serde_json::from_slice::<serde_json::Value>(&body).ok().filter(|v| v["error"].is_object());
+    let body = shaped.map(|_| body).unwrap_or_else(|| {
+        let e = GatewayError::BadRequest(format!("the model rejected the request ({status})"));
+        Bytes::from(e.body().to_string())
+    });
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(v) = HeaderValue::from_str(cluster) {
+        r.headers_mut().insert(CLUSTER_HEADER, v);
+    }
+    r
+}
+
+async fn try_model(
+    st: &Arc<AppState>,
+    table: &RoutingTable,
+    origin: &Model,
+    m: &Model,
+    p: &Prepared,
+    deadline: Instant,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Response, ModelError> {
+    let cfg = &st.cfg;
+    let routes = table.allowed_routes(m, &[&origin.sovereignty, &m.sovereignty]);
+    let unavailable = |reason: String| GatewayError::NoHealthyCluster {
+        model: origin.name.clone(),
+        reason,
+        retry_after: cfg.unavailable_retry_after_s,
+    };
+    if routes.is_empty() {
+        return Err(ModelError::Failed(unavailable(format!("no ready cluster of `{}` is within its policy", m.name))));
+    }
+    let mut body = p.body.clone();
+    body["model"] = serde_json::Value::String(m.name.clone());
+    let bytes = Bytes::from(body.to_string());
+    let healths: Vec<Arc<ClusterHealth>> = routes.iter().map(|r| st.health.get(&r.cluster.name)).collect();
+    let mut tried: HashMap<&str, Tried> = HashMap::new();
+    let (mut attempts, mut last, mut rate_after) = (0u32, None::<Failure>, Duration::ZERO);
+    while attempts < cfg.max_attempts && Instant::now() < deadline {
+        let now = Instant::now();
+        let name = |i: usize| routes[i].cluster.name.as_str();
+        let eligible: Vec<usize> = (0..routes.len())
+            .filter(|&i| !tried.get(name(i)).is_some_and(|t| t.excluded) && healths[i].breaker_available(now))
+            .collect();
+        let ready_at = |i: usize| healths[i].cooling_until().max(tried.get(name(i)).and_then(|t| t.not_before));
+        let ready_now: Vec<usize> =
+            eligible.iter().copied().filter(|&i| ready_at(i).is_none_or(|t| t <= now)).collect();
+        if ready_now.is_empty() {
+            let Some(until) = eligible.iter().filter_map(|&i| ready_at(i)).min() else { break };
+            if until >= deadline || until - now > ms(cfg.max_retry_after_ms) {
+                break;
+            }
+            tokio::time::sleep_until(until.into()).await;
+            continue;
+        }
+        let cands: Vec<Candidate> = ready_now
+            .iter()
+            .map(|&i| Candidate {
+                name: name(i).to_string(),
+                weight: routes[i].weight,
+                inflight: healths[i].inflight(),
+                queue_depth: healths[i].queue_depth(),
+                ewma_ms: healths[i].ewma_ms(),
+                tried: tried.contains_key(name(i)),
+            })
+            .collect();
+        let rr = st.next_rr();
+        let Some(j) = pick::choose(&cands, p.key, cfg.routing, rr, cfg.load_factor) else { break };
+        let i = ready_now[j];
+        if attempts > 0 {
+            let pause = st.backoff(attempts).min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
+        }
+        attempts += 1;
+        let route = routes[i];
+        let mut guard = AttemptGuard::begin(healths[i].clone());
+        let budget = ms(if p.stream { cfg.ttft_timeout_ms } else { cfg.request_timeout_ms });
+        let out = Outgoing {
+            base: &route.cluster.url,
+            path: p.endpoint.path(),
+            body: bytes.clone(),
+            request_id: &p.request_id,
+            stream: p.stream,
+            deadline: deadline.min(Instant::now() + budget),
+            max_body: 64 << 20,
+        };
+        let failure = match upstream::attempt(&st.client, out).await {
+            Ok(success) => {
+                guard.success();
+                st.metrics.attempt(name(i), AttemptResult::ok);
+                return Ok(respond(st, success, guard, route, permit.take()));
+            }
+            Err(f) => f,
+        };
+        st.metrics.attempt(name(i), failure.result());
+        tracing::info!(request_id = %p.request_id, cluster = name(i), attempt = attempts, failure = %failure.describe(), "attempt failed");
+        let t = tried.entry(name(i)).or_default();
+        t.attempts += 1;
+        match &failure {
+            Failure::Status { status, retry_after, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
+                guard.neutral();
+                let wait = retry_after.unwrap_or_else(|| st.backoff(attempts));
+                if wait > ms(cfg.max_retry_after_ms) || t.attempts >= 2 {
+                    t.excluded = true;
+                } else {
+                    t.not_before = Some(Instant::now() + wait);
+                }
+                if let Some(ra) = retry_after {
+                    healths[i].cool_down(Instant::now() + *ra);
+                }
+                rate_after = rate_after.max(retry_after.unwrap_or(Duration::from_secs(1)));
+            }
+            Failure::Status { status, body, .. } if matches!(status.as_u16(), 400 | 413 | 422) => {
+                guard.neutral();
+                let context_length = is_context_length(body);
+                return Err(ModelError::Client {
+                    response: client_error(*status, body.clone(), name(i)),
+                    context_length,
+                });
+            }
+            Failure::Status { status, .. } if status.is_client_error() => {
+                guard.neutral();
+                t.excluded = true;
+            }
+            Failure::Status { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR => {
+                guard.failure();
+                t.excluded = t.attempts >= 2;
+            }
+            _ => {
+                guard.failure();
+                t.excluded = true;
+            }
+        }
+        last = Some(failure);
+    }
+    let now = Instant::now();
+    let exhausted = (0..routes.len()).all(|i| {
+        tried.get(routes[i].cluster.name.as_str()).is_some_and(|t| t.excluded) || !healths[i].breaker_available(now)
+    });
+    Err(ModelError::Failed(match last {
+        Some(Failure::Status { status, .. }) if status == StatusCode::TOO_MANY_REQUESTS => GatewayError::RateLimited {
+            model: origin.name.clone(),
+            retry_after: rate_after.as_secs_f64().ceil().max(1.0) as u64,
+        },
+        None => unavailable(format!("every allowed cluster of `{}` has an open circuit or is cooling down", m.name)),
+        Some(f) if exhausted => {
+            unavailable(format!("every allowed cluster of `{}` failed; last: {}", m.name, f.describe()))
+        }
+        Some(f @ Failure::Timeout(_)) => {
+            GatewayError::UpstreamTimeout { model: origin.name.clone(), reason: f.describe() }
+        }
+        Some(f) => GatewayError::Upstream { model: origin.name.clone(), reason: f.describe() },
+    }))
+}
+
+fn respond(
+    st: &Arc<AppState>,
+    success: Success,
+    guard: AttemptGuard,
+    route: &Route,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Response {
+    let cluster = HeaderValue::from_str(&route.cluster.name).unwrap_or(HeaderValue::from_static("unknown"));
+    let mut r = match success {
+        Success::Full { status, body } => {
+            let mut r = Response::new(Body::from(body));
+            *r.status_mut() = status;
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Success::Stream { events, parser, body } => {
+            let (tx, mut rx) = mpsc::channel::<Bytes>(32);
+            let (idle, metrics, name) = (ms(st.cfg.idle_timeout_ms), st.metrics.clone(), route.cluster.name.clone());
+            tokio::spawn(async move {
+                let end = crate::sse::relay(events, parser, body, tx, idle).await;
+                metrics.stream(&name, end);
+                if matches!(end, StreamEnd::cut | StreamEnd::stalled | StreamEnd::malformed | StreamEnd::truncated) {
+                    tracing::warn!(cluster = %name, end = ?end, "stream broke after the first byte; ended with an error event");
+                    guard.health().record_failure(Instant::now());
+                }
+                drop(guard);
+                drop(permit);
+            });
+            let stream =
+                futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>)));
+            let mut r = Response::new(Body::from_stream(stream));
+            let h = r.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            r
+        }
+    };
+    r.headers_mut().insert(CLUSTER_HEADER, cluster);
+    r
+}

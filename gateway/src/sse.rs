@@ -1,0 +1,208 @@
+//! Server-sent events from an upstream engine to the client, event by event, never a whole
+//! response buffered. The parser turns upstream bytes into checked events (a chunk that does
+//! not parse is caught here, never forwarded); the relay forwards them, watches the gap
+//! between chunks, finalises a clean stream that lacks `[DONE]`, and ends any broken stream
+//! with an OpenAI-style error event so a truncated answer never looks like success.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::metrics::StreamEnd;
+
+/// One parsed upstream event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A JSON data event, re-framed for the client.
+    Data {
+        /// `data: …\n\n`.
+        raw: Bytes,
+        /// A choice carried a `finish_reason`.
+        finished: bool,
+        /// The event is an error object.
+        error: bool,
+    },
+    /// `data: [DONE]`.
+    Done,
+    /// A data event that is not JSON.
+    Malformed,
+}
+
+/// Splits a byte stream into SSE events.
+#[derive(Debug, Default)]
+pub struct Parser {
+    buf: Vec<u8>,
+}
+
+fn parse_event(text: &str) -> Option<Event> {
+    let data: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+    if data.is_empty() {
+        return None; // comments and keep-alives
+    }
+    let data = data.join("\n");
+    if data.trim() == "[DONE]" {
+        return Some(Event::Done);
+    }
+    match serde_json::from_str::<Value>(&data) {
+        Ok(v) if v.is_object() => {
+            let finished = v["choices"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null())));
+            let error = v.get("error").is_some_and(|e| !e.is_null());
+            Some(Event::Data { raw: Bytes::from(format!("data: {data}\n\n")), finished, error })
+        }
+        _ => Some(Event::Malformed),
+    }
+}
+
+impl Parser {
+    /// Feed bytes; complete events come out.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<Event> {
+        self.buf.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        loop {
+            let lf = find(&self.buf, b"\n\n").map(|i| (i, 2));
+            let crlf = find(&self.buf, b"\r\n\r\n").map(|i| (i, 4));
+            let Some((end, sep)) = [lf, crlf].into_iter().flatten().min_by_key(|(i, _)| *i) else { break };
+            let raw: Vec<u8> = self.buf.drain(..end + sep).collect();
+            match std::str::from_utf8(&raw[..end]) {
+                Ok(text) => out.extend(parse_event(&text.replace('\r', ""))),
+                Err(_) => out.push(Event::Malformed),
+            }
+        }
+        out
+    }
+
+    /// Bytes left that do not form a complete event.
+    pub fn pending(&self) -> bool {
+        !self.buf.iter().all(u8::is_ascii_whitespace)
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The error event that ends a broken stream.
+pub fn error_event(message: &str, code: &str) -> Bytes {
+    let e = json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": code}});
+    Bytes::from(format!("data: {e}\n\n"))
+}
+
+/// Where a relay stands after some events.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// A choice finished.
+    pub finished: bool,
+}
+
+/// Forward `events`; `Some(end)` when the stream is over.
+async fn forward(events: Vec<Event>, tx: &mpsc::Sender<Bytes>, p: &mut Progress) -> Option<StreamEnd> {
+    for ev in events {
+        let (bytes, end) = match ev {
+            Event::Done => (Bytes::from_static(b"data: [DONE]\n\n"), Some(StreamEnd::complete)),
+            Event::Malformed => (
+                error_event(
+                    "the upstream engine sent a malformed chunk; the answer is incomplete",
+                    "upstream_malformed",
+                ),
+                Some(StreamEnd::malformed),
+            ),
+            Event::Data { raw, finished, error } => {
+                p.finished |= finished;
+                (raw, error.then_some(StreamEnd::upstream_error))
+            }
+        };
+        if tx.send(bytes).await.is_err() {
+            return Some(StreamEnd::client_gone);
+        }
+        if end.is_some() {
+            return end;
+        }
+    }
+    None
+}
+
+/// Relay the rest of an upstream stream whose first `events` were already read. Returns how
+/// it ended. Dropping out of this function drops the upstream body, which cancels the
+/// upstream request.
+pub async fn relay(
+    events: Vec<Event>,
+    mut parser: Parser,
+    mut body: Incoming,
+    tx: mpsc::Sender<Bytes>,
+    idle: Duration,
+) -> StreamEnd {
+    let mut p = Progress::default();
+    if let Some(end) = forward(events, &tx, &mut p).await {
+        return end;
+    }
+    loop {
+        let frame = tokio::select! {
+            () = tx.closed() => return StreamEnd::client_gone,
+            f = tokio::time::timeout(idle, body.frame()) => f,
+        };
+        let (bytes, end) = match frame {
+            Err(_) => (
+                error_event("the upstream engine stalled mid-answer; the answer is incomplete", "upstream_stalled"),
+                StreamEnd::stalled,
+            ),
+            Ok(Some(Err(_))) => (
+                error_event("the upstream connection broke mid-answer; the answer is incomplete", "upstream_cut"),
+                StreamEnd::cut,
+            ),
+            Ok(None) if p.finished && !parser.pending() => {
+                (Bytes::from_static(b"data: [DONE]\n\n"), StreamEnd::finalised)
+            }
+            Ok(None) => (
+                error_event("the upstream stream ended before the answer was complete", "upstream_truncated"),
+                StreamEnd::truncated,
+            ),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else { continue };
+                if let Some(end) = forward(parser.push(&data), &tx, &mut p).await {
+                    return end;
+                }
+                continue;
+            }
+        };
+        return if tx.send(bytes).await.is_err() { StreamEnd::client_gone } else { end };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parser_splits_events_across_chunks_and_flags_garbage() {
+        let mut p = Parser::default();
+        assert!(p.push(b"data: {\"choices\":[{\"finish_reason\":null}]}\n").is_empty());
+        let evs =
+            p.push(b"\ndata: {\"choices\":[{\"finish_reason\":\"stop\"}]}\r\n\r\n: keep-alive\n\ndata: {oops\n\n");
+        assert_eq!(evs.len(), 3);
+        assert!(matches!(evs[0], Event::Data { finished: false, error: false, .. }));
+        assert!(matches!(evs[1], Event::Data { finished: true, .. }));
+        assert_eq!(evs[2], Event::Malformed);
+        assert_eq!(p.push(b"data: [DONE]\n\n"), vec![Event::Done]);
+        assert!(!p.pending());
+        p.push(b"data: {\"x\"");
+        assert!(p.pending());
+        let err = p.push(b"\n\ndata: {\"error\": {\"message\": \"boom\"}}\n\n");
+        assert!(matches!(err[1], Event::Data { error: true, .. }));
+    }
+
+    #[test]
+    fn error_event_is_openai_shaped() {
+        let e = error_event("broken", "upstream_cut");
+        let text = std::str::from_utf8(&e).unwrap();
+        let v: Value = serde_json::from_str(text.strip_prefix("data: ").unwrap().trim()).unwrap();
+        assert_eq!(v["error"]["code"], "upstream_cut");
+        assert_eq!(v["error"]["message"], "broken");
+    }
+}

@@ -1,0 +1,251 @@
+//! The routing table: model names and aliases → the clusters that serve them, with each
+//! cluster's entry URL, jurisdiction and region, a weight and readiness. Read from YAML
+//! (`--config`), validated as a whole, and swapped atomically by the server.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use flotilla_apis::common::Sovereignty;
+use serde::Deserialize;
+
+use crate::GatewayError;
+
+/// The file as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TableFile {
+    /// Member clusters and their entry URLs.
+    pub clusters: Vec<ClusterSpec>,
+    /// Served models.
+    pub models: Vec<ModelSpec>,
+}
+
+/// A member cluster's entry point.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Cluster name (also the metric label).
+    pub name: String,
+    /// Base URL of the cluster's inference entry (`http://host:port`).
+    pub url: String,
+    /// Jurisdiction code (`EU`, `US`).
+    pub jurisdiction: String,
+    /// Region (`eu-central-1`).
+    #[serde(default)]
+    pub region: String,
+}
+
+/// A served model.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelSpec {
+    /// The model name sent upstream.
+    pub name: String,
+    /// Other names clients may use.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Where the model may be served.
+    #[serde(default)]
+    pub sovereignty: Sovereignty,
+    /// Models to use, in order, on a context-length error or when no cluster of this one can serve.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    /// Clusters serving the model.
+    pub routes: Vec<RouteSpec>,
+}
+
+/// One cluster serving a model.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteSpec {
+    /// A cluster name from `clusters`.
+    pub cluster: String,
+    /// Relative share (prefix affinity weights by it; least-load divides by it).
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Whether the cluster has Ready replicas of the model.
+    #[serde(default = "yes")]
+    pub ready: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+/// A member cluster, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    /// Name.
+    pub name: String,
+    /// Base URL without a trailing slash.
+    pub url: String,
+    /// Jurisdiction code.
+    pub jurisdiction: String,
+    /// Region.
+    pub region: String,
+}
+
+/// A model's route to one cluster.
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// The cluster.
+    pub cluster: Arc<Cluster>,
+    /// Weight (≥ 1).
+    pub weight: u32,
+    /// Readiness.
+    pub ready: bool,
+}
+
+/// A model, resolved.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// Canonical name.
+    pub name: String,
+    /// Aliases.
+    pub aliases: Vec<String>,
+    /// Sovereignty policy.
+    pub sovereignty: Sovereignty,
+    /// Fallback model names (validated to exist).
+    pub fallbacks: Vec<String>,
+    /// Routes.
+    pub routes: Vec<Route>,
+}
+
+/// The validated table the gateway routes by.
+#[derive(Clone, Debug, Default)]
+pub struct RoutingTable {
+    clusters: BTreeMap<String, Arc<Cluster>>,
+    models: BTreeMap<String, Model>,
+    names: HashMap<String, String>,
+}
+
+impl RoutingTable {
+    /// Parse and validate `yaml`; `path` names the file in errors.
+    pub fn from_yaml(path: &str, yaml: &str) -> Result<Self, GatewayError> {
+        let err = |message: String| GatewayError::Table { path: path.to_string(), message };
+        let file: TableFile = serde_yaml_ng::from_str(yaml).map_err(|e| err(e.to_string()))?;
+        let mut t = RoutingTable::default();
+        for c in file.clusters {
+            let url = c.url.trim_end_matches('/').to_string();
+            if !url.starts_with("http://") {
+                return Err(err(format!("cluster `{}`: url `{url}` must start with http://", c.name)));
+            }
+            let cluster = Cluster { name: c.name.clone(), url, jurisdiction: c.jurisdiction, region: c.region };
+            if t.clusters.insert(c.name.clone(), Arc::new(cluster)).is_some() {
+                return Err(err(format!("cluster `{}` is listed twice", c.name)));
+            }
+        }
+        for m in &file.models {
+            for n in std::iter::once(&m.name).chain(&m.aliases) {
+                if t.names.insert(n.clone(), m.name.clone()).is_some() {
+                    return Err(err(format!("model name or alias `{n}` is used twice")));
+                }
+            }
+        }
+        for m in file.models {
+            let mut seen = HashSet::new();
+            let mut routes = Vec::new();
+            for r in m.routes {
+                let Some(cluster) = t.clusters.get(&r.cluster) else {
+                    return Err(err(format!("model `{}`: route to unknown cluster `{}`", m.name, r.cluster)));
+                };
+                if !seen.insert(r.cluster.clone()) {
+                    return Err(err(format!("model `{}`: cluster `{}` routed twice", m.name, r.cluster)));
+                }
+                routes.push(Route { cluster: cluster.clone(), weight: r.weight.max(1), ready: r.ready });
+            }
+            let mut fallbacks = Vec::new();
+            for f in &m.fallbacks {
+                match t.names.get(f) {
+                    Some(canonical) if canonical != &m.name => fallbacks.push(canonical.clone()),
+                    Some(_) => return Err(err(format!("model `{}` names itself as a fallback", m.name))),
+                    None => return Err(err(format!("model `{}`: unknown fallback `{f}`", m.name))),
+                }
+            }
+            let model =
+                Model { name: m.name.clone(), aliases: m.aliases, sovereignty: m.sovereignty, fallbacks, routes };
+            t.models.insert(m.name, model);
+        }
+        Ok(t)
+    }
+
+    /// The model a name or alias refers to.
+    pub fn resolve(&self, name: &str) -> Option<&Model> {
+        self.names.get(name).and_then(|n| self.models.get(n))
+    }
+
+    /// Every model, by canonical name.
+    pub fn models(&self) -> impl Iterator<Item = &Model> {
+        self.models.values()
+    }
+
+    /// Every cluster.
+    pub fn clusters(&self) -> impl Iterator<Item = &Arc<Cluster>> {
+        self.clusters.values()
+    }
+
+    /// The model's ready routes to clusters that every one of `policies` allows.
+    pub fn allowed_routes<'a>(&self, model: &'a Model, policies: &[&Sovereignty]) -> Vec<&'a Route> {
+        model
+            .routes
+            .iter()
+            .filter(|r| r.ready && policies.iter().all(|p| p.allows(&r.cluster.jurisdiction, &r.cluster.region)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = r#"
+clusters:
+  - {name: eu-1, url: "http://127.0.0.1:1/", jurisdiction: EU, region: eu-central-1}
+  - {name: us-1, url: "http://127.0.0.1:2", jurisdiction: US, region: us-east-1}
+models:
+  - name: small
+    aliases: [s]
+    sovereignty: {allowedJurisdictions: [EU]}
+    fallbacks: [big]
+    routes: [{cluster: eu-1}, {cluster: us-1}]
+  - name: big
+    routes: [{cluster: us-1, weight: 3}, {cluster: eu-1, ready: false}]
+"#;
+
+    #[test]
+    fn resolves_aliases_and_filters_by_policy_and_readiness() {
+        let t = RoutingTable::from_yaml("t", YAML).unwrap();
+        let m = t.resolve("s").unwrap();
+        assert_eq!(m.name, "small");
+        let allowed: Vec<_> = t.allowed_routes(m, &[&m.sovereignty]).iter().map(|r| r.cluster.name.clone()).collect();
+        assert_eq!(allowed, ["eu-1"]);
+        let big = t.resolve("big").unwrap();
+        // The fallback keeps the original model's policy: no EU route of `big` is ready, and US is not allowed.
+        assert!(t.allowed_routes(big, &[&m.sovereignty, &big.sovereignty]).is_empty());
+        assert_eq!(t.allowed_routes(big, &[&big.sovereignty]).len(), 1);
+        assert_eq!(t.clusters().next().unwrap().url, "http://127.0.0.1:1");
+    }
+
+    #[test]
+    fn the_example_table_is_valid() {
+        let t = RoutingTable::from_yaml("example", include_str!("../examples/routing.yaml")).unwrap();
+        let m = t.resolve("llama-70b").unwrap();
+        assert_eq!(t.allowed_routes(m, &[&m.sovereignty]).len(), 2);
+    }
+
+    #[test]
+    fn rejects_invalid_tables_with_the_field_named() {
+        let bad = YAML.replace("cluster: us-1, weight", "cluster: nowhere, weight");
+        let e = RoutingTable::from_yaml("t", &bad).unwrap_err().to_string();
+        assert!(e.contains("unknown cluster `nowhere`"), "{e}");
+        let dup = YAML.replace("aliases: [s]", "aliases: [big]");
+        assert!(RoutingTable::from_yaml("t", &dup).unwrap_err().to_string().contains("used twice"));
+        let unknown = YAML.replace("fallbacks: [big]", "fallbacks: [huge]");
+        assert!(RoutingTable::from_yaml("t", &unknown).unwrap_err().to_string().contains("unknown fallback"));
+        let field = YAML.replace("aliases: [s]", "alias: [s]");
+        assert!(RoutingTable::from_yaml("t", &field).unwrap_err().to_string().contains("alias"));
+    }
+}

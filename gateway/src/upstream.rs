@@ -1,0 +1,196 @@
+//! One attempt against one cluster: the request goes out with the hop-by-hop-free headers the
+//! gateway chooses, and what comes back is classified before any byte reaches the client —
+//! a complete body, an open stream with its first events, or a failure the retry loop can
+//! reason about (connect error, reset, timeout, status with `Retry-After`, garbage).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::metrics::AttemptResult;
+use crate::sse::{Event, Parser};
+
+/// The upstream HTTP client.
+pub type Client = HyperClient<HttpConnector, Full<Bytes>>;
+
+/// A pooled HTTP/1 client with a connect timeout.
+pub fn client(connect_timeout: Duration) -> Client {
+    let mut c = HttpConnector::new();
+    c.set_connect_timeout(Some(connect_timeout));
+    c.set_nodelay(true);
+    HyperClient::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(c)
+}
+
+/// Why an attempt failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// TCP connect failed.
+    Connect(String),
+    /// The connection closed or broke before a complete answer.
+    Reset(String),
+    /// Nothing arrived in time; the route is treated as silent.
+    Timeout(&'static str),
+    /// A non-success status.
+    Status {
+        /// The status.
+        status: StatusCode,
+        /// Upstream `Retry-After`, if any.
+        retry_after: Option<Duration>,
+        /// Upstream body (bounded).
+        body: Bytes,
+    },
+    /// A 2xx answer that is not what the API promises.
+    Malformed(String),
+}
+
+impl Failure {
+    /// The metric label.
+    pub fn result(&self) -> AttemptResult {
+        match self {
+            Failure::Connect(_) => AttemptResult::connect_error,
+            Failure::Reset(_) => AttemptResult::reset,
+            Failure::Timeout(_) => AttemptResult::timeout,
+            Failure::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => AttemptResult::rate_limited,
+            Failure::Status { status, .. } if status.is_server_error() => AttemptResult::server_error,
+            Failure::Status { .. } => AttemptResult::client_error,
+            Failure::Malformed(_) => AttemptResult::malformed,
+        }
+    }
+
+    /// A short description for logs and error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Failure::Connect(e) => format!("connect failed: {e}"),
+            Failure::Reset(e) => format!("connection closed early: {e}"),
+            Failure::Timeout(what) => format!("no {what} in time"),
+            Failure::Status { status, .. } => format!("upstream answered {status}"),
+            Failure::Malformed(e) => format!("malformed answer: {e}"),
+        }
+    }
+}
+
+/// A usable answer.
+#[derive(Debug)]
+pub enum Success {
+    /// A complete non-streamed body.
+    Full {
+        /// Status (2xx).
+        status: StatusCode,
+        /// Body.
+        body: Bytes,
+    },
+    /// An open stream whose first events arrived.
+    Stream {
+        /// Events read so far (at least one).
+        events: Vec<Event>,
+        /// The parser with any partial event.
+        parser: Parser,
+        /// The rest of the upstream body.
+        body: Incoming,
+    },
+}
+
+/// What one attempt sends.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// Cluster base URL.
+    pub base: &'a str,
+    /// Path.
+    pub path: &'static str,
+    /// JSON body.
+    pub body: Bytes,
+    /// Request id to propagate.
+    pub request_id: &'a str,
+    /// Streamed request.
+    pub stream: bool,
+    /// Deadline for the response head and first event (stream) or the whole body.
+    pub deadline: Instant,
+    /// Largest non-streamed body accepted.
+    pub max_body: usize,
+}
+
+fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
+    h.get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
+    let mut text = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        text = format!("{text}: {s}");
+        src = s.source();
+    }
+    if e.is_connect() { Failure::Connect(text) } else { Failure::Reset(text) }
+}
+
+/// Send one attempt and classify the answer.
+pub async fn attempt(client: &Client, out: Outgoing<'_>) -> Result<Success, Failure> {
+    let uri = format!("{}{}", out.base, out.path);
+    let req = Request::post(uri)
+        .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header(header::ACCEPT, if out.stream { "text/event-stream" } else { "application/json" })
+        .header("x-request-id", out.request_id)
+        .body(Full::new(out.body))
+        .map_err(|e| Failure::Connect(e.to_string()))?;
+    let deadline = tokio::time::Instant::from_std(out.deadline);
+    let what = if out.stream { "first token" } else { "answer" };
+    let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {
+        Err(_) => return Err(Failure::Timeout(what)),
+        Ok(Err(e)) => return Err(classify(&e)),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        let ra = retry_after(resp.headers());
+        let body = tokio::time::timeout(Duration::from_secs(2), Limited::new(resp.into_body(), 64 << 10).collect())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        return Err(Failure::Status { status, retry_after: ra, body });
+    }
+    if !out.stream {
+        let body = match tokio::time::timeout_at(deadline, Limited::new(resp.into_body(), out.max_body).collect()).await
+        {
+            Err(_) => return Err(Failure::Timeout(what)),
+            Ok(Err(e)) => return Err(Failure::Reset(e.to_string())),
+            Ok(Ok(c)) => c.to_bytes(),
+        };
+        if serde_json::from_slice::<serde_json::Value>(&body).map(|v| v.is_object()).unwrap_or(false) {
+            return Ok(Success::Full { status, body });
+        }
+        return Err(Failure::Malformed("the body is not a JSON object".into()));
+    }
+    let mut body = resp.into_body();
+    let mut parser = Parser::default();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(Failure::Timeout(what)),
+            Ok(None) => return Err(Failure::Reset("the stream ended before its first event".into())),
+            Ok(Some(Err(e))) => return Err(Failure::Reset(e.to_string())),
+            Ok(Some(Ok(f))) => f,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        let events = parser.push(&data);
+        if events.first() == Some(&Event::Malformed) {
+            return Err(Failure::Malformed("the first stream event does not parse".into()));
+        }
+        if !events.is_empty() {
+            return Ok(Success::Stream { events, parser, body });
+        }
+    }
+}

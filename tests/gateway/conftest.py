@@ -1,0 +1,84 @@
+"""Fixtures for the openai-client tests: engine simulators and the gateway started as real
+processes on loopback ports (binaries from FLOTILLA_GATEWAY_BIN / FLOTILLA_ENGINESIM_BIN,
+built by scripts/gateway-pytest.sh), torn down at the end of the session."""
+
+import os
+import socket
+import subprocess
+import tempfile
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+GATEWAY = os.environ.get("FLOTILLA_GATEWAY_BIN", os.path.join(TARGET, "debug", "flotilla-gateway"))
+ENGINESIM = os.environ.get("FLOTILLA_ENGINESIM_BIN", os.path.join(TARGET, "debug", "flotilla-enginesim"))
+API_KEY = "test-key"
+
+
+def _start(argv):
+    """Start a process that prints `listening on http://ADDR` first; return (process, url)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise RuntimeError(f"{argv[0]} did not start: {line!r}")
+    return proc, line.removeprefix("listening on ")
+
+
+def _dead_url():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def gateway_url():
+    procs = []
+    try:
+        sims = {}
+        for name, args in {
+            "eu-1": ["--model", "m", "--max-model-len", "64", "--default-tokens", "6"],
+            "eu-2": ["--model", "limited", "--fault", "rate-limit:30"],
+            "eu-3": ["--model", "flaky", "--fault", "cut:2", "--default-tokens", "8"],
+        }.items():
+            proc, url = _start([ENGINESIM, "--listen", "127.0.0.1:0", "--name", name, *args])
+            procs.append(proc)
+            sims[name] = url
+        sims["eu-down"] = _dead_url()
+        clusters = "".join(
+            f"  - {{name: {n}, url: \"{u}\", jurisdiction: EU, region: eu-central-1}}\n" for n, u in sims.items()
+        )
+        table = (
+            "clusters:\n" + clusters + "models:\n"
+            "  - {name: m, aliases: [m-alias], routes: [{cluster: eu-1}]}\n"
+            "  - {name: limited, routes: [{cluster: eu-2}]}\n"
+            "  - {name: flaky, routes: [{cluster: eu-3}]}\n"
+            "  - {name: down, routes: [{cluster: eu-down}]}\n"
+        )
+        path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-"), "routing.yaml")
+        with open(path, "w") as f:
+            f.write(table)
+        proc, url = _start([
+            GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--api-keys", API_KEY,
+            "--connect-timeout-ms", "300", "--backoff-base-ms", "20",
+        ])
+        procs.append(proc)
+        yield url
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture()
+def client(gateway_url):
+    import openai
+
+    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
