@@ -4,6 +4,7 @@
 
 pub mod devices;
 pub mod filters;
+pub mod generate;
 pub mod plan;
 pub mod snapshot;
 mod solve;

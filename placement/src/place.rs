@@ -65,8 +65,10 @@ impl Ctx<'_, '_> {
                     eligible.insert(key, count);
                 }
             }
-            eligible.values().copied().min().unwrap_or(0)
+            // None when nothing can take a replica: then the pool's own refusal is the reason.
+            eligible.values().copied().min()
         });
+        let min_domain = min_domain.flatten();
         for &i in ids {
             *self.evaluations += 1;
             let c = &state.candidates[i];

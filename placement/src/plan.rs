@@ -117,8 +117,8 @@ pub struct DeploymentPlan {
     pub unmet_minimums: Vec<UnmetMinimum>,
     /// Total cost of the placed replicas, millionths of a dollar per hour.
     pub cost_micros_per_hour: u64,
-    /// For every cluster that took no replica while some stayed unplaced (or, in explain
-    /// mode, always): the first reason it gave.
+    /// While replicas stay unplaced: every cluster that refused one, with its first reason
+    /// (including clusters that took some). In explain mode: every cluster that took none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rejections: Vec<Rejection>,
     /// Filter verdicts and scores per cluster, only when explain was asked for.

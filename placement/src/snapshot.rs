@@ -120,7 +120,8 @@ impl FleetSnapshot {
     /// Capacity: a pool's observed status (`status.pools`) when present, else its declared
     /// `nodes` with nothing allocated, else no nodes. Readiness: the `Ready` condition when a
     /// status is present, else ready (a declared cluster is assumed up). Deployments keep the
-    /// placements their status records, so that a re-plan is sticky.
+    /// placements their status records, so that a re-plan is sticky; the devices their ready
+    /// replicas hold are counted free again, since the solver places them anew.
     pub fn from_objects<'a>(objects: impl IntoIterator<Item = &'a FleetObject>) -> Self {
         let mut snap = FleetSnapshot::default();
         let mut order = 0i64;
@@ -146,8 +147,17 @@ impl FleetSnapshot {
                 FleetObject::Cache(_) | FleetObject::Claim(_) => {}
             }
         }
+        // Devices the deployments' own ready replicas hold are part of the observed allocation;
+        // the solver places those replicas again (stickiness), so they are given back first.
+        let mut own: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for d in &snap.deployments {
+            let per_replica = u64::from(d.spec.topology.devices_per_replica_total());
+            for p in &d.current {
+                *own.entry((p.cluster.clone(), p.pool.clone())).or_default() += per_replica * p.ready.max(0) as u64;
+            }
+        }
         for c in clusters {
-            let view = cluster_view(c, &snap.classes);
+            let view = cluster_view(c, &snap.classes, &own);
             snap.clusters.push(view);
         }
         snap.clusters.sort_by(|a, b| a.name.cmp(&b.name));
@@ -155,7 +165,11 @@ impl FleetSnapshot {
     }
 }
 
-fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
+fn cluster_view(
+    c: &InferenceCluster,
+    classes: &BTreeMap<String, ClassView>,
+    own: &BTreeMap<(String, String), u64>,
+) -> ClusterView {
     let name = c.metadata.name.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
     labels.insert("flotilla.dev/cluster".into(), name.clone());
@@ -180,7 +194,11 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
             let per_node = classes.get(&p.class).map_or(0, ClassView::devices_per_node);
             let observed = c.status.as_ref().and_then(|s| s.pools.iter().find(|o| o.name == p.name));
             let free = match observed {
-                Some(o) => free_per_node(o.nodes.max(0) as u32, per_node, o.devices_allocated.max(0) as u64),
+                Some(o) => {
+                    let mine = own.get(&(name.clone(), p.name.clone())).copied().unwrap_or(0);
+                    let others = (o.devices_allocated.max(0) as u64).saturating_sub(mine);
+                    free_per_node(o.nodes.max(0) as u32, per_node, others)
+                }
                 None => free_per_node(p.nodes.unwrap_or(0).max(0) as u32, per_node, 0),
             };
             PoolView {

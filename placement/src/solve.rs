@@ -206,7 +206,11 @@ impl Ctx<'_, '_> {
             }
         }
         // 2. Per-alternative minimums, 3. the rest in fallback order.
-        for phase_min in [true, false] {
+        // Minimums once, then the fill repeated while it makes progress: a replica one
+        // alternative refused for spread may fit it after a later alternative evened the domains.
+        let mut phase_min = true;
+        loop {
+            let mut progress = false;
             for (ai, alt) in spec.devices.alternatives.iter().enumerate() {
                 let rank = ai as u32 + 1;
                 let ids: Vec<usize> = (0..state.candidates.len())
@@ -218,7 +222,25 @@ impl Ctx<'_, '_> {
                     if !self.place(&mut state, &pick, &shape, spread, d) {
                         break;
                     }
+                    progress = true;
                 }
+            }
+            if phase_min {
+                phase_min = false;
+                continue;
+            }
+            if !progress || state.remaining == 0 {
+                break;
+            }
+        }
+        // Clusters that keep replicas only because they already run them say why no more come.
+        for c in state.candidates.iter().filter(|c| c.sticky_only) {
+            let cluster = &clusters[c.cluster];
+            if let Some(v) = static_verdicts(policy, cluster, false).into_iter().find(|v| !v.pass) {
+                pool_blocks.insert(
+                    c.cluster,
+                    (v.reason.unwrap_or(Reason::ClusterCordoned), format!("{}; replicas already there stay", v.detail)),
+                );
             }
         }
         self.finish(d, state, verdicts, static_block, pool_blocks, &shape)

@@ -1,0 +1,150 @@
+//! Solver benchmarks over generated fleets (`placement::generate`, seed 1): a full solve at
+//! 10 / 100 / 1,000 clusters × 50 / 500 / 5,000 deployments, and the incremental case, one
+//! deployment's replicas changed on the 1,000 × 5,000 fleet whose deployments all run where
+//! the previous plan put them (sticky). Reproduce an input with
+//! `cargo run -p flotilla-placement --example gen_fleet -- --clusters 1000 --deployments 5000 --seed 1`.
+//! Results and the machine are in `docs/benchmarks.md`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
+use flotilla_apis::cel::SelectorEngine;
+use flotilla_placement::devices::{ClassMatch, DeviceMatcher};
+use flotilla_placement::filters::static_verdicts;
+use flotilla_placement::generate::{GenSpec, generate, with_current};
+use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
+
+const SIZES: [(usize, usize); 9] =
+    [(10, 50), (10, 500), (10, 5_000), (100, 50), (100, 500), (100, 5_000), (1_000, 50), (1_000, 500), (1_000, 5_000)];
+
+fn fleet(clusters: usize, deployments: usize) -> FleetSnapshot {
+    generate(&GenSpec { clusters, deployments, seed: 1 })
+}
+
+fn full_solve(c: &mut Criterion) {
+    let mut group = c.benchmark_group("solve");
+    // Flat sampling: a slow solve runs once per sample instead of 1, 2, ..., 10 times.
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for (clusters, deployments) in SIZES {
+        let snap = fleet(clusters, deployments);
+        let id = BenchmarkId::from_parameter(format!("{clusters}x{deployments}"));
+        group.bench_with_input(id, &snap, |b, snap| b.iter(|| solve(black_box(snap), &SolveOptions::default())));
+    }
+    group.finish();
+}
+
+/// The 1,000 × 5,000 fleet running its own plan, with one deployment scaled by +2 replicas.
+fn changed_one(c: &mut Criterion) {
+    let base = fleet(1_000, 5_000);
+    let running = with_current(&base, &solve(&base, &SolveOptions::default()));
+    let mut changed = running.clone();
+    let target = changed.deployments.iter().position(|d| d.spec.replicas > 0).unwrap();
+    changed.deployments[target].spec.replicas += 2;
+
+    let mut group = c.benchmark_group("replan");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group.bench_function("1000x5000/unchanged", |b| {
+        b.iter(|| solve(black_box(&running), &SolveOptions::default()));
+    });
+    group.bench_function("1000x5000/one-deployment-scaled", |b| {
+        b.iter(|| solve(black_box(&changed), &SolveOptions::default()));
+    });
+    group.finish();
+}
+
+/// The solver's stages on the 1,000 × 5,000 fleet, measured apart with the same public
+/// pieces the solver calls: the static filters for every (deployment, cluster) pair, the
+/// device match for every (deployment, cluster, pool, alternative), and the fixed cost of a
+/// CEL engine with every distinct selector and device compiled.
+fn parts(c: &mut Criterion) {
+    let snap = fleet(1_000, 5_000);
+    let pools: usize = snap.clusters.iter().map(|c| c.pools.len()).sum();
+    let alts: usize = snap.deployments.iter().map(|d| d.spec.devices.alternatives.len()).sum();
+    let plan = solve(&snap, &SolveOptions::default());
+    let rejections: usize = plan.deployments.iter().map(|d| d.rejections.len()).sum();
+    let rejection_bytes: usize =
+        plan.deployments.iter().flat_map(|d| &d.rejections).map(|r| r.message.len() + r.cluster.len()).sum();
+    let (mut passing, mut evaluations) = (0usize, 0usize);
+    for d in &snap.deployments {
+        for cluster in &snap.clusters {
+            if static_verdicts(&d.spec.placement, cluster, false).iter().all(|v| v.pass) {
+                passing += 1;
+                evaluations += cluster.pools.len() * d.spec.devices.alternatives.len();
+            }
+        }
+    }
+    eprintln!(
+        "1000x5000: {} (deployment, cluster) pairs, {passing} pass the static filters; {} (deployment, cluster, \
+         pool, alternative) combinations, {evaluations} of them on passing clusters; {} rejections in the plan \
+         ({} bytes of message)",
+        snap.clusters.len() * snap.deployments.len(),
+        pools * alts,
+        rejections,
+        rejection_bytes
+    );
+    let mut group = c.benchmark_group("parts");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group.bench_function("1000x5000/static-filters", |b| {
+        b.iter(|| {
+            let mut passed = 0usize;
+            for d in &snap.deployments {
+                for cluster in &snap.clusters {
+                    let v = static_verdicts(&d.spec.placement, cluster, false);
+                    passed += usize::from(v.iter().all(|v| v.pass));
+                }
+            }
+            passed
+        });
+    });
+    group.bench_function("1000x5000/device-match", |b| {
+        b.iter(|| {
+            let mut matcher = DeviceMatcher::new(&snap.classes);
+            let mut matched = 0usize;
+            for d in &snap.deployments {
+                for cluster in &snap.clusters {
+                    for pool in &cluster.pools {
+                        for alt in &d.spec.devices.alternatives {
+                            matched += usize::from(matcher.matches(alt, &pool.class) == ClassMatch::Match);
+                        }
+                    }
+                }
+            }
+            matched
+        });
+    });
+    let exprs: BTreeSet<&str> = snap
+        .deployments
+        .iter()
+        .flat_map(|d| &d.spec.devices.alternatives)
+        .flat_map(|a| &a.selectors)
+        .map(|e| e.0.as_str())
+        .collect();
+    group.bench_function("cel-setup", |b| {
+        b.iter(|| {
+            let engine = SelectorEngine::new();
+            let selectors: Vec<_> = exprs.iter().map(|e| engine.compile(e).unwrap()).collect();
+            let devices: Vec<_> = snap.classes.values().map(|c| engine.device(&c.spec.device).unwrap()).collect();
+            (selectors.len(), devices.len())
+        });
+    });
+    group.finish();
+}
+
+/// What the benchmark input costs to build, for scale.
+fn generate_fleet(c: &mut Criterion) {
+    let mut group = c.benchmark_group("generate");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_secs(2));
+    group.bench_function("1000x5000", |b| b.iter(|| fleet(black_box(1_000), 5_000)));
+    group.finish();
+}
+
+criterion_group!(benches, full_solve, changed_one, parts, generate_fleet);
+criterion_main!(benches);
