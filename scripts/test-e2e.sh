@@ -11,4 +11,4 @@ bin_dir=$(bash tests/e2e/harness/build.sh)
 echo "e2e: Kubernetes binaries in ${bin_dir} ($(( $(date +%s) - start )) s)"
 
 # One test binary at a time, one test at a time: each brings up several clusters.
-cargo test --locked -p flotilla-controllers --test e2e_apply --test e2e_cluster -- --ignored --test-threads=1
+cargo test --locked -p flotilla-controllers --test e2e_apply --test e2e_cluster --test e2e_deployment -- --ignored --test-threads=1

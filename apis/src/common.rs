@@ -140,6 +140,17 @@ pub struct DeviceSpec {
     pub capacity: BTreeMap<String, Quantity>,
 }
 
+impl DeviceSpec {
+    /// The attributes that identify a device of this class on a member: `productName` when the
+    /// class declares one (descriptive attributes such as bandwidth are often not published by
+    /// drivers), otherwise every attribute.
+    pub fn identity_attributes(&self) -> Vec<(&String, &DeviceAttribute)> {
+        let product: Vec<_> =
+            self.attributes.iter().filter(|(k, _)| k.rsplit('/').next() == Some("productName")).collect();
+        if product.is_empty() { self.attributes.iter().collect() } else { product }
+    }
+}
+
 /// Where a model or its replicas may be, by law or by choice. Applies to placement and to
 /// request routing alike, including every fallback and failover.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

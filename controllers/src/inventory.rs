@@ -81,7 +81,7 @@ fn dra_devices(class: &InferenceClassSpec, node: &str, slices: &[ResourceSlice])
         found = true;
         for device in slice.spec.devices.iter().flatten() {
             let attrs = device.attributes.as_ref();
-            let matches = class.device.attributes.iter().all(|(name, want)| {
+            let matches = class.device.identity_attributes().into_iter().all(|(name, want)| {
                 let short = name.rsplit_once('/').map_or(name.as_str(), |(_, n)| n);
                 attrs.and_then(|a| a.get(name).or_else(|| a.get(short))).is_some_and(|have| attribute_equal(want, have))
             });

@@ -3,9 +3,11 @@
 //! reconciler gathers a snapshot, calls a pure function for the decision, and applies it.
 
 pub mod cluster;
+pub mod deployment;
 pub mod inventory;
 pub mod member;
 pub mod metrics;
+pub mod render;
 pub mod server;
 
 use std::sync::Arc;
@@ -24,6 +26,12 @@ pub enum Error {
     /// The control cluster's API failed.
     #[error("control cluster API: {}", member::brief(.0))]
     Kube(#[from] kube::Error),
+    /// The finalizer machinery failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// Member objects could not all be removed; the finalizer stays.
+    #[error("cleanup incomplete: {0}")]
+    Cleanup(String),
 }
 
 /// Tunables.
@@ -56,8 +64,8 @@ pub struct Context {
     pub client: Client,
     /// InferenceClasses, from a reflector.
     pub classes: Store<InferenceClass>,
-    /// Member clients.
-    pub members: member::MemberClients,
+    /// Member clients (shared with the ModelDeployment controller).
+    pub members: Arc<member::MemberClients>,
     /// Metrics.
     pub metrics: metrics::Metrics,
     /// Tunables.
@@ -65,59 +73,193 @@ pub struct Context {
     failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
-fn error_policy(obj: Arc<InferenceCluster>, err: &Error, ctx: Arc<Context>) -> Action {
-    let key = kube::ResourceExt::name_any(obj.as_ref());
-    let n = ctx
-        .failures
-        .lock()
-        .map(|mut f| {
-            let n = f.entry(key.clone()).or_insert(0);
-            *n = n.saturating_add(1);
-            *n
-        })
-        .unwrap_or(1);
-    let backoff = Duration::from_millis(500u64.saturating_mul(1 << n.min(9))).min(Duration::from_secs(300));
-    ctx.metrics.reconciled(metrics::Kind::InferenceCluster, metrics::Outcome::Error, Duration::ZERO);
-    tracing::warn!(cluster = %key, "reconcile failed ({err}); retrying in {backoff:?}");
-    Action::requeue(backoff)
+/// A reflector driven by its own task: the store, and a stream of "something changed" ticks
+/// (coalesced) for `reconcile_all_on`. The task stops when the returned guard is dropped.
+fn spawn_reflector<K>(
+    api: Api<K>,
+    subscribers: usize,
+) -> (Store<K>, Vec<impl futures_util::Stream<Item = ()> + Send + use<K>>, AbortOnDrop)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let mut senders = Vec::new();
+    let mut streams = Vec::new();
+    for _ in 0..subscribers {
+        let (tx, rx) = tokio::sync::mpsc::channel::<()>(1);
+        senders.push(tx);
+        streams.push(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) }));
+    }
+    let task = tokio::spawn(async move {
+        reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .for_each(|r| {
+                if r.is_ok() {
+                    for tx in &senders {
+                        let _ = tx.try_send(());
+                    }
+                }
+                async {}
+            })
+            .await;
+    });
+    (store, streams, AbortOnDrop(task))
 }
 
-/// Runs the InferenceCluster controller until `shutdown` resolves. `ready` is called once the
-/// caches are synced.
-pub async fn run_cluster_controller(
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs every reconciler until `shutdown` resolves. `ready` is called once the caches are
+/// synced and the reconcilers run.
+pub async fn run_controllers(
     client: Client,
     config: ControllerConfig,
     metrics: metrics::Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ready: impl FnOnce() + Send,
 ) {
-    let (classes, writer) = reflector::store::<InferenceClass>();
-    let class_stream =
-        reflector::reflector(writer, watcher(Api::<InferenceClass>::all(client.clone()), watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-            .filter_map(|r| async move { r.ok() });
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        classes: classes.clone(),
-        members: member::MemberClients::default(),
+    let members = Arc::new(member::MemberClients::default());
+    let (classes, mut class_ticks, _class_task) = spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2);
+    let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 1);
+    // Plans and inventory need the whole fleet: start reconciling once it has been listed.
+    let _ = classes.wait_until_ready().await;
+    let _ = clusters.wait_until_ready().await;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let relay = async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    };
+    let (Some(class_tick_a), Some(class_tick_b), Some(cluster_tick)) =
+        (class_ticks.pop(), class_ticks.pop(), cluster_ticks.pop())
+    else {
+        return;
+    };
+    ready();
+    tokio::join!(
+        relay,
+        run_cluster_controller(
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            members.clone(),
+            classes.clone(),
+            class_tick_a,
+            stop(rx.clone())
+        ),
+        run_deployment_controller(
+            client,
+            config,
+            metrics,
+            members,
+            (classes, clusters),
+            futures_util::stream::select(class_tick_b, cluster_tick),
+            stop(rx)
+        ),
+    );
+}
+
+fn backoff(failures: &std::sync::Mutex<std::collections::HashMap<String, u32>>, key: &str) -> Duration {
+    let n = failures
+        .lock()
+        .map(|mut f| {
+            let n = f.entry(key.to_string()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        })
+        .unwrap_or(1);
+    Duration::from_millis(500u64.saturating_mul(1 << n.min(9))).min(Duration::from_secs(300))
+}
+
+/// Runs the ModelDeployment controller until `shutdown` resolves.
+async fn run_deployment_controller(
+    client: Client,
+    config: ControllerConfig,
+    metrics: metrics::Metrics,
+    members: Arc<member::MemberClients>,
+    (classes, clusters): (Store<InferenceClass>, Store<InferenceCluster>),
+    ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let controller =
+        Controller::new(Api::<deployment::ModelDeployment>::all(client.clone()), watcher::Config::default());
+    let ctx = Arc::new(deployment::DeploymentContext::new(
+        client,
+        clusters,
+        classes,
+        controller.store(),
+        members,
         metrics,
         config,
-        failures: Default::default(),
-    });
-    let clusters: Api<InferenceCluster> = Api::all(client);
-    let controller = Controller::new(clusters, watcher::Config::default());
-    let cluster_store = controller.store();
-    let controller = controller.reconcile_all_on(class_stream.map(|_| ())).graceful_shutdown_on(shutdown);
-    let mut ready = Some(ready);
-    let waiter = async {
-        let _ = classes.wait_until_ready().await;
-        let _ = cluster_store.wait_until_ready().await;
-        if let Some(r) = ready.take() {
-            r();
-        }
-    };
-    let run = controller
+    ));
+    let failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>> = Default::default();
+    let f2 = failures.clone();
+    controller
+        .reconcile_all_on(ticks)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            move |obj, ctx: Arc<deployment::DeploymentContext>| {
+                let f = f2.clone();
+                let key = kube::ResourceExt::name_any(obj.as_ref());
+                async move {
+                    let r = deployment::reconcile(obj, ctx).await;
+                    if r.is_ok()
+                        && let Ok(mut f) = f.lock()
+                    {
+                        f.remove(&key);
+                    }
+                    r
+                }
+            },
+            move |obj, err, ctx: Arc<deployment::DeploymentContext>| {
+                let key = kube::ResourceExt::name_any(obj.as_ref());
+                let wait = backoff(&failures, &key);
+                ctx.metrics.reconciled(metrics::Kind::ModelDeployment, metrics::Outcome::Error, Duration::ZERO);
+                tracing::warn!(deployment = %key, "reconcile failed ({err}); retrying in {wait:?}");
+                Action::requeue(wait)
+            },
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("controller: {e}");
+            }
+        })
+        .await;
+}
+
+fn error_policy(obj: Arc<InferenceCluster>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = kube::ResourceExt::name_any(obj.as_ref());
+    let wait = backoff(&ctx.failures, &key);
+    ctx.metrics.reconciled(metrics::Kind::InferenceCluster, metrics::Outcome::Error, Duration::ZERO);
+    tracing::warn!(cluster = %key, "reconcile failed ({err}); retrying in {wait:?}");
+    Action::requeue(wait)
+}
+
+/// Runs the InferenceCluster controller until `shutdown` resolves.
+async fn run_cluster_controller(
+    client: Client,
+    config: ControllerConfig,
+    metrics: metrics::Metrics,
+    members: Arc<member::MemberClients>,
+    classes: Store<InferenceClass>,
+    class_ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ctx =
+        Arc::new(Context { client: client.clone(), classes, members, metrics, config, failures: Default::default() });
+    Controller::new(Api::<InferenceCluster>::all(client), watcher::Config::default())
+        .reconcile_all_on(class_ticks)
+        .graceful_shutdown_on(shutdown)
         .run(
             |obj, ctx: Arc<Context>| {
                 let key = kube::ResourceExt::name_any(obj.as_ref());
@@ -134,6 +276,10 @@ pub async fn run_cluster_controller(
             error_policy,
             ctx,
         )
-        .for_each(|_| async {});
-    tokio::join!(waiter, run);
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("controller: {e}");
+            }
+        })
+        .await;
 }

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use flotilla_controllers::metrics::Metrics;
 use flotilla_controllers::server::{Probes, serve};
-use flotilla_controllers::{ControllerConfig, run_cluster_controller};
+use flotilla_controllers::{ControllerConfig, run_controllers};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::watch;
@@ -78,19 +78,23 @@ async fn main() -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        #[cfg(unix)]
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term => {},
+        }
         let _ = stop_tx.send(true);
     });
-    #[cfg(unix)]
-    {
-        let tx = stop_rx.clone();
-        tokio::spawn(async move {
-            if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                term.recv().await;
-            }
-            drop(tx);
-        });
-    }
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -130,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
                 let (client, config, metrics, probes) =
                     (client.clone(), config.clone(), metrics.clone(), probes.clone());
                 let handle = tokio::spawn(async move {
-                    run_cluster_controller(client, config, metrics, stopped(rx), move || {
+                    run_controllers(client, config, metrics, stopped(rx), move || {
                         probes.ready.store(true, Ordering::Relaxed);
                     })
                     .await;

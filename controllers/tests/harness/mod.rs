@@ -88,6 +88,10 @@ impl Fleet {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        if std::env::var_os("FLOTILLA_E2E_KEEP").is_some() {
+            eprintln!("FLOTILLA_E2E_KEEP: clusters left running in {}", self.dir.display());
+            return;
+        }
         let _ = Command::new("bash").arg(harness("down.sh")).env("FLOTILLA_E2E_DIR", &self.dir).output();
     }
 }

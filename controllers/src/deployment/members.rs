@@ -1,0 +1,185 @@
+//! What the ModelDeployment reconciler does to a member cluster: observe the workloads it made
+//! (by label), apply rendered objects with server-side apply under one field manager — only
+//! when their content hash differs from what runs, so a quiet fleet writes nothing — and
+//! delete what it made and no longer wants. Nothing without Flotilla's labels is touched.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::ModelDeployment;
+use flotilla_apis::constants::labels;
+use flotilla_apis::deployment::TopologyType;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client, ResourceExt};
+use serde_json::Value;
+
+use super::rollout::Running;
+use crate::render::selector;
+
+/// Annotation holding the hash of an object's rendered content.
+pub const HASH_ANNOTATION: &str = "flotilla.dev/rendered-hash";
+
+/// What Flotilla's objects in one member look like now.
+#[derive(Clone, Debug, Default)]
+pub struct MemberState {
+    /// Per pool: replicas asked for and ready (whole replicas, over every role).
+    pub running: BTreeMap<String, Running>,
+    /// Object `Kind/name` → rendered hash.
+    pub hashes: BTreeMap<String, String>,
+}
+
+fn id(kind: &str, name: &str) -> String {
+    format!("{kind}/{name}")
+}
+
+/// A stable hash of a rendered object (FNV-1a over its canonical JSON).
+pub fn content_hash(v: &Value) -> String {
+    let text = serde_json::to_string(v).unwrap_or_default();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Lists Flotilla's objects for `md` in a member.
+pub async fn observe(client: &Client, md: &ModelDeployment) -> Result<MemberState, kube::Error> {
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    let lp = ListParams::default().labels(&selector(md));
+    let mut state = MemberState::default();
+    let deps = Api::<Deployment>::namespaced(client.clone(), &ns).list(&lp).await?;
+    let pods_per_role: BTreeMap<String, i32> =
+        md.spec.topology.roles.iter().map(|r| (format!("{:?}", r.name).to_lowercase(), r.pods.max(1) as i32)).collect();
+    let disaggregated = md.spec.topology.type_ == TopologyType::Disaggregated;
+    let mut per_pool: BTreeMap<String, Vec<(i32, i32)>> = BTreeMap::new();
+    for d in deps.items {
+        let l = d.labels();
+        let pool = l.get(labels::POOL).cloned().unwrap_or_default();
+        let div = if disaggregated {
+            l.get("flotilla.dev/role").and_then(|r| pods_per_role.get(r)).copied().unwrap_or(1)
+        } else {
+            1
+        };
+        let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let ready = d.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+        per_pool.entry(pool).or_default().push((spec_replicas / div, ready / div));
+        if let Some(h) = d.annotations().get(HASH_ANNOTATION) {
+            state.hashes.insert(id("Deployment", &d.name_any()), h.clone());
+        }
+    }
+    for (pool, units) in per_pool {
+        let applied = units.iter().map(|u| u.0).min().unwrap_or(0);
+        let ready = units.iter().map(|u| u.1).min().unwrap_or(0);
+        state.running.insert(pool, Running { applied, ready });
+    }
+    for s in Api::<Service>::namespaced(client.clone(), &ns).list(&lp).await?.items {
+        if let Some(h) = s.annotations().get(HASH_ANNOTATION) {
+            state.hashes.insert(id("Service", &s.name_any()), h.clone());
+        }
+    }
+    match Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns).list(&lp).await {
+        Ok(list) => {
+            for r in list.items {
+                if let Some(h) = r.annotations().get(HASH_ANNOTATION) {
+                    state.hashes.insert(id("ResourceClaimTemplate", &r.name_any()), h.clone());
+                }
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e),
+    }
+    Ok(state)
+}
+
+fn api_for(client: &Client, obj: &Value) -> Api<DynamicObject> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or("v1");
+    let kind = obj["kind"].as_str().unwrap_or("");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// Applies the rendered objects whose hash differs from what runs. Returns how many were
+/// written.
+pub async fn apply(
+    client: &Client,
+    field_manager: &str,
+    objects: &[Value],
+    state: &MemberState,
+) -> Result<usize, kube::Error> {
+    let mut written = 0;
+    let mut namespace_done = false;
+    for obj in objects {
+        let hash = content_hash(obj);
+        let kind = obj["kind"].as_str().unwrap_or("");
+        let name = obj["metadata"]["name"].as_str().unwrap_or("");
+        if state.hashes.get(&id(kind, name)) == Some(&hash) {
+            continue;
+        }
+        if !namespace_done {
+            if let Some(ns) = obj["metadata"]["namespace"].as_str() {
+                let nsobj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))
+                    .map_err(kube::Error::SerdeError)?;
+                Api::<Namespace>::all(client.clone())
+                    .patch(ns, &PatchParams::apply(field_manager), &Patch::Apply(&nsobj))
+                    .await?;
+            }
+            namespace_done = true;
+        }
+        let mut obj = obj.clone();
+        obj["metadata"]["annotations"] = serde_json::json!({ HASH_ANNOTATION: hash });
+        let dynobj: DynamicObject = serde_json::from_value(obj.clone()).map_err(kube::Error::SerdeError)?;
+        api_for(client, &obj).patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&dynobj)).await?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+/// Deletes Flotilla's objects for `md` in a member whose `Kind/name` is not in `keep`.
+/// Returns how many were deleted.
+pub async fn prune(client: &Client, md: &ModelDeployment, keep: &[String]) -> Result<usize, kube::Error> {
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    let lp = ListParams::default().labels(&selector(md));
+    let dp = DeleteParams::background();
+    let mut deleted = 0;
+    let deps = Api::<Deployment>::namespaced(client.clone(), &ns);
+    for d in deps.list(&lp).await?.items {
+        if !keep.contains(&id("Deployment", &d.name_any())) {
+            deps.delete(&d.name_any(), &dp).await?;
+            deleted += 1;
+        }
+    }
+    let svcs = Api::<Service>::namespaced(client.clone(), &ns);
+    for s in svcs.list(&lp).await?.items {
+        if !keep.contains(&id("Service", &s.name_any())) {
+            svcs.delete(&s.name_any(), &dp).await?;
+            deleted += 1;
+        }
+    }
+    let rcts = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns);
+    match rcts.list(&lp).await {
+        Ok(list) => {
+            for r in list.items {
+                if !keep.contains(&id("ResourceClaimTemplate", &r.name_any())) {
+                    rcts.delete(&r.name_any(), &dp).await?;
+                    deleted += 1;
+                }
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e),
+    }
+    Ok(deleted)
+}
+
+/// `Kind/name` of rendered objects.
+pub fn ids(objects: &[Value]) -> Vec<String> {
+    objects.iter().map(|o| id(o["kind"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or(""))).collect()
+}

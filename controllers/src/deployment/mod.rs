@@ -1,0 +1,287 @@
+//! The ModelDeployment reconciler. Observe: a fleet snapshot from the informer caches and the
+//! workloads each member runs. Decide: `placement::solve`, then a make-before-break step
+//! toward the plan, then the rendered objects per member. Apply: server-side apply where
+//! something changed, prune what is no longer wanted, write status only when it differs.
+//! A finalizer removes every member object on deletion — and nothing else.
+
+pub mod members;
+pub mod rollout;
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use flotilla_apis::ModelDeployment;
+use flotilla_apis::constants::{FINALIZER_MEMBER_CLEANUP, event};
+use flotilla_apis::{FleetObject, InferenceClass, InferenceCluster};
+use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::member::{MemberClients, brief};
+use crate::metrics::{Kind, Metrics, Outcome};
+use crate::render::{PoolWorkload, render};
+use crate::{ControllerConfig, Error};
+use rollout::{Key, Running};
+
+/// What ModelDeployment reconciles share.
+pub struct DeploymentContext {
+    /// The control cluster.
+    pub client: Client,
+    /// Member clusters, from a reflector.
+    pub clusters: Store<InferenceCluster>,
+    /// Classes, from a reflector.
+    pub classes: Store<InferenceClass>,
+    /// Every ModelDeployment, from the controller's reflector.
+    pub deployments: Store<ModelDeployment>,
+    /// Member clients.
+    pub members: Arc<MemberClients>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Tunables.
+    pub config: ControllerConfig,
+    /// Event recorder.
+    pub recorder: Recorder,
+}
+
+impl DeploymentContext {
+    /// A context; the recorder reports as `flotilla-controller`.
+    pub fn new(
+        client: Client,
+        clusters: Store<InferenceCluster>,
+        classes: Store<InferenceClass>,
+        deployments: Store<ModelDeployment>,
+        members: Arc<MemberClients>,
+        metrics: Metrics,
+        config: ControllerConfig,
+    ) -> Self {
+        let reporter = Reporter { controller: "flotilla-controller".into(), instance: None };
+        let recorder = Recorder::new(client.clone(), reporter);
+        Self { client, clusters, classes, deployments, members, metrics, config, recorder }
+    }
+
+    fn snapshot(&self) -> FleetSnapshot {
+        let mut objects: Vec<FleetObject> = Vec::new();
+        objects.extend(self.classes.state().iter().map(|c| FleetObject::Class(c.as_ref().clone())));
+        objects.extend(self.clusters.state().iter().map(|c| FleetObject::Cluster(c.as_ref().clone())));
+        let mut deps: Vec<Arc<ModelDeployment>> =
+            self.deployments.state().into_iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect();
+        deps.sort_by_key(|d| (d.namespace(), d.name_any()));
+        objects.extend(deps.iter().map(|d| FleetObject::Deployment(d.as_ref().clone())));
+        FleetSnapshot::from_objects(objects.iter())
+    }
+
+    fn cluster(&self, name: &str) -> Option<Arc<InferenceCluster>> {
+        self.clusters.state().into_iter().find(|c| c.name_any() == name)
+    }
+}
+
+/// Reconciles one ModelDeployment (with its finalizer).
+pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
+    tracing::debug!(deployment = %md.name_any(), "reconcile");
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER_MEMBER_CLEANUP, md, |ev| async {
+        match ev {
+            Finalizer::Apply(md) => apply(md, ctx.clone()).await,
+            Finalizer::Cleanup(md) => cleanup(md, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+            Error::Kube(e)
+        }
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    let name = md.name_any();
+    tracing::debug!(deployment = %format!("{ns}/{name}"), "planning");
+    let plan = solve(&ctx.snapshot(), &SolveOptions::default());
+    let Some(dp) = plan.get(&ns, &name).cloned() else {
+        return Ok(Action::requeue(ctx.config.poll));
+    };
+    let target: BTreeMap<Key, i32> =
+        dp.assignments.iter().map(|a| ((a.cluster.clone(), a.pool.clone()), a.replicas as i32)).collect();
+
+    // Observe every member that runs or should run something of this deployment.
+    let mut involved: BTreeSet<String> = target.keys().map(|k| k.0.clone()).collect();
+    if let Some(s) = &md.status {
+        involved.extend(s.placements.iter().map(|p| p.cluster.clone()));
+    }
+    let mut observed = status::Observed::default();
+    let mut states: BTreeMap<String, (Client, members::MemberState)> = BTreeMap::new();
+    for cluster in &involved {
+        let Some(ic) = ctx.cluster(cluster) else {
+            observed.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
+            continue;
+        };
+        let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
+            Ok(c) => c,
+            Err(e) => {
+                observed.unreachable.insert(cluster.clone(), e.to_string());
+                continue;
+            }
+        };
+        match tokio::time::timeout(ctx.config.timeouts.observe, members::observe(&client, &md)).await {
+            Ok(Ok(state)) => {
+                for (pool, r) in &state.running {
+                    observed.running.insert((cluster.clone(), pool.clone()), *r);
+                }
+                states.insert(cluster.clone(), (client, state));
+            }
+            Ok(Err(e)) => {
+                observed.unreachable.insert(cluster.clone(), brief(&e));
+            }
+            Err(_) => {
+                observed.unreachable.insert(cluster.clone(), "did not answer in time".into());
+            }
+        }
+    }
+
+    tracing::debug!(deployment = %format!("{ns}/{name}"), ?observed.running, ?observed.unreachable, "observed members");
+    // Decide the next step and apply it where members answered.
+    let desired_total = dp.desired as i32;
+    let next = rollout::step(&target, &observed.running, desired_total);
+    let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
+    let mut writes = 0usize;
+    for (cluster, (client, state)) in &states {
+        let mut pools: Vec<PoolWorkload<'_>> = Vec::new();
+        for ((c, pool), replicas) in &next {
+            if c != cluster || *replicas <= 0 {
+                continue;
+            }
+            let Some(a) = dp
+                .assignments
+                .iter()
+                .find(|a| a.cluster == *c && a.pool == *pool)
+                .map(|a| (a.class.clone(), a.fallback_rank))
+                .or_else(|| {
+                    md.status
+                        .as_ref()?
+                        .placements
+                        .iter()
+                        .find(|p| p.cluster == *c && p.pool == *pool)
+                        .map(|p| (p.class.clone(), p.fallback_rank.max(1) as u32))
+                })
+            else {
+                continue;
+            };
+            let (Some(class), Some(alt)) =
+                (classes.get(&a.0), md.spec.devices.alternatives.get((a.1 as usize).saturating_sub(1)))
+            else {
+                continue;
+            };
+            pools.push(PoolWorkload { pool, class, alternative: alt, replicas: *replicas });
+        }
+        let dra = false; // members are driven through nvidia.com/gpu until InferenceCluster reports DRA
+        let objects = if pools.is_empty() { Vec::new() } else { render(&md, &pools, dra) };
+        let result = async {
+            let w = members::apply(client, &ctx.config.field_manager, &objects, state).await?;
+            let d = members::prune(client, &md, &members::ids(&objects)).await?;
+            Ok::<usize, kube::Error>(w + d)
+        }
+        .await;
+        match result {
+            Ok(n) => writes += n,
+            Err(e) => {
+                observed.apply_failed.insert(cluster.clone(), brief(&e));
+            }
+        }
+    }
+    if writes > 0 {
+        tracing::info!(deployment = %format!("{ns}/{name}"), writes, "member workloads updated");
+    }
+
+    // Status, written only when it changes.
+    let now = Time(Timestamp::now());
+    let next_status = status::desired(md.status.as_ref(), md.metadata.generation, &dp, &observed, &now);
+    let changed = md.status.as_ref() != Some(&next_status);
+    if changed {
+        let old_targets: BTreeSet<(String, String, i32)> = md
+            .status
+            .as_ref()
+            .map(|s| {
+                s.placements
+                    .iter()
+                    .filter(|p| p.desired > 0)
+                    .map(|p| (p.cluster.clone(), p.pool.clone(), p.desired))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let new_targets: BTreeSet<(String, String, i32)> = next_status
+            .placements
+            .iter()
+            .filter(|p| p.desired > 0)
+            .map(|p| (p.cluster.clone(), p.pool.clone(), p.desired))
+            .collect();
+        let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({"status": next_status});
+        api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
+        ctx.metrics.status_write(Kind::ModelDeployment);
+        if old_targets != new_targets {
+            let note = next_status.clusters.clone().unwrap_or_else(|| "no placement".into());
+            let _ = ctx
+                .recorder
+                .publish(
+                    &Event {
+                        type_: EventType::Normal,
+                        reason: event::PLACEMENT_CHANGED.into(),
+                        note: Some(format!("placement: {note}")),
+                        action: "Place".into(),
+                        secondary: None,
+                    },
+                    &md.object_ref(&()),
+                )
+                .await;
+        }
+    }
+    ctx.metrics.reconciled(
+        Kind::ModelDeployment,
+        if changed { Outcome::Changed } else { Outcome::Unchanged },
+        started.elapsed(),
+    );
+    let settled = next_status.ready_replicas >= desired_total && observed.unreachable.is_empty() && next == target;
+    Ok(Action::requeue(if settled { ctx.config.poll * 3 } else { Duration::from_secs(2).min(ctx.config.poll) }))
+}
+
+async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
+    let mut failed = Vec::new();
+    for ic in ctx.clusters.state() {
+        let cluster = ic.name_any();
+        let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
+            Ok(c) => c,
+            Err(e) => {
+                // A member we cannot reach may still run our objects: keep the finalizer.
+                failed.push(format!("{cluster}: {e}"));
+                continue;
+            }
+        };
+        if let Err(e) = members::prune(&client, &md, &[]).await {
+            failed.push(format!("{cluster}: {}", brief(&e)));
+        }
+    }
+    if failed.is_empty() {
+        tracing::info!(deployment = %md.name_any(), "member workloads removed");
+        Ok(Action::await_change())
+    } else {
+        Err(Error::Cleanup(failed.join("; ")))
+    }
+}
+
+/// Re-exported for the binary: what a running step leaves to do.
+pub fn pending(next: &BTreeMap<Key, i32>, target: &BTreeMap<Key, i32>, running: &BTreeMap<Key, Running>) -> bool {
+    next != target || running.iter().any(|(k, r)| r.ready < target.get(k).copied().unwrap_or(0))
+}

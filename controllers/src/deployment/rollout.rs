@@ -1,0 +1,104 @@
+//! Make-before-break. Given what the plan wants per (cluster, pool) and what members run now
+//! (replicas asked for, replicas ready), decide what to ask for now: increases at once;
+//! decreases (a move away, a scale-in) only as far as the ready replicas that remain keep
+//! serving capacity at `min(desired, ready before)`. Not-ready replicas go first. Pure.
+
+use std::collections::BTreeMap;
+
+/// A (cluster, pool) key.
+pub type Key = (String, String);
+
+/// What a member runs for one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Running {
+    /// Replicas asked for.
+    pub applied: i32,
+    /// Replicas ready.
+    pub ready: i32,
+}
+
+/// The replica count to apply per key. Keys absent from the result are left alone (their
+/// cluster could not be observed); keys at 0 are to be removed.
+pub fn step(target: &BTreeMap<Key, i32>, running: &BTreeMap<Key, Running>, desired_total: i32) -> BTreeMap<Key, i32> {
+    let ready_before: i32 = running.values().map(|r| r.ready).sum();
+    let floor = desired_total.min(ready_before);
+    let mut next: BTreeMap<Key, i32> = BTreeMap::new();
+    for (k, t) in target {
+        let cur = running.get(k).copied().unwrap_or_default();
+        next.insert(k.clone(), (*t).max(0).max(if cur.applied > *t { cur.applied } else { 0 }));
+    }
+    for (k, r) in running {
+        next.entry(k.clone()).or_insert(r.applied);
+    }
+    let guaranteed =
+        |n: &BTreeMap<Key, i32>| -> i32 { n.iter().map(|(k, v)| running.get(k).map_or(0, |r| r.ready.min(*v))).sum() };
+    let mut surplus = guaranteed(&next) - floor;
+    let keys: Vec<Key> = next.keys().cloned().collect();
+    for k in keys {
+        let want = target.get(&k).copied().unwrap_or(0).max(0);
+        let Some(v) = next.get_mut(&k) else { continue };
+        if *v <= want {
+            continue;
+        }
+        let ready = running.get(&k).map_or(0, |r| r.ready);
+        let free = (*v - ready.min(*v)).min(*v - want);
+        *v -= free;
+        let drop = (*v - want).min(surplus.max(0));
+        *v -= drop;
+        surplus -= drop;
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(c: &str) -> Key {
+        (c.to_string(), "p".to_string())
+    }
+
+    fn run(items: &[(&str, i32, i32)]) -> BTreeMap<Key, Running> {
+        items.iter().map(|(c, a, r)| (k(c), Running { applied: *a, ready: *r })).collect()
+    }
+
+    fn tgt(items: &[(&str, i32)]) -> BTreeMap<Key, i32> {
+        items.iter().map(|(c, n)| (k(c), *n)).collect()
+    }
+
+    #[test]
+    fn a_move_keeps_the_old_until_the_new_is_ready() {
+        // 4 ready on a; the plan moves all 4 to b.
+        let t = tgt(&[("b", 4)]);
+        let step1 = step(&t, &run(&[("a", 4, 4)]), 4);
+        assert_eq!(step1, tgt(&[("a", 4), ("b", 4)]), "b scales up, a stays");
+        // b has 2 ready: a may drop 2.
+        let step2 = step(&t, &run(&[("a", 4, 4), ("b", 4, 2)]), 4);
+        assert_eq!(step2, tgt(&[("a", 2), ("b", 4)]));
+        // b all ready: a goes to 0.
+        let step3 = step(&t, &run(&[("a", 2, 2), ("b", 4, 4)]), 4);
+        assert_eq!(step3, tgt(&[("a", 0), ("b", 4)]));
+    }
+
+    #[test]
+    fn without_make_before_break_the_twin_would_drop_at_once() {
+        // The same move with nothing ready before: nothing to protect, a is removed at once.
+        let t = tgt(&[("b", 4)]);
+        assert_eq!(step(&t, &run(&[("a", 4, 0)]), 4), tgt(&[("a", 0), ("b", 4)]));
+    }
+
+    #[test]
+    fn scale_in_drops_not_ready_first_then_ready_down_to_target() {
+        let t = tgt(&[("a", 2)]);
+        assert_eq!(step(&t, &run(&[("a", 5, 3)]), 2), tgt(&[("a", 2)]));
+    }
+
+    #[test]
+    fn unobserved_keys_are_kept_as_they_are() {
+        let t = tgt(&[("a", 2)]);
+        let next = step(&t, &run(&[("a", 2, 2), ("c", 3, 3)]), 2);
+        assert_eq!(next.get(&k("c")), Some(&0), "c is not in the plan: removed once a holds the floor");
+        let next = step(&t, &run(&[("a", 2, 0), ("c", 3, 3)]), 2);
+        assert_eq!(next.get(&k("c")), Some(&2), "a not ready yet: c keeps 2 (the floor)");
+    }
+}

@@ -1,0 +1,196 @@
+//! The status a ModelDeployment should have, from the plan and from what members report. Ready
+//! counts come only from member Deployments' observed ready replicas; 1 of 8 ready is
+//! `Degraded`, never `Ready`. Pure, so that a reconcile that learns nothing new writes nothing.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::conditions::{Desired, Status, merge};
+use flotilla_apis::constants::{condition, reason};
+use flotilla_apis::deployment::{ClusterPlacement, ClusterRejection, ModelDeploymentStatus, Unplaced};
+use flotilla_placement::plan::{DeploymentPlan, Reason};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::rollout::{Key, Running};
+
+/// What the reconcile learned, besides the plan.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// Per (cluster, pool): replicas asked for and ready, for members that answered.
+    pub running: BTreeMap<Key, Running>,
+    /// Members that could not be observed or written, with why.
+    pub unreachable: BTreeMap<String, String>,
+    /// Members where applying failed, with why.
+    pub apply_failed: BTreeMap<String, String>,
+}
+
+fn placed_message(plan: &DeploymentPlan) -> String {
+    let placed = plan.desired - plan.unplaced;
+    let mut msg = format!("{placed} of {} replicas placed", plan.desired);
+    let reasons: Vec<String> =
+        plan.rejections.iter().take(6).map(|r| format!("{}: {}", r.cluster, r.message)).collect();
+    if !reasons.is_empty() {
+        msg.push_str("; ");
+        msg.push_str(&reasons.join("; "));
+    }
+    for m in &plan.unmet_minimums {
+        msg.push_str(&format!("; alternative {} wants at least {}, got {}", m.rank, m.wanted, m.placed));
+    }
+    msg
+}
+
+/// The next status. `previous` supplies condition transition times.
+pub fn desired(
+    previous: Option<&ModelDeploymentStatus>,
+    generation: Option<i64>,
+    plan: &DeploymentPlan,
+    observed: &Observed,
+    now: &Time,
+) -> ModelDeploymentStatus {
+    let old = previous.cloned().unwrap_or_default();
+    let mut placements: Vec<ClusterPlacement> = plan
+        .assignments
+        .iter()
+        .map(|a| ClusterPlacement {
+            cluster: a.cluster.clone(),
+            pool: a.pool.clone(),
+            class: a.class.clone(),
+            capacity_type: a.capacity_type,
+            fallback_rank: a.fallback_rank as i32,
+            desired: a.replicas as i32,
+            ready: observed.running.get(&(a.cluster.clone(), a.pool.clone())).map_or(0, |r| r.ready),
+        })
+        .collect();
+    // Replicas still running where the plan no longer wants them (draining, make-before-break).
+    for ((cluster, pool), r) in &observed.running {
+        if r.applied > 0 && !placements.iter().any(|p| p.cluster == *cluster && p.pool == *pool) {
+            let prev = old.placements.iter().find(|p| p.cluster == *cluster && p.pool == *pool);
+            placements.push(ClusterPlacement {
+                cluster: cluster.clone(),
+                pool: pool.clone(),
+                class: prev.map(|p| p.class.clone()).unwrap_or_default(),
+                capacity_type: prev.map_or(flotilla_apis::CapacityType::OnDemand, |p| p.capacity_type),
+                fallback_rank: prev.map_or(1, |p| p.fallback_rank),
+                desired: 0,
+                ready: r.ready,
+            });
+        }
+    }
+    placements.sort_by(|a, b| a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)));
+    let desired_total = plan.desired as i32;
+    let ready: i32 = placements.iter().map(|p| p.ready).sum::<i32>().min(desired_total.max(0));
+    let fully_placed = plan.unplaced == 0 && plan.unmet_minimums.is_empty();
+
+    let placed_cond = if fully_placed {
+        let fallback = plan.assignments.iter().any(|a| a.fallback_rank > 1);
+        Desired::new(
+            condition::PLACED,
+            Status::True,
+            if fallback { reason::FALLBACK_SELECTED } else { reason::PLACED },
+            placed_message(plan),
+        )
+    } else {
+        let eligible = plan.rejections.iter().any(|r| {
+            !matches!(
+                r.reason,
+                Reason::ClusterSelectorMismatch
+                    | Reason::JurisdictionNotAllowed
+                    | Reason::RegionNotAllowed
+                    | Reason::RegionDenied
+                    | Reason::ClusterNotReady
+                    | Reason::ClusterCordoned
+                    | Reason::TaintNotTolerated
+            )
+        });
+        let why = if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
+            reason::COST_CEILING_EXCEEDED
+        } else if eligible || plan.desired > plan.unplaced {
+            reason::INSUFFICIENT_CAPACITY
+        } else {
+            reason::NO_ELIGIBLE_CLUSTER
+        };
+        Desired::new(condition::PLACED, Status::False, why, placed_message(plan))
+    };
+    let capacity = if fully_placed {
+        Desired::new(
+            condition::CAPACITY_AVAILABLE,
+            Status::True,
+            reason::AS_EXPECTED,
+            "the fleet has room for every replica",
+        )
+    } else {
+        Desired::new(
+            condition::CAPACITY_AVAILABLE,
+            Status::False,
+            reason::INSUFFICIENT_CAPACITY,
+            format!("{} replica(s) need capacity the fleet does not have", plan.unplaced),
+        )
+    };
+    let mut problems: Vec<String> = observed.unreachable.iter().map(|(c, m)| format!("{c}: {m}")).collect();
+    problems.extend(observed.apply_failed.iter().map(|(c, m)| format!("{c}: apply failed: {m}")));
+    let tail = if problems.is_empty() { String::new() } else { format!("; {}", problems.join("; ")) };
+    let ready_cond = if desired_total > 0 && ready >= desired_total {
+        Desired::new(
+            condition::READY,
+            Status::True,
+            reason::ALL_REPLICAS_READY,
+            format!("{ready}/{desired_total} replicas ready"),
+        )
+    } else if desired_total == 0 {
+        Desired::new(condition::READY, Status::True, reason::AS_EXPECTED, "scaled to zero")
+    } else if ready == 0 {
+        Desired::new(
+            condition::READY,
+            Status::False,
+            reason::NO_REPLICAS_READY,
+            format!("0/{desired_total} replicas ready{tail}"),
+        )
+    } else {
+        Desired::new(
+            condition::READY,
+            Status::False,
+            reason::REPLICAS_NOT_READY,
+            format!("{ready}/{desired_total} replicas ready{tail}"),
+        )
+    };
+    let degraded = if ready > 0 && ready < desired_total {
+        Desired::new(
+            condition::DEGRADED,
+            Status::True,
+            reason::REPLICAS_NOT_READY,
+            format!("{ready}/{desired_total} replicas ready{tail}"),
+        )
+    } else if !observed.apply_failed.is_empty() {
+        Desired::new(condition::DEGRADED, Status::True, reason::APPLY_FAILED, problems.join("; "))
+    } else {
+        Desired::new(
+            condition::DEGRADED,
+            Status::False,
+            reason::AS_EXPECTED,
+            format!("{ready}/{desired_total} replicas ready"),
+        )
+    };
+    let conds = [placed_cond, capacity, ready_cond, degraded];
+    let unplaced = (plan.unplaced > 0).then(|| Unplaced {
+        replicas: plan.unplaced as i32,
+        reasons: plan
+            .rejections
+            .iter()
+            .map(|r| ClusterRejection {
+                cluster: r.cluster.clone(),
+                reason: r.reason.to_string(),
+                message: r.message.clone(),
+            })
+            .collect(),
+    });
+    let clusters =
+        placements.iter().map(|p| format!("{}:{}/{}", p.cluster, p.ready, p.desired)).collect::<Vec<_>>().join(",");
+    ModelDeploymentStatus {
+        observed_generation: generation,
+        conditions: flotilla_apis::Conditions(merge(&old.conditions.0, &conds, generation, now)),
+        replicas: (plan.desired - plan.unplaced) as i32,
+        ready_replicas: ready,
+        clusters: (!clusters.is_empty()).then_some(clusters),
+        placements,
+        unplaced,
+    }
+}

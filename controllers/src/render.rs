@@ -1,0 +1,214 @@
+//! Rendering what a member cluster runs for one ModelDeployment: per assigned pool a
+//! Deployment (one per role for disaggregated serving, a LeaderWorkerSet for multi-node
+//! replicas), a DRA `ResourceClaimTemplate` carrying the class identity and the same CEL
+//! selectors the solver used (or `nvidia.com/gpu` limits where the member has no DRA), and one
+//! Service. Every object carries the labels that tie it to the deployment, so cleanup can find
+//! exactly what Flotilla made and nothing else. Pure: objects as JSON, applied by the caller.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::ModelDeployment;
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::constants::labels;
+use flotilla_apis::deployment::{DeviceAlternative, TopologyType};
+use serde_json::{Value, json};
+
+use crate::inventory::GPU_RESOURCE;
+
+/// The value of `app.kubernetes.io/managed-by` on everything Flotilla creates.
+pub const MANAGED_BY: &str = "flotilla";
+/// Default engine port.
+pub const DEFAULT_PORT: i32 = 8000;
+
+/// One pool's share of a deployment in one member.
+#[derive(Clone, Debug)]
+pub struct PoolWorkload<'a> {
+    /// Pool name.
+    pub pool: &'a str,
+    /// The pool's class.
+    pub class: &'a InferenceClassSpec,
+    /// The device alternative the solver used.
+    pub alternative: &'a DeviceAlternative,
+    /// Replicas to run here.
+    pub replicas: i32,
+}
+
+/// `<namespace>.<name>`: the deployment label value.
+pub fn deployment_key(md: &ModelDeployment) -> String {
+    format!("{}.{}", md.metadata.namespace.as_deref().unwrap_or("default"), md.metadata.name.as_deref().unwrap_or(""))
+}
+
+/// The label selector that finds every member object of a deployment.
+pub fn selector(md: &ModelDeployment) -> String {
+    format!("{}={},{}={MANAGED_BY}", labels::DEPLOYMENT, deployment_key(md), labels::MANAGED_BY)
+}
+
+fn object_labels(md: &ModelDeployment, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(labels::MANAGED_BY.to_string(), MANAGED_BY.to_string());
+    l.insert(labels::DEPLOYMENT.to_string(), deployment_key(md));
+    l.insert(labels::GENERATION.to_string(), md.metadata.generation.unwrap_or(0).to_string());
+    l.insert("app.kubernetes.io/name".to_string(), md.metadata.name.clone().unwrap_or_default());
+    for (k, v) in extra {
+        l.insert((*k).to_string(), (*v).to_string());
+    }
+    l
+}
+
+/// Pod labels never carry the generation: a new generation must not restart healthy pods.
+fn pod_labels(md: &ModelDeployment, pool: &str, role: Option<&str>) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(labels::MANAGED_BY.to_string(), MANAGED_BY.to_string());
+    l.insert(labels::DEPLOYMENT.to_string(), deployment_key(md));
+    l.insert(labels::POOL.to_string(), pool.to_string());
+    if let Some(r) = role {
+        l.insert("flotilla.dev/role".to_string(), r.to_string());
+    }
+    l
+}
+
+/// CEL that pins devices to the class: its driver and its identity attributes.
+pub fn class_selectors(class: &InferenceClassSpec) -> Vec<String> {
+    let d = &class.device;
+    let mut out = vec![format!("device.driver == {}", cel_str(&d.driver))];
+    for (name, attr) in d.identity_attributes() {
+        let (domain, short) = name.rsplit_once('/').unwrap_or((d.driver.as_str(), name.as_str()));
+        let lhs = format!("device.attributes[{}].{short}", cel_str(domain));
+        let rhs = if let Some(s) = &attr.string {
+            cel_str(s)
+        } else if let Some(i) = attr.int {
+            i.to_string()
+        } else if let Some(b) = attr.bool {
+            b.to_string()
+        } else if let Some(v) = &attr.version {
+            out.push(format!("{lhs}.compareTo(semver({})) == 0", cel_str(v)));
+            continue;
+        } else {
+            continue;
+        };
+        out.push(format!("{lhs} == {rhs}"));
+    }
+    out
+}
+
+fn cel_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// Everything one member runs for a deployment, in apply order.
+pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Vec<Value> {
+    let name = md.metadata.name.clone().unwrap_or_default();
+    let ns = md.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let spec = &md.spec;
+    let port = spec.engine.port.unwrap_or(DEFAULT_PORT);
+    let mut out = Vec::new();
+    for w in pools {
+        let units: Vec<(Option<&str>, u32, i32)> = match spec.topology.type_ {
+            TopologyType::Disaggregated => spec
+                .topology
+                .roles
+                .iter()
+                .map(|r| {
+                    let role = match r.name {
+                        flotilla_apis::deployment::RoleName::Prefill => "prefill",
+                        flotilla_apis::deployment::RoleName::Decode => "decode",
+                    };
+                    (Some(role), r.devices_per_pod, w.replicas * r.pods as i32)
+                })
+                .collect(),
+            _ => vec![(None, spec.topology.devices_per_replica, w.replicas)],
+        };
+        for (role, devices, replicas) in units {
+            let base = match role {
+                Some(r) => format!("{name}-{}-{r}", w.pool),
+                None => format!("{name}-{}", w.pool),
+            };
+            let claim_name = format!("{base}-gpus");
+            if dra {
+                let mut selectors = class_selectors(w.class);
+                selectors.extend(w.alternative.selectors.iter().map(|s| s.0.clone()));
+                out.push(json!({
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": claim_name, "namespace": ns, "labels": object_labels(md, &[(labels::POOL, w.pool)])},
+                    "spec": {"spec": {"devices": {"requests": [{
+                        "name": "gpus",
+                        "exactly": {
+                            "deviceClassName": w.class.device.driver,
+                            "allocationMode": "ExactCount",
+                            "count": devices,
+                            "selectors": selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect::<Vec<_>>()
+                        }
+                    }]}}}
+                }));
+            }
+            let mut container = json!({
+                "name": "engine",
+                "image": spec.engine.image,
+                "args": spec.engine.args,
+                "env": spec.engine.env.iter().map(|e| json!({"name": e.name, "value": e.value})).collect::<Vec<_>>(),
+                "ports": [{"name": "http", "containerPort": port}],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5}
+            });
+            let mut pod_spec = json!({
+                "nodeSelector": {labels::POOL: w.pool},
+                "containers": []
+            });
+            if dra {
+                container["resources"] = json!({"claims": [{"name": "gpus"}]});
+                pod_spec["resourceClaims"] = json!([{"name": "gpus", "resourceClaimTemplateName": claim_name}]);
+            } else {
+                container["resources"] = json!({"limits": {GPU_RESOURCE: devices.to_string()}});
+            }
+            pod_spec["containers"] = json!([container]);
+            let pod_l = pod_labels(md, w.pool, role);
+            let template = json!({"metadata": {"labels": pod_l}, "spec": pod_spec});
+            let mut meta_extra = vec![(labels::POOL, w.pool)];
+            if let Some(r) = role {
+                meta_extra.push(("flotilla.dev/role", r));
+            }
+            if spec.topology.type_ == TopologyType::MultiNode {
+                out.push(json!({
+                    "apiVersion": "leaderworkerset.x-k8s.io/v1",
+                    "kind": "LeaderWorkerSet",
+                    "metadata": {"name": base, "namespace": ns, "labels": object_labels(md, &meta_extra)},
+                    "spec": {
+                        "replicas": replicas,
+                        "leaderWorkerTemplate": {
+                            "size": spec.topology.nodes_per_replica.unwrap_or(1),
+                            "workerTemplate": template
+                        }
+                    }
+                }));
+            } else {
+                out.push(json!({
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": base, "namespace": ns, "labels": object_labels(md, &meta_extra)},
+                    "spec": {
+                        "replicas": replicas,
+                        "selector": {"matchLabels": pod_labels(md, w.pool, role)},
+                        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                        "template": template
+                    }
+                }));
+            }
+        }
+    }
+    let mut svc_selector = BTreeMap::new();
+    svc_selector.insert(labels::DEPLOYMENT.to_string(), deployment_key(md));
+    if spec.topology.type_ == TopologyType::Disaggregated {
+        svc_selector.insert("flotilla.dev/role".to_string(), "decode".to_string());
+    }
+    out.push(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": ns, "labels": object_labels(md, &[])},
+        "spec": {"selector": svc_selector, "ports": [{"name": "http", "port": port, "targetPort": "http"}]}
+    }));
+    out
+}
+
+#[cfg(test)]
+#[path = "render_tests.rs"]
+mod tests;

@@ -1,0 +1,92 @@
+use flotilla_apis::document::parse_stream;
+use flotilla_apis::{FleetObject, InferenceClass};
+
+use super::*;
+
+fn fleet() -> (Vec<ModelDeployment>, BTreeMap<String, InferenceClassSpec>) {
+    let mut deployments = Vec::new();
+    let mut classes = BTreeMap::new();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fleet");
+    for file in ["classes.yaml", "deployments/llama-3.3-70b-eu.yaml", "deployments/qwen3-235b-disagg.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        for o in parse_stream(file, &text).objects {
+            match o.value {
+                FleetObject::Deployment(d) => deployments.push(d),
+                FleetObject::Class(InferenceClass { metadata, spec, .. }) => {
+                    classes.insert(metadata.name.unwrap(), spec);
+                }
+                _ => {}
+            }
+        }
+    }
+    (deployments, classes)
+}
+
+fn yaml(objects: &[Value]) -> String {
+    objects.iter().map(|o| serde_yaml_ng::to_string(o).unwrap()).collect::<Vec<_>>().join("---\n")
+}
+
+#[test]
+fn tensor_parallel_with_dra() {
+    let (mds, classes) = fleet();
+    let md = &mds[0];
+    let w = PoolWorkload {
+        pool: "h100",
+        class: &classes["h100-sxm-80g"],
+        alternative: &md.spec.devices.alternatives[1],
+        replicas: 2,
+    };
+    let objects = render(md, &[w], true);
+    insta::assert_snapshot!("tensor_parallel_dra", yaml(&objects));
+    // The claim template carries the solver's selector and the class identity.
+    let rct = &objects[0];
+    let exprs: Vec<&str> = rct["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["cel"]["expression"].as_str().unwrap())
+        .collect();
+    assert!(exprs.iter().any(|e| e.contains("memory.compareTo(quantity(\"80Gi\"))")), "{exprs:?}");
+    assert!(exprs.iter().any(|e| e.contains("productName == \"NVIDIA H100 80GB HBM3\"")), "{exprs:?}");
+}
+
+#[test]
+fn extended_resources_without_dra_and_generation_only_on_objects() {
+    let (mds, classes) = fleet();
+    let mut md = mds[0].clone();
+    md.metadata.generation = Some(7);
+    let w = PoolWorkload {
+        pool: "h100",
+        class: &classes["h100-sxm-80g"],
+        alternative: &md.spec.devices.alternatives[0],
+        replicas: 3,
+    };
+    let objects = render(&md, &[w], false);
+    assert_eq!(objects.len(), 2, "Deployment and Service, no claim template");
+    let dep = &objects[0];
+    assert_eq!(dep["spec"]["replicas"], 3);
+    assert_eq!(dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "4");
+    assert_eq!(dep["metadata"]["labels"]["flotilla.dev/generation"], "7");
+    assert!(
+        dep["spec"]["template"]["metadata"]["labels"].get("flotilla.dev/generation").is_none(),
+        "pods must not roll on a new generation"
+    );
+    assert_eq!(dep["spec"]["template"]["spec"]["nodeSelector"]["flotilla.dev/pool"], "h100");
+}
+
+#[test]
+fn disaggregated_roles_become_deployments() {
+    let (mds, classes) = fleet();
+    let md = &mds[1];
+    let w = PoolWorkload {
+        pool: "h100",
+        class: &classes["h100-sxm-80g"],
+        alternative: &md.spec.devices.alternatives[0],
+        replicas: 2,
+    };
+    let objects = render(md, &[w], false);
+    insta::assert_snapshot!("disaggregated", yaml(&objects));
+    let names: Vec<&str> = objects.iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["qwen3-235b-disagg-h100-prefill", "qwen3-235b-disagg-h100-decode", "qwen3-235b-disagg"]);
+    assert_eq!(objects[1]["spec"]["replicas"], 4, "2 replicas x 2 decode pods");
+}
