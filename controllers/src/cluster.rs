@@ -141,13 +141,20 @@ pub async fn reconcile(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<A
     } else {
         match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
             Err(e) => Observed::Failed(e),
-            Ok(client) => match member::observe(&client, ctx.config.timeouts).await {
-                Ok((seen, version)) => Observed::Ok { inventory: observe(&ic.spec.pools, &classes, &seen), version },
-                Err(e) => {
-                    ctx.members.forget(&name);
-                    Observed::Failed(e)
+            Ok(client) => {
+                let t = ctx.config.timeouts;
+                let seen = async {
+                    let version = member::liveness(&client, t).await?;
+                    let watch = ctx.members.watch(&name, &client, t).await?;
+                    Ok::<_, MemberError>((watch.observation(t).await?, version))
+                };
+                match seen.await {
+                    Ok((seen, version)) => {
+                        Observed::Ok { inventory: observe(&ic.spec.pools, &classes, &seen), version }
+                    }
+                    Err(e) => Observed::Failed(e),
                 }
-            },
+            }
         }
     };
     let next = desired_status(

@@ -78,7 +78,7 @@ pub struct Context {
 fn spawn_reflector<K>(
     api: Api<K>,
     subscribers: usize,
-) -> (Store<K>, Vec<impl futures_util::Stream<Item = ()> + Send + use<K>>, AbortOnDrop)
+) -> (Store<K>, Vec<impl futures_util::Stream<Item = ()> + Send + use<K>>, member::AbortOnDrop)
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
@@ -104,16 +104,7 @@ where
             })
             .await;
     });
-    (store, streams, AbortOnDrop(task))
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    (store, streams, member::AbortOnDrop(task))
 }
 
 /// Runs every reconciler until `shutdown` resolves. `ready` is called once the caches are

@@ -4,15 +4,18 @@
 //! `Unreachable`) with a message that never carries the credentials themselves.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_apis::InferenceCluster;
 use flotilla_apis::constants::reason;
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Config};
 
 use crate::inventory::MemberObservation;
@@ -66,10 +69,18 @@ impl Default for Timeouts {
     }
 }
 
-/// Member clients, cached by cluster and Secret version.
+/// A member's client and, once inventory asked for it, its watches; valid for one version of
+/// the kubeconfig Secret.
+struct Member {
+    secret_version: String,
+    client: Client,
+    watch: Option<Arc<MemberWatch>>,
+}
+
+/// Member clients and watches, cached by cluster and Secret version.
 #[derive(Default)]
 pub struct MemberClients {
-    cache: Mutex<HashMap<String, (String, Client)>>,
+    cache: Mutex<HashMap<String, Member>>,
 }
 
 impl MemberClients {
@@ -104,10 +115,10 @@ impl MemberClients {
         };
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
         if let Ok(cache) = self.cache.lock()
-            && let Some((v, client)) = cache.get(&name)
-            && *v == version
+            && let Some(m) = cache.get(&name)
+            && m.secret_version == version
         {
-            return Ok(client.clone());
+            return Ok(m.client.clone());
         }
         let bytes = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
         let Some(bytes) = bytes else {
@@ -124,9 +135,126 @@ impl MemberClients {
         config.write_timeout = Some(t.observe);
         let client = Client::try_from(config).map_err(|_| invalid("cannot build a client from it"))?;
         if let Ok(mut cache) = self.cache.lock() {
-            cache.insert(name, (version, client.clone()));
+            cache.insert(name, Member { secret_version: version, client: client.clone(), watch: None });
         }
         Ok(client)
+    }
+
+    /// The member's watches (started on first use, kept while its Secret does not change).
+    pub async fn watch(&self, cluster: &str, client: &Client, t: Timeouts) -> Result<Arc<MemberWatch>, MemberError> {
+        if let Ok(cache) = self.cache.lock()
+            && let Some(w) = cache.get(cluster).and_then(|m| m.watch.clone())
+        {
+            return Ok(w);
+        }
+        let w = Arc::new(MemberWatch::start(client, t).await?);
+        if let Ok(mut cache) = self.cache.lock()
+            && let Some(m) = cache.get_mut(cluster)
+        {
+            m.watch = Some(w.clone());
+        }
+        Ok(w)
+    }
+}
+
+/// Aborts a task when dropped.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn spawn_store<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, AbortOnDrop)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let task = tokio::spawn(async move {
+        reflector::reflector(writer, watcher(api, config)).default_backoff().for_each(|_| async {}).await;
+    });
+    (store, AbortOnDrop(task))
+}
+
+/// Watches on one member's nodes, non-terminal pods and — where it serves DRA —
+/// ResourceSlices and ResourceClaims. Dropping it stops them.
+pub struct MemberWatch {
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    slices: Option<Store<ResourceSlice>>,
+    claims: Option<Store<ResourceClaim>>,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+impl MemberWatch {
+    async fn start(client: &Client, t: Timeouts) -> Result<Self, MemberError> {
+        let slices_api = Api::<ResourceSlice>::all(client.clone());
+        let one = ListParams::default().limit(1);
+        let dra = match tokio::time::timeout(t.observe, slices_api.list(&one)).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => false,
+            Ok(Err(e)) => return Err(classify(&e)),
+            Err(_) => return Err(MemberError::Unreachable("the member API server did not answer in time".into())),
+        };
+        let mut tasks = Vec::new();
+        let (nodes, task) = spawn_store(Api::<Node>::all(client.clone()), watcher::Config::default());
+        tasks.push(task);
+        let running = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+        let (pods, task) = spawn_store(Api::<Pod>::all(client.clone()), running);
+        tasks.push(task);
+        let (slices, claims) = if dra {
+            let (slices, task) = spawn_store(Api::<ResourceSlice>::all(client.clone()), watcher::Config::default());
+            tasks.push(task);
+            let (claims, task) = spawn_store(Api::<ResourceClaim>::all(client.clone()), watcher::Config::default());
+            tasks.push(task);
+            (Some(slices), Some(claims))
+        } else {
+            (None, None)
+        };
+        Ok(Self { nodes, pods, slices, claims, _tasks: tasks })
+    }
+
+    /// What the watches hold now; waits (bounded) for their first list.
+    pub async fn observation(&self, t: Timeouts) -> Result<MemberObservation, MemberError> {
+        let synced = async {
+            let _ = self.nodes.wait_until_ready().await;
+            let _ = self.pods.wait_until_ready().await;
+            if let Some(s) = &self.slices {
+                let _ = s.wait_until_ready().await;
+            }
+            if let Some(c) = &self.claims {
+                let _ = c.wait_until_ready().await;
+            }
+        };
+        if tokio::time::timeout(t.observe, synced).await.is_err() {
+            return Err(MemberError::Unreachable(format!(
+                "the member's watches did not sync within {} s",
+                t.observe.as_secs()
+            )));
+        }
+        Ok(MemberObservation {
+            nodes: owned(&self.nodes),
+            pods: owned(&self.pods),
+            slices: self.slices.as_ref().map(owned).unwrap_or_default(),
+            claims: self.claims.as_ref().map(owned).unwrap_or_default(),
+        })
+    }
+}
+
+fn owned<K: kube::Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Vec<K> {
+    store.state().into_iter().map(|a| (*a).clone()).collect()
+}
+
+/// Whether the member answers, and its version: the liveness check run on every poll.
+pub async fn liveness(client: &Client, t: Timeouts) -> Result<String, MemberError> {
+    match tokio::time::timeout(t.observe, client.apiserver_version()).await {
+        Ok(Ok(info)) => Ok(info.git_version),
+        Ok(Err(e)) => Err(classify(&e)),
+        Err(_) => Err(MemberError::Unreachable(format!(
+            "the member API server did not answer within {} s",
+            t.observe.as_secs()
+        ))),
     }
 }
 
@@ -150,38 +278,5 @@ fn classify(e: &kube::Error) -> MemberError {
             s.code
         )),
         _ => MemberError::Unreachable(format!("the member API server did not answer: {}", brief(e))),
-    }
-}
-
-/// Lists what inventory needs, within the observation timeout. ResourceSlices and claims are
-/// optional: a member without DRA yields none.
-pub async fn observe(client: &Client, t: Timeouts) -> Result<(MemberObservation, String), MemberError> {
-    let work = async {
-        let version = client.apiserver_version().await.map_err(|e| classify(&e))?;
-        let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| classify(&e))?;
-        let pods = Api::<Pod>::all(client.clone())
-            .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
-            .await
-            .map_err(|e| classify(&e))?;
-        let slices = optional(Api::<ResourceSlice>::all(client.clone()).list(&ListParams::default()).await)?;
-        let claims = optional(Api::<ResourceClaim>::all(client.clone()).list(&ListParams::default()).await)?;
-        Ok((MemberObservation { nodes: nodes.items, pods: pods.items, slices, claims }, version.git_version))
-    };
-    match tokio::time::timeout(t.observe, work).await {
-        Ok(r) => r,
-        Err(_) => Err(MemberError::Unreachable(format!(
-            "the member API server did not answer within {} s",
-            t.observe.as_secs()
-        ))),
-    }
-}
-
-fn optional<T: Clone + k8s_openapi::serde::de::DeserializeOwned>(
-    r: Result<kube::core::ObjectList<T>, kube::Error>,
-) -> Result<Vec<T>, MemberError> {
-    match r {
-        Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-        Err(e) => Err(classify(&e)),
     }
 }

@@ -73,7 +73,7 @@ fn parts(c: &mut Criterion) {
     let (mut passing, mut evaluations) = (0usize, 0usize);
     for d in &snap.deployments {
         for cluster in &snap.clusters {
-            if static_verdicts(&d.spec.placement, cluster, false).iter().all(|v| v.pass) {
+            if static_verdicts(&d.spec.placement, cluster, false, false).iter().all(|v| v.pass) {
                 passing += 1;
                 evaluations += cluster.pools.len() * d.spec.devices.alternatives.len();
             }
@@ -96,7 +96,7 @@ fn parts(c: &mut Criterion) {
             let mut passed = 0usize;
             for d in &snap.deployments {
                 for cluster in &snap.clusters {
-                    let v = static_verdicts(&d.spec.placement, cluster, false);
+                    let v = static_verdicts(&d.spec.placement, cluster, false, false);
                     passed += usize::from(v.iter().all(|v| v.pass));
                 }
             }

@@ -11,12 +11,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use crate::plan::{Reason, Verdict};
 use crate::snapshot::ClusterView;
 
-fn pass(filter: &'static str, detail: impl Into<String>) -> Verdict {
-    Verdict { filter, pass: true, reason: None, detail: detail.into() }
+/// Builds verdicts, formatting details only when asked: the hot path of a solve needs the
+/// reasons, not the words (those are produced again for what is reported).
+struct Verdicts {
+    detail: bool,
 }
 
-fn fail(filter: &'static str, reason: Reason, detail: impl Into<String>) -> Verdict {
-    Verdict { filter, pass: false, reason: Some(reason), detail: detail.into() }
+impl Verdicts {
+    fn pass<S: Into<String>>(&self, filter: &'static str, detail: impl FnOnce() -> S) -> Verdict {
+        Verdict { filter, pass: true, reason: None, detail: if self.detail { detail().into() } else { String::new() } }
+    }
+
+    fn fail<S: Into<String>>(&self, filter: &'static str, reason: Reason, detail: impl FnOnce() -> S) -> Verdict {
+        Verdict {
+            filter,
+            pass: false,
+            reason: Some(reason),
+            detail: if self.detail { detail().into() } else { String::new() },
+        }
+    }
 }
 
 /// Whether `labels` match a Kubernetes label selector. An empty selector matches everything.
@@ -54,10 +67,29 @@ pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, Stri
     Ok(())
 }
 
+/// Whether `labels` match a label selector (no message: the fast path).
+fn selector_ok(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    labels_ok
+        && selector.match_expressions.iter().flatten().all(|e| {
+            let have = labels.get(&e.key);
+            let values = e.values.as_deref().unwrap_or(&[]);
+            match e.operator.as_str() {
+                "In" => have.is_some_and(|h| values.contains(h)),
+                "NotIn" => !have.is_some_and(|h| values.contains(h)),
+                "Exists" => have.is_some(),
+                "DoesNotExist" => have.is_none(),
+                _ => false,
+            }
+        })
+}
+
 /// Applies the static filters in order and returns every verdict up to and including the first
 /// failure. `sticky` is true when the deployment already runs here: a cordon keeps existing
-/// replicas, a `NoExecute` taint does not.
-pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool) -> Vec<Verdict> {
+/// replicas, a `NoExecute` taint does not. With `detail` false the verdicts carry reasons but
+/// no words.
+pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool, detail: bool) -> Vec<Verdict> {
+    let vb = Verdicts { detail };
     let mut out = Vec::with_capacity(5);
     let mut push = |v: Verdict| {
         let ok = v.pass;
@@ -65,36 +97,32 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         ok
     };
     let sel = match &policy.cluster_selector {
-        None => pass("selector", "no cluster selector"),
-        Some(s) => match selector_matches(s, &cluster.labels) {
-            Ok(()) => pass("selector", "labels match"),
-            Err(why) => fail("selector", Reason::ClusterSelectorMismatch, why),
-        },
+        None => vb.pass("selector", || "no cluster selector"),
+        Some(s) if selector_ok(s, &cluster.labels) => vb.pass("selector", || "labels match"),
+        Some(s) => vb.fail("selector", Reason::ClusterSelectorMismatch, || {
+            selector_matches(s, &cluster.labels).err().unwrap_or_else(|| "labels do not match".into())
+        }),
     };
     if !push(sel) {
         return out;
     }
     let sov = match &policy.sovereignty {
-        None => pass("sovereignty", "no sovereignty policy"),
+        None => vb.pass("sovereignty", || "no sovereignty policy"),
         Some(s) => {
             let j = &cluster.jurisdiction;
             if !s.allowed_jurisdictions.is_empty() && !s.allowed_jurisdictions.iter().any(|a| a.as_str() == j) {
-                let allowed: Vec<_> = s.allowed_jurisdictions.iter().map(|a| a.as_str()).collect();
-                fail(
-                    "sovereignty",
-                    Reason::JurisdictionNotAllowed,
-                    format!("jurisdiction {j} not in allowed [{}]", allowed.join(", ")),
-                )
+                vb.fail("sovereignty", Reason::JurisdictionNotAllowed, || {
+                    let allowed: Vec<_> = s.allowed_jurisdictions.iter().map(|a| a.as_str()).collect();
+                    format!("jurisdiction {j} not in allowed [{}]", allowed.join(", "))
+                })
             } else if !s.allowed_regions.is_empty() && !s.allowed_regions.contains(&cluster.region) {
-                fail(
-                    "sovereignty",
-                    Reason::RegionNotAllowed,
-                    format!("region {} not in allowed [{}]", cluster.region, s.allowed_regions.join(", ")),
-                )
+                vb.fail("sovereignty", Reason::RegionNotAllowed, || {
+                    format!("region {} not in allowed [{}]", cluster.region, s.allowed_regions.join(", "))
+                })
             } else if s.denied_regions.contains(&cluster.region) {
-                fail("sovereignty", Reason::RegionDenied, format!("region {} is denied", cluster.region))
+                vb.fail("sovereignty", Reason::RegionDenied, || format!("region {} is denied", cluster.region))
             } else {
-                pass("sovereignty", format!("jurisdiction {j}, region {} allowed", cluster.region))
+                vb.pass("sovereignty", || format!("jurisdiction {j}, region {} allowed", cluster.region))
             }
         }
     };
@@ -102,15 +130,13 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         return out;
     }
     let ready = if !cluster.ready {
-        fail(
-            "readiness",
-            Reason::ClusterNotReady,
-            format!("cluster is not Ready ({})", cluster.not_ready_reason.as_deref().unwrap_or("unknown")),
-        )
+        vb.fail("readiness", Reason::ClusterNotReady, || {
+            format!("cluster is not Ready ({})", cluster.not_ready_reason.as_deref().unwrap_or("unknown"))
+        })
     } else if cluster.cordoned && !sticky {
-        fail("readiness", Reason::ClusterCordoned, "cluster is cordoned: no new replicas")
+        vb.fail("readiness", Reason::ClusterCordoned, || "cluster is cordoned: no new replicas")
     } else {
-        pass("readiness", if cluster.cordoned { "cordoned, but already runs here" } else { "Ready" })
+        vb.pass("readiness", || if cluster.cordoned { "cordoned, but already runs here" } else { "Ready" })
     };
     if !push(ready) {
         return out;
@@ -124,12 +150,10 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         blocking && !policy.tolerations.iter().any(|tol| tol.tolerates(t))
     });
     let taints = match untolerated {
-        Some(t) => fail(
-            "taints",
-            Reason::TaintNotTolerated,
-            format!("taint {}={}:{:?} is not tolerated", t.key, t.value.as_deref().unwrap_or(""), t.effect),
-        ),
-        None => pass("taints", if cluster.taints.is_empty() { "no taints" } else { "all taints tolerated" }),
+        Some(t) => vb.fail("taints", Reason::TaintNotTolerated, || {
+            format!("taint {}={}:{:?} is not tolerated", t.key, t.value.as_deref().unwrap_or(""), t.effect)
+        }),
+        None => vb.pass("taints", || if cluster.taints.is_empty() { "no taints" } else { "all taints tolerated" }),
     };
     push(taints);
     out

@@ -195,6 +195,16 @@ impl Ctx<'_, '_> {
                     continue;
                 }
                 let (reason, message) = match static_block.get(&ci).or(state.blocks.get(&ci)).or(pool_blocks.get(&ci)) {
+                    // A static refusal recorded without words: say them now, for this cluster only.
+                    Some((r, m)) if m.is_empty() && static_block.contains_key(&ci) => {
+                        let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+                        let words = crate::filters::static_verdicts(&d.spec.placement, cluster, sticky, true)
+                            .into_iter()
+                            .find(|v| !v.pass)
+                            .map(|v| v.detail)
+                            .unwrap_or_default();
+                        (*r, words)
+                    }
                     Some(r) => r.clone(),
                     None => continue,
                 };

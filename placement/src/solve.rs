@@ -117,10 +117,18 @@ impl Ctx<'_, '_> {
         let mut static_block: BTreeMap<usize, (Reason, String)> = BTreeMap::new();
         let mut pool_blocks: Blocks = BTreeMap::new();
         let mut candidates: Vec<Candidate> = Vec::new();
+        // Which classes each alternative accepts: a handful of classes, matched once.
+        let class_matches: Vec<BTreeMap<&str, ClassMatch>> = spec
+            .devices
+            .alternatives
+            .iter()
+            .map(|alt| self.snapshot.classes.keys().map(|c| (c.as_str(), self.matcher.matches(alt, c))).collect())
+            .collect();
         for (ci, cluster) in clusters.iter().enumerate() {
             let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
-            let v = static_verdicts(policy, cluster, sticky_here);
+            let v = static_verdicts(policy, cluster, sticky_here, self.explain);
             if let Some(f) = v.iter().find(|v| !v.pass) {
+                // Words only for what is reported (finish() asks again with detail).
                 static_block.insert(ci, (f.reason.unwrap_or(Reason::ClusterNotReady), f.detail.clone()));
                 verdicts.push(v);
                 continue;
@@ -128,21 +136,25 @@ impl Ctx<'_, '_> {
             let before = candidates.len();
             let mut device_verdicts = Vec::new();
             for (pi, pool) in cluster.pools.iter().enumerate() {
-                for (ai, alt) in spec.devices.alternatives.iter().enumerate() {
+                for (ai, accepts) in class_matches.iter().enumerate() {
                     *self.evaluations += 1;
                     let rank = ai as u32 + 1;
-                    let fail = |reason: Reason, msg: String| {
-                        (reason, format!("pool {} (alternative {rank}): {msg}", pool.name))
-                    };
-                    let outcome = match self.matcher.matches(alt, &pool.class) {
-                        ClassMatch::Match => self.candidate(d, cluster, ci, pi, rank, &shape, &cap_types, max_cost),
-                        ClassMatch::NoMatch(why) => Err((Reason::NoMatchingDevices, why)),
-                        ClassMatch::Error(why) => Err((Reason::SelectorError, why)),
+                    let outcome = match accepts.get(pool.class.as_str()) {
+                        Some(ClassMatch::Match) => {
+                            self.candidate(d, cluster, ci, pi, rank, &shape, &cap_types, max_cost)
+                        }
+                        Some(ClassMatch::NoMatch(why)) => Err((Reason::NoMatchingDevices, why.clone())),
+                        Some(ClassMatch::Error(why)) => Err((Reason::SelectorError, why.clone())),
+                        None => Err((Reason::NoMatchingDevices, format!("class {} is not defined", pool.class))),
                     };
                     match outcome {
                         Ok(c) => candidates.push(c),
                         Err((reason, msg)) => {
-                            let (reason, msg) = fail(reason, msg);
+                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| stage(reason) > stage(*r));
+                            if !better && !self.explain {
+                                continue;
+                            }
+                            let msg = format!("pool {} (alternative {rank}): {msg}", pool.name);
                             if self.explain {
                                 device_verdicts.push(Verdict {
                                     filter: "devices",
@@ -151,7 +163,6 @@ impl Ctx<'_, '_> {
                                     detail: msg.clone(),
                                 });
                             }
-                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| stage(reason) > stage(*r));
                             if better {
                                 pool_blocks.insert(ci, (reason, msg));
                             }
@@ -236,7 +247,7 @@ impl Ctx<'_, '_> {
         // Clusters that keep replicas only because they already run them say why no more come.
         for c in state.candidates.iter().filter(|c| c.sticky_only) {
             let cluster = &clusters[c.cluster];
-            if let Some(v) = static_verdicts(policy, cluster, false).into_iter().find(|v| !v.pass) {
+            if let Some(v) = static_verdicts(policy, cluster, false, true).into_iter().find(|v| !v.pass) {
                 pool_blocks.insert(
                     c.cluster,
                     (v.reason.unwrap_or(Reason::ClusterCordoned), format!("{}; replicas already there stay", v.detail)),
@@ -297,7 +308,7 @@ impl Ctx<'_, '_> {
             .map(|p| p.desired.max(0) as u32)
             .sum();
         let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
-        let sticky_only = static_verdicts(&d.spec.placement, cluster, false).iter().any(|v| !v.pass);
+        let sticky_only = static_verdicts(&d.spec.placement, cluster, false, false).iter().any(|v| !v.pass);
         Ok(Candidate {
             cluster: ci,
             pool: pi,

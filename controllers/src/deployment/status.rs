@@ -12,6 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::rollout::{Key, Running};
 
+/// At most this many per-cluster reasons are written to status.
+pub const MAX_REASONS: usize = 16;
+
 /// What the reconcile learned, besides the plan.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
@@ -170,18 +173,28 @@ pub fn desired(
         )
     };
     let conds = [placed_cond, capacity, ready_cond, degraded];
-    let unplaced = (plan.unplaced > 0).then(|| Unplaced {
-        replicas: plan.unplaced as i32,
-        reasons: plan
-            .rejections
-            .iter()
-            .map(|r| ClusterRejection {
-                cluster: r.cluster.clone(),
-                reason: r.reason.to_string(),
-                message: r.message.clone(),
-            })
-            .collect(),
-    });
+    // Bounded: a fleet of thousands of clusters must not make a status of megabytes.
+    let mut reasons: Vec<ClusterRejection> = plan
+        .rejections
+        .iter()
+        .take(MAX_REASONS)
+        .map(|r| ClusterRejection {
+            cluster: r.cluster.clone(),
+            reason: r.reason.to_string(),
+            message: r.message.clone(),
+        })
+        .collect();
+    if plan.rejections.len() > MAX_REASONS {
+        reasons.push(ClusterRejection {
+            cluster: "*".into(),
+            reason: "Truncated".into(),
+            message: format!(
+                "{} more clusters refused; `fleetctl explain` lists them all",
+                plan.rejections.len() - MAX_REASONS
+            ),
+        });
+    }
+    let unplaced = (plan.unplaced > 0).then_some(Unplaced { replicas: plan.unplaced as i32, reasons });
     let clusters =
         placements.iter().map(|p| format!("{}:{}/{}", p.cluster, p.ready, p.desired)).collect::<Vec<_>>().join(",");
     ModelDeploymentStatus {
@@ -192,5 +205,89 @@ pub fn desired(
         clusters: (!clusters.is_empty()).then_some(clusters),
         placements,
         unplaced,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_placement::plan::{Assignment, Rejection};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    fn plan(desired: u32, placed: u32) -> DeploymentPlan {
+        DeploymentPlan {
+            namespace: "ml".into(),
+            name: "m".into(),
+            model: "m".into(),
+            desired,
+            assignments: vec![Assignment {
+                cluster: "eu1".into(),
+                pool: "h100".into(),
+                class: "h100".into(),
+                capacity_type: flotilla_apis::CapacityType::OnDemand,
+                fallback_rank: 1,
+                replicas: placed,
+                cost_micros_per_hour: 0,
+            }],
+            unplaced: desired - placed,
+            rejections: (0..40)
+                .map(|i| Rejection {
+                    cluster: format!("c{i}"),
+                    reason: Reason::JurisdictionNotAllowed,
+                    message: "x".into(),
+                })
+                .take(if placed < desired { 40 } else { 0 })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn observed(ready: i32) -> Observed {
+        let mut o = Observed::default();
+        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready });
+        o
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_000).unwrap())
+    }
+
+    #[test]
+    fn one_of_eight_is_degraded_never_ready() {
+        let s = desired(None, Some(1), &plan(8, 8), &observed(1), &now());
+        assert_eq!(s.ready_replicas, 1);
+        assert_eq!(s.conditions.get("Ready").unwrap().status, "False");
+        assert_eq!(s.conditions.get("Degraded").unwrap().status, "True");
+        // Twin: all eight ready.
+        let s = desired(None, Some(1), &plan(8, 8), &observed(8), &now());
+        assert!(s.conditions.is_true("Ready"));
+        assert_eq!(s.conditions.get("Degraded").unwrap().status, "False");
+    }
+
+    #[test]
+    fn nothing_observed_is_not_ready() {
+        let s = desired(None, Some(1), &plan(2, 2), &Observed::default(), &now());
+        assert_eq!(s.conditions.get("Ready").unwrap().reason, "NoReplicasReady");
+    }
+
+    #[test]
+    fn unplaced_is_reported_with_bounded_reasons() {
+        let s = desired(None, Some(1), &plan(6, 4), &observed(4), &now());
+        let placed = s.conditions.get("Placed").unwrap();
+        assert_eq!(placed.status, "False");
+        assert!(placed.message.starts_with("4 of 6 replicas placed"), "{}", placed.message);
+        let u = s.unplaced.unwrap();
+        assert_eq!(u.replicas, 2);
+        assert_eq!(u.reasons.len(), MAX_REASONS + 1);
+        assert_eq!(u.reasons.last().unwrap().reason, "Truncated");
+    }
+
+    #[test]
+    fn same_inputs_same_status_so_no_write() {
+        let a = desired(None, Some(1), &plan(2, 2), &observed(2), &now());
+        let later = Time(Timestamp::from_second(2_000).unwrap());
+        let b = desired(Some(&a), Some(1), &plan(2, 2), &observed(2), &later);
+        assert_eq!(a, b);
     }
 }
