@@ -78,3 +78,22 @@ fn missing_path_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("does/not/exist"));
 }
+
+#[test]
+fn crds_command_prints_five_crds_any_yaml_parser_reads() {
+    let out = fleetctl(&["crds"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &serde_json::Value| !v.is_null())
+        .collect();
+    assert_eq!(docs.len(), 5);
+    for d in &docs {
+        assert_eq!(d["kind"], "CustomResourceDefinition");
+        let v = &d["spec"]["versions"][0];
+        assert!(v["subresources"]["status"].is_object(), "{}", d["metadata"]["name"]);
+        assert!(v["additionalPrinterColumns"].as_array().is_some_and(|c| c.len() >= 3));
+        assert!(d["spec"]["names"]["shortNames"].as_array().is_some_and(|s| !s.is_empty()));
+    }
+}
