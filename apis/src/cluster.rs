@@ -197,4 +197,8 @@ pub struct PoolStatus {
     pub devices_allocated: i64,
     /// Devices free.
     pub devices_free: i64,
+    /// Of the allocated devices, those held by replicas Flotilla manages (the solver places
+    /// those replicas again, so it counts their devices as available to them).
+    #[serde(default)]
+    pub devices_managed: i64,
 }

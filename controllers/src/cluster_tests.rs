@@ -16,6 +16,7 @@ fn ok(free: i64) -> Observed {
                 devices_total: 16,
                 devices_allocated: 16 - free,
                 devices_free: free,
+                devices_managed: 0,
             }],
             empty_pools: vec![],
         },

@@ -98,10 +98,18 @@ fn gpu_quantity(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quanti
     q.and_then(|q| q.0.parse::<i64>().ok()).unwrap_or(0)
 }
 
-/// Devices requested through the extended resource by pods on `node`.
-fn pod_gpus(node: &str, pods: &[Pod]) -> i64 {
-    pods.iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+/// Whether Flotilla manages a pod (it carries Flotilla's managed-by label).
+fn managed(p: &Pod) -> bool {
+    p.metadata.labels.as_ref().and_then(|l| l.get(labels::MANAGED_BY)).is_some_and(|v| v == "flotilla")
+}
+
+/// Devices requested through the extended resource by pods on `node` (all, and Flotilla's).
+fn pod_gpus(node: &str, pods: &[Pod]) -> (i64, i64) {
+    (gpus_of(node, pods.iter()), gpus_of(node, pods.iter().filter(|p| managed(p))))
+}
+
+fn gpus_of<'a>(node: &str, pods: impl Iterator<Item = &'a Pod>) -> i64 {
+    pods.filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
         .filter(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")))
         .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
         .map(|c| {
@@ -142,19 +150,21 @@ pub fn observe(
                 continue;
             }
             let name = node.metadata.name.as_deref().unwrap_or("");
+            let (pods_all, pods_mine) = pod_gpus(name, &seen.pods);
             let (devices, allocated) = match class.and_then(|c| dra_devices(c, name, &seen.slices).map(|d| (c, d))) {
                 Some((c, (devices, driver_pools))) => {
-                    (devices, pod_gpus(name, &seen.pods) + claimed(&c.device.driver, &driver_pools, &seen.claims))
+                    (devices, pods_all + claimed(&c.device.driver, &driver_pools, &seen.claims))
                 }
                 None => {
                     let alloc =
                         node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(GPU_RESOURCE));
-                    (gpu_quantity(alloc), pod_gpus(name, &seen.pods))
+                    (gpu_quantity(alloc), pods_all)
                 }
             };
             status.nodes += 1;
             status.devices_total += devices;
             status.devices_allocated += allocated.min(devices);
+            status.devices_managed += pods_mine.min(devices);
         }
         status.devices_free = status.devices_total - status.devices_allocated;
         if status.nodes == 0 {

@@ -123,7 +123,7 @@ async fn inference_cluster_controller_on_real_api_servers() {
     apply(&control, cluster("wrong", "wrong-kubeconfig", json!([pool("h100", "h100")]))).await;
     apply(&control, cluster("missing", "no-such-secret", json!([pool("h100", "h100")]))).await;
 
-    let extra = ["--poll-seconds", "3", "--member-timeout-seconds", "4", "--lease-duration", "6"];
+    let extra = ["--poll-seconds", "3", "--member-timeout-seconds", "8", "--lease-duration", "6"];
     let mut a = ControllerProcess::start(&fleet, "control", "replica-a", &extra);
     tokio::time::sleep(Duration::from_secs(2)).await; // let replica-a take the lease first
     let mut b = ControllerProcess::start(&fleet, "control", "replica-b", &extra);

@@ -140,7 +140,7 @@ async fn model_deployment_controller_on_real_api_servers() {
     .await;
 
     let mut ctl =
-        ControllerProcess::start(&fleet, "control", "ctl-1", &["--poll-seconds", "3", "--member-timeout-seconds", "4"]);
+        ControllerProcess::start(&fleet, "control", "ctl-1", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
     let api: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
     for (name, n) in [("eu-model", 4), ("us-model", 3)] {
         wait_for(&format!("{name} Ready {n}/{n}"), Duration::from_secs(90), || async {
@@ -181,7 +181,7 @@ async fn model_deployment_controller_on_real_api_servers() {
     let before: Vec<_> = futures_util::future::join_all(members.values().map(|c| generations(c.clone()))).await;
     let watch_api = api.clone();
     let writes = tokio::spawn(async move {
-        let mut n = 0u32;
+        let mut n: Vec<String> = Vec::new();
         let mut events = watcher(watch_api, watcher::Config::default()).boxed();
         let deadline = tokio::time::sleep(Duration::from_secs(60));
         tokio::pin!(deadline);
@@ -191,7 +191,9 @@ async fn model_deployment_controller_on_real_api_servers() {
                 _ = &mut deadline => return n,
                 e = events.next() => match e {
                     Some(Ok(watcher::Event::InitDone)) => initial_done = true,
-                    Some(Ok(watcher::Event::Apply(_))) if initial_done => n += 1,
+                    Some(Ok(watcher::Event::Apply(o))) if initial_done => {
+                        n.push(format!("{} {}", o.name_any(), serde_json::to_string(&o.status).unwrap_or_default()));
+                    }
                     _ => {}
                 },
             }
@@ -200,7 +202,7 @@ async fn model_deployment_controller_on_real_api_servers() {
     .await
     .unwrap();
     let after: Vec<_> = futures_util::future::join_all(members.values().map(|c| generations(c.clone()))).await;
-    assert_eq!(writes, 0, "a quiet fleet writes no ModelDeployment");
+    assert!(writes.is_empty(), "a quiet fleet writes no ModelDeployment, but saw: {writes:#?}");
     assert_eq!(before, after, "a quiet fleet writes no member workload");
 
     // Stop eu2: its replicas move to eu1 (still EU), never to the US; eu1's replicas stay up.
@@ -220,7 +222,41 @@ async fn model_deployment_controller_on_real_api_servers() {
     let min_eu1_replicas = min_eu1.load(std::sync::atomic::Ordering::Relaxed);
     assert!(min_eu1_replicas >= 2, "eu1 never went below its 2 serving replicas during the move");
     assert!(member_deployments(&members["us1"], "eu-model").await.is_empty(), "no spill-over to the US on failover");
+
+    // No room left in the EU: the deployment says so, with the solver's reasons, and still
+    // nothing goes to the US. eu1 has 3 nodes (6 TP4 replicas), eu2 is down.
+    api.patch("eu-model", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 9}}))).await.unwrap();
+    let placed = wait_for("eu-model reports what it cannot place", Duration::from_secs(60), || async {
+        let s = status_of(&api, "eu-model").await;
+        let c = s.conditions.get("Placed")?.clone();
+        (c.status == "False" && s.unplaced.as_ref().is_some_and(|u| u.replicas == 3)).then_some((c, s))
+    })
+    .await;
+    let (cond, s) = placed;
+    assert_eq!(cond.reason, "InsufficientCapacity", "{cond:?}");
+    let reasons = &s.unplaced.unwrap().reasons;
+    assert!(reasons.iter().any(|r| r.cluster == "us1" && r.reason == "JurisdictionNotAllowed"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.cluster == "eu2" && r.reason == "ClusterNotReady"), "{reasons:?}");
+    assert!(member_deployments(&members["us1"], "eu-model").await.is_empty(), "no spill-over when the EU is full");
+    api.patch("eu-model", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 4}}))).await.unwrap();
     fleet.start("eu2");
+
+    // Kill the controller mid-rollout and start another: the rollout completes, with exactly one
+    // Flotilla Deployment for the model and nothing anywhere else.
+    api.patch("us-model", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 8}}))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ctl.kill();
+    let mut ctl =
+        ControllerProcess::start(&fleet, "control", "ctl-2", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
+    wait_for("us-model Ready 8/8 after the restart", Duration::from_secs(90), || async {
+        let s = status_of(&api, "us-model").await;
+        (s.ready_replicas == 8 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    assert_eq!(member_deployments(&members["us1"], "us-model").await, BTreeMap::from([("us-model-h100".into(), 8)]));
+    for eu in ["eu1", "eu2"] {
+        assert!(member_deployments(&members[eu], "us-model").await.is_empty(), "no orphan or duplicate in {eu}");
+    }
 
     // Delete: every member object of eu-model goes; the bystander and us-model stay.
     api.delete("eu-model", &DeleteParams::default()).await.unwrap();
@@ -246,7 +282,7 @@ async fn model_deployment_controller_on_real_api_servers() {
         (c.status == "False" && c.message.contains("nosuch")).then_some(())
     })
     .await;
-    assert_eq!(running_pods(&members["us1"], "us-model").await, 3, "running replicas are not torn down by the edit");
+    assert_eq!(running_pods(&members["us1"], "us-model").await, 8, "running replicas are not torn down by the edit");
     ctl.kill();
     let logs = ctl.logs();
     assert!(!logs.contains("client-key-data"), "no credentials in logs");

@@ -120,8 +120,8 @@ impl FleetSnapshot {
     /// Capacity: a pool's observed status (`status.pools`) when present, else its declared
     /// `nodes` with nothing allocated, else no nodes. Readiness: the `Ready` condition when a
     /// status is present, else ready (a declared cluster is assumed up). Deployments keep the
-    /// placements their status records, so that a re-plan is sticky; the devices their ready
-    /// replicas hold are counted free again, since the solver places them anew.
+    /// placements their status records, so that a re-plan is sticky; devices held by replicas
+    /// Flotilla manages (`devicesManaged`) are counted free, since the solver places them anew.
     pub fn from_objects<'a>(objects: impl IntoIterator<Item = &'a FleetObject>) -> Self {
         let mut snap = FleetSnapshot::default();
         let mut order = 0i64;
@@ -147,17 +147,8 @@ impl FleetSnapshot {
                 FleetObject::Cache(_) | FleetObject::Claim(_) => {}
             }
         }
-        // Devices the deployments' own ready replicas hold are part of the observed allocation;
-        // the solver places those replicas again (stickiness), so they are given back first.
-        let mut own: BTreeMap<(String, String), u64> = BTreeMap::new();
-        for d in &snap.deployments {
-            let per_replica = u64::from(d.spec.topology.devices_per_replica_total());
-            for p in &d.current {
-                *own.entry((p.cluster.clone(), p.pool.clone())).or_default() += per_replica * p.ready.max(0) as u64;
-            }
-        }
         for c in clusters {
-            let view = cluster_view(c, &snap.classes, &own);
+            let view = cluster_view(c, &snap.classes);
             snap.clusters.push(view);
         }
         snap.clusters.sort_by(|a, b| a.name.cmp(&b.name));
@@ -165,11 +156,7 @@ impl FleetSnapshot {
     }
 }
 
-fn cluster_view(
-    c: &InferenceCluster,
-    classes: &BTreeMap<String, ClassView>,
-    own: &BTreeMap<(String, String), u64>,
-) -> ClusterView {
+fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
     let name = c.metadata.name.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
     labels.insert("flotilla.dev/cluster".into(), name.clone());
@@ -195,8 +182,9 @@ fn cluster_view(
             let observed = c.status.as_ref().and_then(|s| s.pools.iter().find(|o| o.name == p.name));
             let free = match observed {
                 Some(o) => {
-                    let mine = own.get(&(name.clone(), p.name.clone())).copied().unwrap_or(0);
-                    let others = (o.devices_allocated.max(0) as u64).saturating_sub(mine);
+                    // Flotilla's own replicas are placed again by the solver: only devices held by
+                    // anything else are taken away.
+                    let others = (o.devices_allocated - o.devices_managed).max(0) as u64;
                     free_per_node(o.nodes.max(0) as u32, per_node, others)
                 }
                 None => free_per_node(p.nodes.unwrap_or(0).max(0) as u32, per_node, 0),

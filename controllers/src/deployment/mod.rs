@@ -231,6 +231,12 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         let patch = serde_json::json!({"status": next_status});
         api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
         ctx.metrics.status_write(Kind::ModelDeployment);
+        tracing::info!(
+            deployment = %format!("{ns}/{name}"),
+            ready = next_status.ready_replicas,
+            placements = next_status.clusters.as_deref().unwrap_or(""),
+            "status updated"
+        );
         if old_targets != new_targets {
             let note = next_status.clusters.clone().unwrap_or_else(|| "no placement".into());
             let _ = ctx
