@@ -88,3 +88,17 @@ fn nodes_of_other_pools_and_empty_pools() {
     assert_eq!(inv.pools[0].nodes, 0);
     assert_eq!(inv.empty_pools, vec!["h100".to_string()]);
 }
+
+#[test]
+fn devices_held_by_flotilla_replicas_are_counted_apart() {
+    let mut mine = pod("n1", "4", "Running");
+    mine.metadata.labels = Some([("app.kubernetes.io/managed-by".to_string(), "flotilla".to_string())].into());
+    let seen = MemberObservation {
+        nodes: vec![node("n1", "h100", true, Some("8"))],
+        pods: vec![mine, pod("n1", "2", "Pending")],
+        ..Default::default()
+    };
+    let inv = observe(&pools(), &class(), &seen);
+    assert_eq!(inv.pools[0].devices_allocated, 6);
+    assert_eq!(inv.pools[0].devices_managed, 4, "only the Flotilla pod's devices");
+}
