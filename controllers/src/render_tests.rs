@@ -90,3 +90,28 @@ fn disaggregated_roles_become_deployments() {
     assert_eq!(names, ["qwen3-235b-disagg-h100-prefill", "qwen3-235b-disagg-h100-decode", "qwen3-235b-disagg"]);
     assert_eq!(objects[1]["spec"]["replicas"], 4, "2 replicas x 2 decode pods");
 }
+
+#[test]
+fn multi_node_becomes_a_leader_worker_set() {
+    let (mds, classes) = fleet();
+    let mut md = mds[0].clone();
+    md.spec.topology =
+        serde_json::from_value(serde_json::json!({"type": "MultiNode", "devicesPerReplica": 8, "nodesPerReplica": 2}))
+            .unwrap();
+    let w = PoolWorkload {
+        pool: "h100",
+        class: &classes["h100-sxm-80g"],
+        alternative: &md.spec.devices.alternatives[0],
+        replicas: 3,
+    };
+    let objects = render(&md, &[w], false);
+    insta::assert_snapshot!("multi_node_lws", yaml(&objects));
+    let lws = &objects[0];
+    assert_eq!(lws["kind"], "LeaderWorkerSet");
+    assert_eq!(lws["spec"]["replicas"], 3);
+    assert_eq!(lws["spec"]["leaderWorkerTemplate"]["size"], 2);
+    assert_eq!(
+        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "8"
+    );
+}
