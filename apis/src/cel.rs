@@ -193,7 +193,8 @@ fn qualify<'a>(driver: &'a str, name: &'a str) -> (&'a str, &'a str) {
     }
 }
 
-fn cel_string(s: &str) -> String {
+/// A CEL string literal for `s`.
+pub fn cel_string(s: &str) -> String {
     // JSON string escaping is valid CEL string-literal escaping.
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
@@ -237,7 +238,8 @@ fn device_literal(device: &DeviceSpec) -> String {
     )
 }
 
-fn attribute_literal(attr: &DeviceAttribute) -> String {
+/// The CEL literal of a device attribute (`semver("9.0.0")` for versions).
+pub fn attribute_literal(attr: &DeviceAttribute) -> String {
     if let Some(s) = &attr.string {
         cel_string(s)
     } else if let Some(i) = attr.int {

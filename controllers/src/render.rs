@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_apis::ModelDeployment;
+use flotilla_apis::cel::{attribute_literal, cel_string};
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::constants::labels;
 use flotilla_apis::deployment::{DeviceAlternative, TopologyType};
@@ -70,29 +71,19 @@ fn pod_labels(md: &ModelDeployment, pool: &str, role: Option<&str>) -> BTreeMap<
 /// CEL that pins devices to the class: its driver and its identity attributes.
 pub fn class_selectors(class: &InferenceClassSpec) -> Vec<String> {
     let d = &class.device;
-    let mut out = vec![format!("device.driver == {}", cel_str(&d.driver))];
+    let mut out = vec![format!("device.driver == {}", cel_string(&d.driver))];
     for (name, attr) in d.identity_attributes() {
         let (domain, short) = name.rsplit_once('/').unwrap_or((d.driver.as_str(), name.as_str()));
-        let lhs = format!("device.attributes[{}].{short}", cel_str(domain));
-        let rhs = if let Some(s) = &attr.string {
-            cel_str(s)
-        } else if let Some(i) = attr.int {
-            i.to_string()
-        } else if let Some(b) = attr.bool {
-            b.to_string()
-        } else if let Some(v) = &attr.version {
-            out.push(format!("{lhs}.compareTo(semver({})) == 0", cel_str(v)));
-            continue;
+        let lhs = format!("device.attributes[{}].{short}", cel_string(domain));
+        let rhs = attribute_literal(attr);
+        // Versions compare with compareTo, as DRA's semver values do not support `==`.
+        out.push(if attr.version.is_some() {
+            format!("{lhs}.compareTo({rhs}) == 0")
         } else {
-            continue;
-        };
-        out.push(format!("{lhs} == {rhs}"));
+            format!("{lhs} == {rhs}")
+        });
     }
     out
-}
-
-fn cel_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// Everything one member runs for a deployment, in apply order.

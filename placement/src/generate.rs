@@ -15,8 +15,8 @@ use flotilla_apis::common::{
     SecretRef, Sovereignty, TaintEffect, TolerationOperator,
 };
 use flotilla_apis::deployment::{
-    CelExpression, ClusterPlacement, DeviceAlternative, DeviceRequest, Engine, ModelSource, PlacementPolicy, RoleName,
-    SplitStrategy, Spread, SpreadDomain, Topology, TopologyRole, TopologyType,
+    CelExpression, DeviceAlternative, DeviceRequest, Engine, ModelSource, PlacementPolicy, RoleName, SplitStrategy,
+    Spread, SpreadDomain, Topology, TopologyRole, TopologyType,
 };
 use flotilla_apis::{
     CapacityType, FleetObject, InferenceClass, InferenceClassSpec, InferenceCluster, InferenceClusterSpec,
@@ -61,19 +61,7 @@ pub fn with_current(snapshot: &FleetSnapshot, plan: &Plan) -> FleetSnapshot {
         plan.deployments.iter().map(|d| ((d.namespace.as_str(), d.name.as_str()), d)).collect();
     for d in &mut next.deployments {
         let Some(p) = by_name.get(&(d.namespace.as_str(), d.name.as_str())) else { continue };
-        d.current = p
-            .assignments
-            .iter()
-            .map(|a| ClusterPlacement {
-                cluster: a.cluster.clone(),
-                pool: a.pool.clone(),
-                class: a.class.clone(),
-                capacity_type: a.capacity_type,
-                fallback_rank: a.fallback_rank as i32,
-                desired: a.replicas as i32,
-                ready: a.replicas as i32,
-            })
-            .collect();
+        d.current = p.assignments.iter().map(|a| a.to_placement(a.replicas as i32)).collect();
     }
     next
 }

@@ -70,6 +70,23 @@ impl Reason {
     }
 }
 
+impl Reason {
+    /// Whether the reason is a cluster-level rule (selector, sovereignty, readiness, cordon,
+    /// taints) rather than a lack of devices, capacity or budget.
+    pub fn is_static(self) -> bool {
+        matches!(
+            self,
+            Self::ClusterSelectorMismatch
+                | Self::JurisdictionNotAllowed
+                | Self::RegionNotAllowed
+                | Self::RegionDenied
+                | Self::ClusterNotReady
+                | Self::ClusterCordoned
+                | Self::TaintNotTolerated
+        )
+    }
+}
+
 impl std::fmt::Display for Reason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -156,6 +173,21 @@ pub struct Assignment {
     pub replicas: u32,
     /// Cost of these replicas, millionths of a dollar per hour.
     pub cost_micros_per_hour: u64,
+}
+
+impl Assignment {
+    /// The assignment as a status placement, with `ready` replicas observed.
+    pub fn to_placement(&self, ready: i32) -> flotilla_apis::deployment::ClusterPlacement {
+        flotilla_apis::deployment::ClusterPlacement {
+            cluster: self.cluster.clone(),
+            pool: self.pool.clone(),
+            class: self.class.clone(),
+            capacity_type: self.capacity_type,
+            fallback_rank: self.fallback_rank as i32,
+            desired: self.replicas as i32,
+            ready,
+        }
+    }
 }
 
 /// Why a cluster took no replica.

@@ -289,16 +289,7 @@ impl<'s> Checker<'s> {
             if dp.unplaced == 0 && dp.assignments.iter().any(|a| a.cluster == r.cluster) {
                 return Err(format!("{} took replicas, all were placed, yet it is listed as rejected", r.cluster));
             }
-            let statically = matches!(
-                r.reason,
-                Reason::ClusterSelectorMismatch
-                    | Reason::JurisdictionNotAllowed
-                    | Reason::RegionNotAllowed
-                    | Reason::RegionDenied
-                    | Reason::ClusterNotReady
-                    | Reason::ClusterCordoned
-                    | Reason::TaintNotTolerated
-            );
+            let statically = r.reason.is_static();
             // A cordon or NoSchedule taint keeps running replicas but refuses new ones: naming
             // it is truthful for a cluster that only kept what it ran.
             let keeps_only = match r.reason {

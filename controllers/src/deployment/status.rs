@@ -53,15 +53,7 @@ pub fn desired(
     let mut placements: Vec<ClusterPlacement> = plan
         .assignments
         .iter()
-        .map(|a| ClusterPlacement {
-            cluster: a.cluster.clone(),
-            pool: a.pool.clone(),
-            class: a.class.clone(),
-            capacity_type: a.capacity_type,
-            fallback_rank: a.fallback_rank as i32,
-            desired: a.replicas as i32,
-            ready: observed.running.get(&(a.cluster.clone(), a.pool.clone())).map_or(0, |r| r.ready),
-        })
+        .map(|a| a.to_placement(observed.running.get(&(a.cluster.clone(), a.pool.clone())).map_or(0, |r| r.ready)))
         .collect();
     // Replicas still running where the plan no longer wants them (draining, make-before-break).
     for ((cluster, pool), r) in &observed.running {
@@ -92,18 +84,7 @@ pub fn desired(
             placed_message(plan),
         )
     } else {
-        let eligible = plan.rejections.iter().any(|r| {
-            !matches!(
-                r.reason,
-                Reason::ClusterSelectorMismatch
-                    | Reason::JurisdictionNotAllowed
-                    | Reason::RegionNotAllowed
-                    | Reason::RegionDenied
-                    | Reason::ClusterNotReady
-                    | Reason::ClusterCordoned
-                    | Reason::TaintNotTolerated
-            )
-        });
+        let eligible = plan.rejections.iter().any(|r| !r.reason.is_static());
         let why = if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
             reason::COST_CEILING_EXCEEDED
         } else if eligible || plan.desired > plan.unplaced {
