@@ -143,6 +143,15 @@ impl ReplicaShape {
         Some(free)
     }
 
+    /// Whether one more replica fits in `free` (no allocation for single-pod replicas).
+    pub fn fits(&self, free: &[u32]) -> bool {
+        if self.pods.len() == 1 {
+            let pod = self.pods[0];
+            return free.iter().any(|f| *f >= pod);
+        }
+        self.take(free).is_some()
+    }
+
     /// How many replicas fit in `free`, up to `cap`.
     pub fn count(&self, free: &[u32], cap: u32) -> u32 {
         if self.pods.len() == 1 && !self.distinct_nodes {

@@ -89,13 +89,35 @@ fn selector_ok(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
 /// replicas, a `NoExecute` taint does not. With `detail` false the verdicts carry reasons but
 /// no words.
 pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool, detail: bool) -> Vec<Verdict> {
-    let vb = Verdicts { detail };
     let mut out = Vec::with_capacity(5);
-    let mut push = |v: Verdict| {
+    static_check(policy, cluster, sticky, detail, |v| {
         let ok = v.pass;
         out.push(v);
         ok
-    };
+    });
+    out
+}
+
+/// The first static filter that refuses the cluster, if any; allocation-free (the solver's
+/// hot path).
+pub fn first_refusal(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool) -> Option<Reason> {
+    let mut refusal = None;
+    static_check(policy, cluster, sticky, false, |v| {
+        refusal = v.reason;
+        v.pass
+    });
+    refusal
+}
+
+/// Runs the filters in order, handing each verdict to `push` until it returns false.
+fn static_check(
+    policy: &PlacementPolicy,
+    cluster: &ClusterView,
+    sticky: bool,
+    detail: bool,
+    mut push: impl FnMut(Verdict) -> bool,
+) {
+    let vb = Verdicts { detail };
     let sel = match &policy.cluster_selector {
         None => vb.pass("selector", || "no cluster selector"),
         Some(s) if selector_ok(s, &cluster.labels) => vb.pass("selector", || "labels match"),
@@ -104,7 +126,7 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         }),
     };
     if !push(sel) {
-        return out;
+        return;
     }
     let sov = match &policy.sovereignty {
         None => vb.pass("sovereignty", || "no sovereignty policy"),
@@ -127,7 +149,7 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         }
     };
     if !push(sov) {
-        return out;
+        return;
     }
     let ready = if !cluster.ready {
         vb.fail("readiness", Reason::ClusterNotReady, || {
@@ -139,7 +161,7 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         vb.pass("readiness", || if cluster.cordoned { "cordoned, but already runs here" } else { "Ready" })
     };
     if !push(ready) {
-        return out;
+        return;
     }
     let untolerated = cluster.taints.iter().find(|t| {
         let blocking = match t.effect {
@@ -156,7 +178,6 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
         None => vb.pass("taints", || if cluster.taints.is_empty() { "no taints" } else { "all taints tolerated" }),
     };
     push(taints);
-    out
 }
 
 /// Whether a cluster has a `PreferNoSchedule` taint the policy does not tolerate.

@@ -2,8 +2,6 @@
 //! ceiling, spread skew, free devices), and turning the final state into a deployment plan
 //! with assignments, unmet minimums, per-cluster rejections and, on request, explanations.
 
-use std::collections::BTreeMap;
-
 use flotilla_apis::deployment::SpreadDomain;
 
 use super::{Blocks, Candidate, Ctx};
@@ -20,7 +18,8 @@ pub(super) struct Placing {
     pub cost: u64,
     pub max_cost: Option<u64>,
     pub per_rank: Vec<u32>,
-    pub domains: BTreeMap<String, u32>,
+    /// Replicas per spread domain (by the domain's index).
+    pub domains: Vec<u32>,
     pub blocks: Blocks,
 }
 
@@ -36,11 +35,46 @@ pub(super) fn stage(reason: Reason) -> u8 {
     }
 }
 
-fn domain(cluster: &ClusterView, by: SpreadDomain) -> String {
+fn domain(cluster: &ClusterView, by: SpreadDomain) -> &str {
     match by {
-        SpreadDomain::Cluster => cluster.name.clone(),
-        SpreadDomain::Region => cluster.region.clone(),
-        SpreadDomain::Zone => cluster.zones.first().cloned().unwrap_or_else(|| cluster.region.clone()),
+        SpreadDomain::Cluster => &cluster.name,
+        SpreadDomain::Region => &cluster.region,
+        SpreadDomain::Zone => cluster.zones.first().unwrap_or(&cluster.region),
+    }
+}
+
+/// Spread domains as small integers, computed once per solve: per kind of domain, each
+/// cluster's domain index and the domains' names.
+pub(super) struct DomainIndex {
+    by_kind: [(Vec<usize>, Vec<String>); 3],
+}
+
+impl DomainIndex {
+    pub(super) fn new(clusters: &[ClusterView]) -> Self {
+        let index = |by: SpreadDomain| {
+            let mut names: Vec<String> = Vec::new();
+            let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+            let ix = clusters
+                .iter()
+                .map(|c| {
+                    let name = domain(c, by);
+                    *seen.entry(name).or_insert_with(|| {
+                        names.push(name.to_string());
+                        names.len() - 1
+                    })
+                })
+                .collect();
+            (ix, names)
+        };
+        Self { by_kind: [index(SpreadDomain::Cluster), index(SpreadDomain::Zone), index(SpreadDomain::Region)] }
+    }
+
+    pub(super) fn of(&self, by: SpreadDomain) -> &(Vec<usize>, Vec<String>) {
+        match by {
+            SpreadDomain::Cluster => &self.by_kind[0],
+            SpreadDomain::Zone => &self.by_kind[1],
+            SpreadDomain::Region => &self.by_kind[2],
+        }
     }
 }
 
@@ -55,20 +89,17 @@ impl Ctx<'_, '_> {
         d: &DeploymentView,
     ) -> bool {
         let clusters = &self.snapshot.clusters;
-        let min_domain = spread.map(|(by, _)| {
-            // Domains that can still take a replica, with their counts (0 if none yet).
-            let mut eligible: BTreeMap<String, u32> = BTreeMap::new();
-            for c in &state.candidates {
-                if shape.take(&self.free[c.cluster][c.pool]).is_some() {
-                    let key = domain(&clusters[c.cluster], by);
-                    let count = state.domains.get(&key).copied().unwrap_or(0);
-                    eligible.insert(key, count);
-                }
-            }
-            // None when nothing can take a replica: then the pool's own refusal is the reason.
-            eligible.values().copied().min()
+        let spread_ix = spread.map(|(by, skew)| (self.domains.of(by), skew));
+        // The emptiest domain that can still take a replica; None when nothing can take one
+        // (then the pool's own refusal is the reason).
+        let min_domain = spread_ix.and_then(|((ix, _), _)| {
+            state
+                .candidates
+                .iter()
+                .filter(|c| shape.fits(&self.free[c.cluster][c.pool]))
+                .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
+                .min()
         });
-        let min_domain = min_domain.flatten();
         for &i in ids {
             *self.evaluations += 1;
             let c = &state.candidates[i];
@@ -100,10 +131,11 @@ impl Ctx<'_, '_> {
                 );
                 continue;
             }
-            let domain_key = spread.map(|(by, _)| domain(&clusters[ci], by));
-            if let (Some((_, skew)), Some(key), Some(min)) = (spread, &domain_key, min_domain) {
-                let count = state.domains.get(key).copied().unwrap_or(0);
+            let domain_key = spread_ix.map(|((ix, _), _)| ix[ci]);
+            if let (Some(((_, names), skew)), Some(dix), Some(min)) = (spread_ix, domain_key, min_domain) {
+                let count = state.domains.get(dix).copied().unwrap_or(0);
                 if count + 1 > min + skew {
+                    let key = names.get(dix).map_or("", String::as_str);
                     state.blocks.insert(
                         ci,
                         (
@@ -130,8 +162,10 @@ impl Ctx<'_, '_> {
             state.per_rank[(c.rank - 1) as usize] += 1;
             state.cost += c.replica_price;
             state.remaining -= 1;
-            if let Some(key) = domain_key {
-                *state.domains.entry(key).or_default() += 1;
+            if let Some(dix) = domain_key
+                && let Some(n) = state.domains.get_mut(dix)
+            {
+                *n += 1;
             }
             return true;
         }
@@ -144,7 +178,7 @@ impl Ctx<'_, '_> {
         d: &DeploymentView,
         state: Placing,
         verdicts: Vec<Vec<Verdict>>,
-        static_block: BTreeMap<usize, (Reason, String)>,
+        static_block: Blocks,
         pool_blocks: Blocks,
         _shape: &ReplicaShape,
     ) -> DeploymentPlan {

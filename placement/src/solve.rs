@@ -5,13 +5,11 @@
 //! placements first, then per-alternative minimums, then the rest in fallback order — each one
 //! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling.
 
-use std::collections::BTreeMap;
-
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
 
 use crate::devices::{ClassMatch, DeviceMatcher, ReplicaShape, misfit};
-use crate::filters::{prefers_not, static_verdicts};
+use crate::filters::{first_refusal, prefers_not, static_verdicts};
 use crate::plan::{DeploymentPlan, Plan, Reason, Rejection, Verdict};
 use crate::snapshot::{ClusterView, DeploymentView, FleetSnapshot};
 
@@ -61,6 +59,21 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             .then(a.namespace.cmp(&b.namespace))
             .then(a.name.cmp(&b.name))
     });
+    // Each cluster's position in name order, so ranking compares integers, not strings.
+    let mut by_name: Vec<usize> = (0..snapshot.clusters.len()).collect();
+    by_name.sort_by(|a, b| snapshot.clusters[*a].name.cmp(&snapshot.clusters[*b].name));
+    let mut name_rank = vec![0u32; by_name.len()];
+    for (rank, ci) in by_name.into_iter().enumerate() {
+        name_rank[ci] = rank as u32;
+    }
+    let class_ix: std::collections::HashMap<&str, usize> =
+        snapshot.classes.keys().enumerate().map(|(i, c)| (c.as_str(), i)).collect();
+    let pool_class: Vec<Vec<Option<usize>>> = snapshot
+        .clusters
+        .iter()
+        .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
+        .collect();
+    let domains = place::DomainIndex::new(&snapshot.clusters);
     let mut evaluations = 0u64;
     let mut plan = Plan::default();
     for d in order {
@@ -69,7 +82,16 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             plan.deployments.push(budget_exhausted(d));
             continue;
         }
-        let mut ctx = Ctx { snapshot, free: &mut free, matcher: &mut matcher, evaluations: &mut evaluations, explain };
+        let mut ctx = Ctx {
+            snapshot,
+            free: &mut free,
+            matcher: &mut matcher,
+            evaluations: &mut evaluations,
+            explain,
+            name_rank: &name_rank,
+            pool_class: &pool_class,
+            domains: &domains,
+        };
         plan.deployments.push(ctx.solve_one(d));
     }
     plan
@@ -98,10 +120,38 @@ struct Ctx<'a, 's> {
     matcher: &'a mut DeviceMatcher<'s>,
     evaluations: &'a mut u64,
     explain: bool,
+    name_rank: &'a [u32],
+    /// Per cluster, per pool: the index of the pool's class in `snapshot.classes`.
+    pool_class: &'a [Vec<Option<usize>>],
+    /// Spread domains as indexes.
+    domains: &'a place::DomainIndex,
 }
 
 /// What blocked the last attempt on a cluster, for the rejection report.
-type Blocks = BTreeMap<usize, (Reason, String)>;
+type Blocks = PerCluster<(Reason, String)>;
+
+/// A dense map keyed by cluster index (cheaper than a tree on the solver's hot path).
+pub(super) struct PerCluster<T>(Vec<Option<T>>);
+
+impl<T> PerCluster<T> {
+    fn with_len(n: usize) -> Self {
+        Self(std::iter::repeat_with(|| None).take(n).collect())
+    }
+
+    pub(super) fn get(&self, ci: &usize) -> Option<&T> {
+        self.0.get(*ci).and_then(Option::as_ref)
+    }
+
+    pub(super) fn insert(&mut self, ci: usize, v: T) {
+        if let Some(slot) = self.0.get_mut(ci) {
+            *slot = Some(v);
+        }
+    }
+
+    pub(super) fn contains_key(&self, ci: &usize) -> bool {
+        self.get(ci).is_some()
+    }
+}
 
 impl Ctx<'_, '_> {
     fn solve_one(&mut self, d: &DeploymentView) -> DeploymentPlan {
@@ -114,23 +164,33 @@ impl Ctx<'_, '_> {
         let clusters = &self.snapshot.clusters;
 
         let mut verdicts: Vec<Vec<Verdict>> = Vec::with_capacity(clusters.len());
-        let mut static_block: BTreeMap<usize, (Reason, String)> = BTreeMap::new();
-        let mut pool_blocks: Blocks = BTreeMap::new();
+        let mut static_block: Blocks = PerCluster::with_len(clusters.len());
+        let mut pool_blocks: Blocks = PerCluster::with_len(clusters.len());
         let mut candidates: Vec<Candidate> = Vec::new();
-        // Which classes each alternative accepts: a handful of classes, matched once.
-        let class_matches: Vec<BTreeMap<&str, ClassMatch>> = spec
+        // Which classes each alternative accepts: a handful of classes, matched once, looked up
+        // by the pools' class indexes.
+        let class_matches: Vec<Vec<ClassMatch>> = spec
             .devices
             .alternatives
             .iter()
-            .map(|alt| self.snapshot.classes.keys().map(|c| (c.as_str(), self.matcher.matches(alt, c))).collect())
+            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
             .collect();
         for (ci, cluster) in clusters.iter().enumerate() {
             let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
-            let v = static_verdicts(policy, cluster, sticky_here, self.explain);
-            if let Some(f) = v.iter().find(|v| !v.pass) {
-                // Words only for what is reported (finish() asks again with detail).
-                static_block.insert(ci, (f.reason.unwrap_or(Reason::ClusterNotReady), f.detail.clone()));
-                verdicts.push(v);
+            // Verdicts with words only in explain mode; otherwise just the first refusal
+            // (finish() says the words for what it reports).
+            let v = if self.explain { static_verdicts(policy, cluster, sticky_here, true) } else { Vec::new() };
+            let refusal = if self.explain {
+                v.iter().find(|v| !v.pass).map(|f| f.reason.unwrap_or(Reason::ClusterNotReady))
+            } else {
+                first_refusal(policy, cluster, sticky_here)
+            };
+            if let Some(reason) = refusal {
+                let words = v.iter().find(|v| !v.pass).map(|f| f.detail.clone()).unwrap_or_default();
+                static_block.insert(ci, (reason, words));
+                if self.explain {
+                    verdicts.push(v);
+                }
                 continue;
             }
             let before = candidates.len();
@@ -139,7 +199,7 @@ impl Ctx<'_, '_> {
                 for (ai, accepts) in class_matches.iter().enumerate() {
                     *self.evaluations += 1;
                     let rank = ai as u32 + 1;
-                    let outcome = match accepts.get(pool.class.as_str()) {
+                    let outcome = match self.pool_class[ci][pi].and_then(|ix| accepts.get(ix)) {
                         Some(ClassMatch::Match) => {
                             self.candidate(d, cluster, ci, pi, rank, &shape, &cap_types, max_cost)
                         }
@@ -174,8 +234,10 @@ impl Ctx<'_, '_> {
             if candidates.len() == before && cluster.pools.is_empty() {
                 pool_blocks.insert(ci, (Reason::NoMatchingDevices, "cluster has no pools".into()));
             }
-            v.extend(device_verdicts);
-            verdicts.push(v);
+            if self.explain {
+                v.extend(device_verdicts);
+                verdicts.push(v);
+            }
         }
         candidates.sort_by(|a, b| {
             (b.sticky_quota > 0)
@@ -183,7 +245,7 @@ impl Ctx<'_, '_> {
                 .then(a.prefer_not.cmp(&b.prefer_not))
                 .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
                 .then(a.replica_price.cmp(&b.replica_price))
-                .then(clusters[a.cluster].name.cmp(&clusters[b.cluster].name))
+                .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
                 .then(a.pool.cmp(&b.pool))
                 .then(a.rank.cmp(&b.rank))
         });
@@ -194,8 +256,8 @@ impl Ctx<'_, '_> {
             cost: 0,
             max_cost,
             per_rank: vec![0; spec.devices.alternatives.len()],
-            domains: BTreeMap::new(),
-            blocks: Blocks::new(),
+            domains: vec![0; clusters.len()],
+            blocks: PerCluster::with_len(clusters.len()),
         };
         let spread = policy.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32));
         let proportional = policy.split == Some(SplitStrategy::Proportional);
@@ -308,7 +370,7 @@ impl Ctx<'_, '_> {
             .map(|p| p.desired.max(0) as u32)
             .sum();
         let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
-        let sticky_only = static_verdicts(&d.spec.placement, cluster, false, false).iter().any(|v| !v.pass);
+        let sticky_only = first_refusal(&d.spec.placement, cluster, false).is_some();
         Ok(Candidate {
             cluster: ci,
             pool: pi,

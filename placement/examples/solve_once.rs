@@ -1,0 +1,22 @@
+//! Solves one generated fleet once and prints how long it took: a target for profilers
+//! (`perf record -g target/release/examples/solve_once 1000 5000 1`).
+
+use std::time::Instant;
+
+use flotilla_placement::generate::{GenSpec, generate};
+use flotilla_placement::{SolveOptions, solve};
+
+fn main() {
+    let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (clusters, deployments, seed) = match args.as_slice() {
+        [c, d, s] => (*c as usize, *d as usize, *s),
+        _ => (1000, 5000, 1),
+    };
+    let snap = generate(&GenSpec { clusters, deployments, seed });
+    let start = Instant::now();
+    let plan = solve(&snap, &SolveOptions::default());
+    let took = start.elapsed();
+    let placed: u32 = plan.deployments.iter().flat_map(|d| &d.assignments).map(|a| a.replicas).sum();
+    let rejections: usize = plan.deployments.iter().map(|d| d.rejections.len()).sum();
+    println!("{clusters} x {deployments}: {took:?}, {placed} replicas placed, {rejections} rejections");
+}
