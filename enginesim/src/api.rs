@@ -22,7 +22,13 @@ pub fn router(state: Arc<SimState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        .route(
+            "/v1/embeddings",
+            post(|State(s): State<Arc<SimState>>, req: Request| async move {
+                let r = embeddings(s.clone(), req).await;
+                with_extra_headers(&s, r)
+            }),
+        )
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(|State(s): State<Arc<SimState>>| async move { crate::metrics::render(&s) }))
@@ -37,11 +43,71 @@ fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Respons
 }
 
 async fn chat(State(s): State<Arc<SimState>>, req: Request) -> Response {
-    infer(s, req, Kind::Chat).await
+    let r = if s.config.fixed_response {
+        fixed(&s, req, Kind::Chat).await
+    } else {
+        infer(s.clone(), req, Kind::Chat).await
+    };
+    with_extra_headers(&s, r)
 }
 
 async fn completions(State(s): State<Arc<SimState>>, req: Request) -> Response {
-    infer(s, req, Kind::Completion).await
+    let r = if s.config.fixed_response {
+        fixed(&s, req, Kind::Completion).await
+    } else {
+        infer(s.clone(), req, Kind::Completion).await
+    };
+    with_extra_headers(&s, r)
+}
+
+/// `--response-header` values added to an inference response (appended, so a header the
+/// simulator already set is sent twice).
+fn with_extra_headers(s: &SimState, mut r: Response) -> Response {
+    for h in &s.config.response_headers {
+        let Some((name, value)) = h.split_once(':') else { continue };
+        let name = header::HeaderName::from_bytes(name.trim().as_bytes());
+        if let (Ok(n), Ok(v)) = (name, HeaderValue::from_str(value.trim())) {
+            r.headers_mut().append(n, v);
+        }
+    }
+    r
+}
+
+/// The `--fixed-response` answer: one token, no queueing, no log.
+async fn fixed(s: &SimState, req: Request, kind: Kind) -> Response {
+    let Ok(body) = axum::body::to_bytes(req.into_body(), 64 << 20).await else {
+        return error(StatusCode::BAD_REQUEST, "BadRequestError", "bad_body", "unreadable body".into());
+    };
+    s.completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let model = s.config.models.first().map(String::as_str).unwrap_or("sim-model");
+    let key = b"\"stream\":";
+    let stream = body
+        .windows(key.len())
+        .position(|w| w == key)
+        .is_some_and(|i| body[i + key.len()..].trim_ascii_start().starts_with(b"true"));
+    let (object, part, delta) = match kind {
+        Kind::Chat => {
+            ("chat.completion", r#""message":{"role":"assistant","content":"ok"}"#, r#""delta":{"content":"ok"}"#)
+        }
+        Kind::Completion => ("text_completion", r#""text":"ok""#, r#""text":"ok""#),
+    };
+    let usage = r#""usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}"#;
+    if !stream {
+        let body = format!(
+            r#"{{"id":"fixed","object":"{object}","created":0,"model":"{model}","choices":[{{"index":0,{part},"finish_reason":"stop"}}],{usage}}}"#
+        );
+        return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    }
+    let chunk = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let body = format!(
+        "data: {{\"id\":\"fixed\",\"object\":\"{chunk}\",\"created\":0,\"model\":\"{model}\",\"choices\":[{{\"index\":0,{delta},\"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n"
+    );
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+/// A request's headers as `(name, value)` pairs, in arrival order.
+fn header_list(h: &header::HeaderMap) -> Vec<(String, String)> {
+    h.iter().map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect()
 }
 
 fn prompt_of(v: &Value, kind: Kind) -> String {
@@ -59,8 +125,9 @@ fn prompt_of(v: &Value, kind: Kind) -> String {
     }
 }
 
-async fn read_json(s: &SimState, req: Request) -> Result<(Value, String), Response> {
+async fn read_json(s: &SimState, req: Request) -> Result<(Value, String, Vec<(String, String)>), Response> {
     let path = req.uri().path().to_string();
+    let headers = header_list(req.headers());
     let body = axum::body::to_bytes(req.into_body(), 64 << 20)
         .await
         .map_err(|e| error(StatusCode::BAD_REQUEST, "BadRequestError", "bad_body", e.to_string()))?;
@@ -68,11 +135,11 @@ async fn read_json(s: &SimState, req: Request) -> Result<(Value, String), Respon
         .map_err(|e| error(StatusCode::BAD_REQUEST, "BadRequestError", "invalid_json", e.to_string()))?;
     let model = v["model"].as_str().unwrap_or_default().to_string();
     if !s.config.models.contains(&model) {
-        s.record(&path, &model, String::new());
+        s.record(&path, &model, String::new(), headers);
         let msg = format!("The model `{model}` does not exist.");
         return Err(error(StatusCode::NOT_FOUND, "NotFoundError", "model_not_found", msg));
     }
-    Ok((v, path))
+    Ok((v, path, headers))
 }
 
 /// The response for a fault that replaces the answer, if `fault` is one.
@@ -123,14 +190,14 @@ fn context_error(model: &str, requested: u64) -> Response {
 
 async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
     let kill = req.extensions().get::<ConnKill>().cloned();
-    let (v, path) = match read_json(&s, req).await {
+    let (v, path, headers) = match read_json(&s, req).await {
         Ok(x) => x,
         Err(r) => return r,
     };
     let model = v["model"].as_str().unwrap_or_default().to_string();
     let prompt = prompt_of(&v, kind);
     let head = prompt.split_whitespace().take(8).collect::<Vec<_>>().join(" ");
-    s.record(&path, &model, head);
+    s.record(&path, &model, head, headers);
     let fault = s.take_fault();
     if let Some(r) = fault_response(fault, kill, &model).await {
         return r;
@@ -179,9 +246,9 @@ async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
     r
 }
 
-async fn embeddings(State(s): State<Arc<SimState>>, req: Request) -> Response {
+async fn embeddings(s: Arc<SimState>, req: Request) -> Response {
     let kill = req.extensions().get::<ConnKill>().cloned();
-    let (v, path) = match read_json(&s, req).await {
+    let (v, path, headers) = match read_json(&s, req).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -191,7 +258,7 @@ async fn embeddings(State(s): State<Arc<SimState>>, req: Request) -> Response {
         Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string())).collect(),
         _ => Vec::new(),
     };
-    s.record(&path, &model, inputs.first().cloned().unwrap_or_default());
+    s.record(&path, &model, inputs.first().cloned().unwrap_or_default(), headers);
     if let Some(r) = fault_response(s.take_fault(), kill, &model).await {
         return r;
     }

@@ -58,6 +58,15 @@ pub struct SimConfig {
     /// Inject the fault this many times, then behave (absent: every request).
     #[arg(long)]
     pub fault_count: Option<u32>,
+    /// A header `NAME:VALUE` added to every inference response (repeat the flag for several),
+    /// e.g. hop-by-hop headers that a proxy in front must not pass on.
+    #[arg(long = "response-header", value_name = "NAME:VALUE")]
+    pub response_headers: Vec<String>,
+    /// Answer every inference request at once with a fixed one-token answer (streamed or not),
+    /// skipping faults, queueing, the prefix cache and the request log: a fast upstream for
+    /// measuring a proxy's own throughput.
+    #[arg(long)]
+    pub fixed_response: bool,
 }
 
 impl Default for SimConfig {
@@ -77,6 +86,8 @@ impl Default for SimConfig {
             seed: 0,
             fault: None,
             fault_count: None,
+            response_headers: Vec::new(),
+            fixed_response: false,
         }
     }
 }

@@ -40,6 +40,8 @@ pub struct RequestRecord {
     pub at: Instant,
     /// The first prompt words (for prefix-affinity tests).
     pub prompt_head: String,
+    /// The request headers as received, lower-case names in arrival order.
+    pub headers: Vec<(String, String)>,
 }
 
 /// Shared state of one simulated engine.
@@ -106,8 +108,9 @@ impl SimState {
         }
     }
 
-    pub(crate) fn record(&self, path: &str, model: &str, prompt_head: String) {
-        lock(&self.log).push(RequestRecord { path: path.into(), model: model.into(), at: Instant::now(), prompt_head });
+    pub(crate) fn record(&self, path: &str, model: &str, prompt_head: String, headers: Vec<(String, String)>) {
+        let r = RequestRecord { path: path.into(), model: model.into(), at: Instant::now(), prompt_head, headers };
+        lock(&self.log).push(r);
     }
 
     /// Every inference request received so far, in arrival order.

@@ -91,6 +91,9 @@ pub struct GatewayConfig {
     /// Largest request head (request line and headers), in bytes.
     #[arg(long, default_value_t = 64 << 10)]
     pub max_header_bytes: usize,
+    /// Most request header fields accepted (each repeated field counts); more get 431.
+    #[arg(long, default_value_t = 100)]
+    pub max_headers: usize,
     /// Requests served at once; more get 503 with `Retry-After`.
     #[arg(long, default_value_t = 1024)]
     pub max_concurrency: usize,

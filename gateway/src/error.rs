@@ -24,6 +24,16 @@ pub enum GatewayError {
     /// The request body is above the limit.
     #[error("request body is larger than {0} bytes: send a shorter prompt or raise --max-body-bytes")]
     TooLarge(usize),
+    /// The request has more header fields than the limit.
+    #[error(
+        "the request has {count} header fields, more than the gateway accepts ({limit}): send fewer headers or raise --max-headers"
+    )]
+    TooManyHeaders {
+        /// Header fields received.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// No or a wrong API key.
     #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key the gateway was started with")]
     Unauthorized,
@@ -81,6 +91,7 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::UnknownModel(_) | GatewayError::NoRoute(_) => StatusCode::NOT_FOUND,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -96,6 +107,7 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
             GatewayError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
+            GatewayError::TooManyHeaders { .. } => ("invalid_request_error", "too_many_headers"),
             GatewayError::Unauthorized => ("authentication_error", "invalid_api_key"),
             GatewayError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             GatewayError::NoRoute(_) => ("invalid_request_error", "unknown_url"),
@@ -149,6 +161,9 @@ mod tests {
         assert_eq!(GatewayError::UnknownModel("x".into()).status(), StatusCode::NOT_FOUND);
         assert_eq!(GatewayError::UnknownModel("x".into()).body()["error"]["param"], "model");
         assert_eq!(GatewayError::Unauthorized.status(), StatusCode::UNAUTHORIZED);
+        let headers = GatewayError::TooManyHeaders { count: 101, limit: 100 };
+        assert_eq!(headers.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(headers.body()["error"]["code"], "too_many_headers");
         let up = GatewayError::Upstream { model: "m".into(), reason: "reset".into() };
         assert_eq!(up.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(up.body()["error"]["code"], "upstream_failed");

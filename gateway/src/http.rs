@@ -3,6 +3,7 @@
 //! proxy serves them. Also `/v1/models` (the routing table's models and aliases), `/healthz`,
 //! `/readyz` and `/metrics`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -39,6 +40,7 @@ pub fn app(st: Arc<AppState>) -> axum::Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(|uri: Uri| async move { GatewayError::NoRoute(uri.path().chars().take(200).collect()) })
+        .layer(middleware::from_fn_with_state(st.clone(), header_limit))
         .layer(middleware::from_fn(request_id))
         .with_state(st)
 }
@@ -64,6 +66,16 @@ async fn request_id(mut req: Request, next: Next) -> Response {
     resp
 }
 
+/// More than `--max-headers` header fields: 431 before any routing. (The server's parser
+/// itself stops at four times the limit with a bare 431; `--max-header-bytes` bounds the head.)
+async fn header_limit(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let count = req.headers().len();
+    if count > st.cfg.max_headers {
+        return GatewayError::TooManyHeaders { count, limit: st.cfg.max_headers }.into_response();
+    }
+    next.run(req).await
+}
+
 fn outcome(status: StatusCode) -> Outcome {
     match status.as_u16() {
         200..=299 => Outcome::ok,
@@ -83,23 +95,35 @@ async fn infer(State(st): State<Arc<AppState>>, endpoint: Endpoint, req: Request
     resp
 }
 
-/// The prompt text that prefix affinity hashes.
-fn prompt_text(endpoint: Endpoint, v: &Value) -> String {
-    let text = |x: &Value| match x {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => {
-            parts.iter().filter_map(|p| p["text"].as_str().or(p.as_str())).collect::<Vec<_>>().join(" ")
+/// The prompt text that prefix affinity hashes, cut short once it is `limit` bytes long (its
+/// first `limit` bytes are the same as the whole text's).
+fn prompt_text(endpoint: Endpoint, v: &Value, limit: usize) -> String {
+    fn text(x: &Value) -> Cow<'_, str> {
+        match x {
+            Value::String(s) => Cow::Borrowed(s.as_str()),
+            Value::Array(parts) => {
+                Cow::Owned(parts.iter().filter_map(|p| p["text"].as_str().or(p.as_str())).collect::<Vec<_>>().join(" "))
+            }
+            _ => Cow::Borrowed(""),
         }
-        _ => String::new(),
-    };
-    match endpoint {
-        Endpoint::chat_completions => v["messages"]
-            .as_array()
-            .map(|ms| ms.iter().map(|m| text(&m["content"])).collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default(),
-        Endpoint::completions => text(&v["prompt"]),
-        Endpoint::embeddings => String::new(),
     }
+    let mut out = String::new();
+    match endpoint {
+        Endpoint::chat_completions => {
+            for (i, m) in v["messages"].as_array().into_iter().flatten().enumerate() {
+                if out.len() >= limit {
+                    break;
+                }
+                if i > 0 {
+                    out.push('\n');
+                }
+                out.push_str(&text(&m["content"]));
+            }
+        }
+        Endpoint::completions => out.push_str(&text(&v["prompt"])),
+        Endpoint::embeddings => {}
+    }
+    out
 }
 
 async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String, Result<Response, GatewayError>) {
@@ -139,10 +163,10 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String
     };
     let stream = endpoint != Endpoint::embeddings && v["stream"].as_bool() == Some(true);
     let key = match st.cfg.routing {
-        RoutingMode::Prefix => prefix_key(&prompt_text(endpoint, &v), st.cfg.prefix_bytes),
+        RoutingMode::Prefix => prefix_key(&prompt_text(endpoint, &v, st.cfg.prefix_bytes), st.cfg.prefix_bytes),
         _ => None,
     };
-    let p = Prepared { endpoint, body: v, stream, key, request_id, model: model.clone() };
+    let p = Prepared { endpoint, body: v, raw: bytes, stream, key, request_id, model: model.clone() };
     (model, proxy::serve(st, p, permit).await)
 }
 
@@ -173,4 +197,25 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let ct = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     ([(header::CONTENT_TYPE, ct)], st.metrics.render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_short_prompt_has_the_whole_prompts_prefix_key() {
+        let long = "word ".repeat(400);
+        let v = json!({"messages": [
+            {"role": "system", "content": long},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ]});
+        let whole = format!("{long}\na b");
+        let cut = prompt_text(Endpoint::chat_completions, &v, 256);
+        assert!(cut.len() < whole.len(), "the text is cut once it is long enough");
+        assert_eq!(prefix_key(&cut, 256), prefix_key(&whole, 256));
+        let short = json!({"messages": [{"content": "x"}, {"content": [{"text": "y"}, "z"]}]});
+        assert_eq!(prompt_text(Endpoint::chat_completions, &short, 256), "x\ny z");
+        assert_eq!(prompt_text(Endpoint::completions, &json!({"prompt": ["p", "q"]}), 256), "p q");
+    }
 }

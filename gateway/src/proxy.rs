@@ -32,8 +32,10 @@ pub const MODEL_HEADER: &str = "x-flotilla-model";
 pub struct Prepared {
     /// Which API.
     pub endpoint: Endpoint,
-    /// The JSON body (its `model` is rewritten per attempt).
+    /// The JSON body (its `model` is rewritten when it is not the serving model's name).
     pub body: serde_json::Value,
+    /// The body as the client sent it, forwarded as is when `model` needs no rewrite.
+    pub raw: Bytes,
     /// `stream: true`.
     pub stream: bool,
     /// Prefix-affinity key.
@@ -140,9 +142,13 @@ async fn try_model(
     if routes.is_empty() {
         return Err(ModelError::Failed(unavailable(format!("no ready cluster of `{}` is within its policy", m.name))));
     }
-    let mut body = p.body.clone();
-    body["model"] = serde_json::Value::String(m.name.clone());
-    let bytes = Bytes::from(body.to_string());
+    let bytes = if p.body["model"].as_str() == Some(m.name.as_str()) {
+        p.raw.clone()
+    } else {
+        let mut body = p.body.clone();
+        body["model"] = serde_json::Value::String(m.name.clone());
+        Bytes::from(body.to_string())
+    };
     let healths: Vec<Arc<ClusterHealth>> = routes.iter().map(|r| st.health.get(&r.cluster.name)).collect();
     let mut tried: HashMap<&str, Tried> = HashMap::new();
     let (mut attempts, mut last, mut rate_after) = (0u32, None::<Failure>, Duration::ZERO);

@@ -31,6 +31,9 @@ pub async fn run(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .max_buf_size(st.cfg.max_header_bytes.max(8192))
+        // Parse room beyond the limit, so that `http::header_limit` answers an over-limit
+        // request with an OpenAI-shaped 431 instead of the parser's bare one.
+        .max_headers(st.cfg.max_headers.saturating_mul(4).max(st.cfg.max_headers + 1))
         .timer(TokioTimer::new())
         .header_read_timeout(Some(Duration::from_secs(30)));
     tokio::pin!(shutdown);

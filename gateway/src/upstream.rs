@@ -170,7 +170,9 @@ pub async fn attempt(client: &Client, out: Outgoing<'_>) -> Result<Success, Fail
             Ok(Err(e)) => return Err(Failure::Reset(e.to_string())),
             Ok(Ok(c)) => c.to_bytes(),
         };
-        if serde_json::from_slice::<serde_json::Value>(&body).map(|v| v.is_object()).unwrap_or(false) {
+        // Valid JSON whose first token is `{`, checked without building a tree.
+        let object = body.trim_ascii_start().first() == Some(&b'{');
+        if object && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
             return Ok(Success::Full { status, body });
         }
         return Err(Failure::Malformed("the body is not a JSON object".into()));

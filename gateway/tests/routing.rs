@@ -114,3 +114,23 @@ async fn an_eu_only_model_never_reaches_a_us_cluster_even_when_every_eu_cluster_
     let r = post(&gw.url("/v1/chat/completions"), &chat("global-model", "hi")).await;
     assert_eq!((r.status, r.cluster().as_str()), (200, "us-1"));
 }
+
+#[tokio::test]
+async fn a_fixed_response_simulator_serves_plain_and_streamed_answers_through_the_gateway() {
+    // The benchmarks' upstream: it must be a valid answer for the gateway, or they measure errors.
+    let a = sim("a", &["m"], |c| c.fixed_response = true).await;
+    let yaml =
+        format!("{}models:\n  - {{name: m, routes: [{{cluster: a}}]}}\n", clusters_yaml(&[("a", a.url(), "EU")]));
+    let gw = gateway(&yaml, |_| {}).await;
+    let r = post(&gw.url("/v1/chat/completions"), &chat("m", "hi")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "ok");
+    let r = post(&gw.url("/v1/chat/completions"), &chat_stream("m", "hi", false)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
+    assert!(!r.text.contains("upstream_"), "the stream ends cleanly: {}", r.text);
+    let r = post(&gw.url("/v1/completions"), &serde_json::json!({"model": "m", "prompt": "x", "stream": true})).await;
+    assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(a.state.completed(), 3);
+    assert_eq!(a.state.request_count(), 0, "the fixed answer skips the request log");
+}
