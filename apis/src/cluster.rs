@@ -173,6 +173,11 @@ pub struct InferenceClusterStatus {
     /// Free devices over all pools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices_free: Option<i64>,
+    /// Whether the member publishes its devices through DRA (`resource.k8s.io/v1`
+    /// ResourceSlices); then replicas request devices with ResourceClaims carrying the
+    /// deployment's CEL selectors, otherwise with `nvidia.com/gpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<bool>,
     /// The member's Kubernetes version (`v1.34.2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,

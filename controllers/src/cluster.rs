@@ -56,6 +56,7 @@ pub fn desired_status(
             next.devices_total = Some(inventory.total());
             next.devices_free = Some(inventory.free());
             next.kubernetes_version = Some(version.clone());
+            next.dra = Some(inventory.dra);
             let reachable = Desired::new(
                 condition::REACHABLE,
                 Status::True,

@@ -19,6 +19,7 @@ fn ok(free: i64) -> Observed {
                 devices_managed: 0,
             }],
             empty_pools: vec![],
+            dra: false,
         },
         version: "v1.36.3".into(),
     }
@@ -79,6 +80,7 @@ fn no_matching_nodes_is_not_ready() {
         inventory: Inventory {
             pools: vec![PoolStatus { name: "h100".into(), class: "h100".into(), ..Default::default() }],
             empty_pools: vec!["h100".into()],
+            dra: false,
         },
         version: "v1.36.3".into(),
     };

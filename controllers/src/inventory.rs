@@ -35,6 +35,9 @@ pub struct Inventory {
     pub pools: Vec<PoolStatus>,
     /// Pools with no ready node.
     pub empty_pools: Vec<String>,
+    /// Whether the devices were found as DRA devices (ResourceSlices) — then workloads ask for
+    /// them with ResourceClaims — rather than as the `nvidia.com/gpu` extended resource.
+    pub dra: bool,
 }
 
 impl Inventory {
@@ -122,13 +125,26 @@ fn gpus_of<'a>(node: &str, pods: impl Iterator<Item = &'a Pod>) -> i64 {
 }
 
 /// Devices allocated through DRA claims from the given driver pools.
-fn claimed(driver: &str, pools: &BTreeSet<String>, claims: &[ResourceClaim]) -> i64 {
-    claims
-        .iter()
-        .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
-        .flat_map(|d| d.results.iter().flatten())
-        .filter(|r| r.driver == driver && pools.contains(&r.pool))
-        .count() as i64
+/// Devices allocated through DRA claims from the given driver pools (all, and Flotilla's:
+/// claims made from Flotilla's templates carry its managed-by label).
+fn claimed(driver: &str, pools: &BTreeSet<String>, claims: &[ResourceClaim]) -> (i64, i64) {
+    let count = |mine: bool| {
+        claims
+            .iter()
+            .filter(|c| {
+                !mine
+                    || c.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(labels::MANAGED_BY))
+                        .is_some_and(|v| v == "flotilla")
+            })
+            .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
+            .flat_map(|d| d.results.iter().flatten())
+            .filter(|r| r.driver == driver && pools.contains(&r.pool))
+            .count() as i64
+    };
+    (count(false), count(true))
 }
 
 /// Observed capacity for every declared pool.
@@ -151,20 +167,23 @@ pub fn observe(
             }
             let name = node.metadata.name.as_deref().unwrap_or("");
             let (pods_all, pods_mine) = pod_gpus(name, &seen.pods);
-            let (devices, allocated) = match class.and_then(|c| dra_devices(c, name, &seen.slices).map(|d| (c, d))) {
-                Some((c, (devices, driver_pools))) => {
-                    (devices, pods_all + claimed(&c.device.driver, &driver_pools, &seen.claims))
-                }
-                None => {
-                    let alloc =
-                        node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(GPU_RESOURCE));
-                    (gpu_quantity(alloc), pods_all)
-                }
-            };
+            let (devices, allocated, mine) =
+                match class.and_then(|c| dra_devices(c, name, &seen.slices).map(|d| (c, d))) {
+                    Some((c, (devices, driver_pools))) => {
+                        out.dra |= devices > 0;
+                        let (claims_all, claims_mine) = claimed(&c.device.driver, &driver_pools, &seen.claims);
+                        (devices, pods_all + claims_all, pods_mine + claims_mine)
+                    }
+                    None => {
+                        let alloc =
+                            node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(GPU_RESOURCE));
+                        (gpu_quantity(alloc), pods_all, pods_mine)
+                    }
+                };
             status.nodes += 1;
             status.devices_total += devices;
             status.devices_allocated += allocated.min(devices);
-            status.devices_managed += pods_mine.min(devices);
+            status.devices_managed += mine.min(devices);
         }
         status.devices_free = status.devices_total - status.devices_allocated;
         if status.nodes == 0 {

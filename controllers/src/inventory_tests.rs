@@ -68,6 +68,7 @@ fn extended_resource_nodes_are_counted_with_pod_requests() {
     assert_eq!(inv.pools[0].devices_allocated, 4, "finished pods free their devices");
     assert_eq!(inv.pools[0].devices_free, 12);
     assert!(inv.empty_pools.is_empty());
+    assert!(!inv.dra, "no ResourceSlices: the extended resource");
 }
 
 #[test]
@@ -79,6 +80,7 @@ fn dra_slices_count_only_devices_matching_the_class() {
     };
     let inv = observe(&pools(), &class(), &seen);
     assert_eq!(inv.pools[0].devices_total, 8, "the A100 devices are not this class");
+    assert!(inv.dra, "devices found through ResourceSlices");
 }
 
 #[test]

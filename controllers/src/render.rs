@@ -122,7 +122,11 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
                     "apiVersion": "resource.k8s.io/v1",
                     "kind": "ResourceClaimTemplate",
                     "metadata": {"name": claim_name, "namespace": ns, "labels": object_labels(md, &[(labels::POOL, w.pool)])},
-                    "spec": {"spec": {"devices": {"requests": [{
+                    "spec": {
+                        // Claims made from the template carry these labels, so members can tell
+                        // the devices Flotilla's replicas hold.
+                        "metadata": {"labels": pod_labels(md, w.pool, role)},
+                        "spec": {"devices": {"requests": [{
                         "name": "gpus",
                         "exactly": {
                             "deviceClassName": w.class.device.driver,

@@ -161,6 +161,22 @@ async fn model_deployment_controller_on_real_api_servers() {
         "the EU model never reaches the US member"
     );
     assert_eq!(running_pods(&members["eu1"], "eu-model").await + running_pods(&members["eu2"], "eu-model").await, 4);
+    // The members publish DRA devices: replicas hold ResourceClaims made from Flotilla's
+    // template (class identity + the deployment's selectors), allocated by the scheduler.
+    let claims = Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(members["eu1"].clone(), "ml")
+        .list(&ListParams::default().labels("flotilla.dev/deployment=ml.eu-model"))
+        .await
+        .unwrap();
+    assert_eq!(claims.items.len(), 2, "one claim per eu1 replica");
+    for c in &claims.items {
+        let results = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref());
+        assert_eq!(results.map_or(0, Vec::len), 4, "4 H100s allocated to {:?}", c.metadata.name);
+    }
     assert_eq!(running_pods(&members["us1"], "eu-model").await, 0);
     assert_eq!(member_deployments(&members["us1"], "us-model").await, BTreeMap::from([("us-model-h100".into(), 3)]));
     for eu in ["eu1", "eu2"] {

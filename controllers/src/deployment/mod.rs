@@ -186,7 +186,8 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             };
             pools.push(PoolWorkload { pool, class, alternative: alt, replicas: *replicas });
         }
-        let dra = false; // members are driven through nvidia.com/gpu until InferenceCluster reports DRA
+        // Members that publish DRA devices get ResourceClaims with the solver's selectors.
+        let dra = ctx.cluster(cluster).and_then(|c| c.status.as_ref()?.dra).unwrap_or(false);
         let objects = if pools.is_empty() { Vec::new() } else { render(&md, &pools, dra) };
         let result = async {
             let w = members::apply(client, &ctx.config.field_manager, &objects, state).await?;
