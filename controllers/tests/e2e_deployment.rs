@@ -299,6 +299,30 @@ async fn model_deployment_controller_on_real_api_servers() {
     })
     .await;
     assert_eq!(running_pods(&members["us1"], "us-model").await, 8, "running replicas are not torn down by the edit");
+    // A selector no device satisfies: the same, naming it.
+    let patch = json!({"spec": {"devices": {"alternatives": [{"selectors": ["device.attributes[\"gpu.nvidia.com\"].productName == \"NVIDIA B200\""]}]}}});
+    api.patch("us-model", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for("us-model names the selector no device matches", Duration::from_secs(30), || async {
+        let s = status_of(&api, "us-model").await;
+        let c = s.conditions.get("Placed")?;
+        (c.status == "False" && c.message.contains("NVIDIA B200")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        running_pods(&members["us1"], "us-model").await,
+        8,
+        "nothing torn down by a selector that matches nothing"
+    );
+    // Placement changes were recorded as events on the ModelDeployment.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(control.clone(), "ml")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events.items.iter().any(|e| e.reason.as_deref() == Some("PlacementChanged")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("us-model")),
+        "a PlacementChanged event for us-model"
+    );
     ctl.kill();
     let logs = ctl.logs();
     assert!(!logs.contains("client-key-data"), "no credentials in logs");

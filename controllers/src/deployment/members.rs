@@ -71,7 +71,17 @@ pub async fn observe(client: &Client, md: &ModelDeployment) -> Result<MemberStat
             state.hashes.insert(id("Deployment", &d.name_any()), h.clone());
         }
     }
-    for (pool, units) in per_pool {
+    // Multi-node replicas run as LeaderWorkerSets (where the member has the LWS CRD).
+    for l in lws_list(client, &ns, &lp).await? {
+        let pool = l.labels().get(labels::POOL).cloned().unwrap_or_default();
+        let applied = l.data["spec"]["replicas"].as_i64().unwrap_or(0) as i32;
+        let ready = l.data["status"]["readyReplicas"].as_i64().unwrap_or(0) as i32;
+        per_pool.entry(pool).or_default().push((applied, ready));
+        if let Some(h) = l.annotations().get(HASH_ANNOTATION) {
+            state.hashes.insert(id("LeaderWorkerSet", &l.name_any()), h.clone());
+        }
+    }
+    for (pool, units) in std::mem::take(&mut per_pool) {
         let applied = units.iter().map(|u| u.0).min().unwrap_or(0);
         let ready = units.iter().map(|u| u.1).min().unwrap_or(0);
         state.running.insert(pool, Running { applied, ready });
@@ -163,6 +173,12 @@ pub async fn prune(client: &Client, md: &ModelDeployment, keep: &[String]) -> Re
             deleted += 1;
         }
     }
+    for l in lws_list(client, &ns, &lp).await? {
+        if !keep.contains(&id("LeaderWorkerSet", &l.name_any())) {
+            lws_api(client, &ns).delete(&l.name_any(), &dp).await?;
+            deleted += 1;
+        }
+    }
     let rcts = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns);
     match rcts.list(&lp).await {
         Ok(list) => {
@@ -177,6 +193,20 @@ pub async fn prune(client: &Client, md: &ModelDeployment, keep: &[String]) -> Re
         Err(e) => return Err(e),
     }
     Ok(deleted)
+}
+
+fn lws_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"));
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// LeaderWorkerSets with Flotilla's labels; none where the member lacks the CRD.
+async fn lws_list(client: &Client, ns: &str, lp: &ListParams) -> Result<Vec<DynamicObject>, kube::Error> {
+    match lws_api(client, ns).list(lp).await {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// `Kind/name` of rendered objects.
