@@ -166,6 +166,7 @@ impl Ctx<'_, '_> {
         let mut verdicts: Vec<Vec<Verdict>> = Vec::with_capacity(clusters.len());
         let mut static_block: Blocks = PerCluster::with_len(clusters.len());
         let mut pool_blocks: Blocks = PerCluster::with_len(clusters.len());
+        let mut pool_block_at: PerCluster<(usize, usize)> = PerCluster::with_len(clusters.len());
         let mut candidates: Vec<Candidate> = Vec::new();
         // Which classes each alternative accepts: a handful of classes, matched once, looked up
         // by the pools' class indexes.
@@ -199,14 +200,8 @@ impl Ctx<'_, '_> {
                 for (ai, accepts) in class_matches.iter().enumerate() {
                     *self.evaluations += 1;
                     let rank = ai as u32 + 1;
-                    let outcome = match self.pool_class[ci][pi].and_then(|ix| accepts.get(ix)) {
-                        Some(ClassMatch::Match) => {
-                            self.candidate(d, cluster, ci, pi, rank, &shape, &cap_types, max_cost)
-                        }
-                        Some(ClassMatch::NoMatch(why)) => Err((Reason::NoMatchingDevices, why.clone())),
-                        Some(ClassMatch::Error(why)) => Err((Reason::SelectorError, why.clone())),
-                        None => Err((Reason::NoMatchingDevices, format!("class {} is not defined", pool.class))),
-                    };
+                    let words = self.explain;
+                    let outcome = self.evaluate(d, ci, pi, ai, accepts, &shape, &cap_types, max_cost, words);
                     match outcome {
                         Ok(c) => candidates.push(c),
                         Err((reason, msg)) => {
@@ -214,7 +209,12 @@ impl Ctx<'_, '_> {
                             if !better && !self.explain {
                                 continue;
                             }
-                            let msg = format!("pool {} (alternative {rank}): {msg}", pool.name);
+                            if better {
+                                pool_block_at.insert(ci, (pi, ai));
+                            }
+                            // Without explain the words are said later, only for what is reported.
+                            let msg =
+                                if words { format!("pool {} (alternative {rank}): {msg}", pool.name) } else { msg };
                             if self.explain {
                                 device_verdicts.push(Verdict {
                                     filter: "devices",
@@ -316,7 +316,49 @@ impl Ctx<'_, '_> {
                 );
             }
         }
+        // Say the words of the pool refusals that will be reported.
+        if state.remaining > 0 && !self.explain {
+            for (ci, cluster) in clusters.iter().enumerate() {
+                let (Some((pi, ai)), Some((_, m))) = (pool_block_at.get(&ci).copied(), pool_blocks.get(&ci)) else {
+                    continue;
+                };
+                if !m.is_empty() {
+                    continue;
+                }
+                let said = self.evaluate(d, ci, pi, ai, &class_matches[ai], &shape, &cap_types, max_cost, true);
+                if let Err((reason, msg)) = said {
+                    let pool = &cluster.pools[pi].name;
+                    pool_blocks.insert(ci, (reason, format!("pool {pool} (alternative {}): {msg}", ai + 1)));
+                }
+            }
+        }
         self.finish(d, state, verdicts, static_block, pool_blocks, &shape)
+    }
+
+    /// One (pool, alternative): a candidate, or the refusal (with words when asked).
+    #[allow(clippy::too_many_arguments)]
+    fn evaluate(
+        &self,
+        d: &DeploymentView,
+        ci: usize,
+        pi: usize,
+        ai: usize,
+        accepts: &[ClassMatch],
+        shape: &ReplicaShape,
+        cap_types: &[flotilla_apis::CapacityType],
+        max_cost: Option<u64>,
+        words: bool,
+    ) -> Result<Candidate, (Reason, String)> {
+        let cluster = &self.snapshot.clusters[ci];
+        let say = |s: &String| if words { s.clone() } else { String::new() };
+        match self.pool_class[ci][pi].and_then(|ix| accepts.get(ix)) {
+            Some(ClassMatch::Match) => {
+                self.candidate(d, cluster, ci, pi, ai as u32 + 1, shape, cap_types, max_cost, words)
+            }
+            Some(ClassMatch::NoMatch(why)) => Err((Reason::NoMatchingDevices, say(why))),
+            Some(ClassMatch::Error(why)) => Err((Reason::SelectorError, say(why))),
+            None => Err((Reason::NoMatchingDevices, say(&format!("class {} is not defined", cluster.pools[pi].class)))),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -330,35 +372,43 @@ impl Ctx<'_, '_> {
         shape: &ReplicaShape,
         cap_types: &[flotilla_apis::CapacityType],
         max_cost: Option<u64>,
+        words: bool,
     ) -> Result<Candidate, (Reason, String)> {
+        // Refusals carry words only when asked: the hot pass needs the reason alone.
+        let say = |f: &dyn Fn() -> String| if words { f() } else { String::new() };
         let pool = &cluster.pools[pi];
-        let class =
-            self.snapshot.classes.get(&pool.class).ok_or((Reason::NoMatchingDevices, "class not defined".into()))?;
+        let Some(class) = self.snapshot.classes.get(&pool.class) else {
+            return Err((Reason::NoMatchingDevices, say(&|| "class not defined".into())));
+        };
         let per_node = class.devices_per_node();
         if shape.largest_pod() > per_node {
-            return Err(misfit(shape, &[], per_node));
+            return Err((Reason::DoesNotFitNode, say(&|| misfit(shape, &[], per_node).1)));
         }
         if shape.distinct_nodes && shape.pods.len() > pool.free_per_node.len() {
             return Err((
                 Reason::InsufficientDevices,
-                format!("a replica spans {} nodes; the pool has {}", shape.pods.len(), pool.free_per_node.len()),
+                say(&|| {
+                    format!("a replica spans {} nodes; the pool has {}", shape.pods.len(), pool.free_per_node.len())
+                }),
             ));
         }
         let Some(cap) = pool.capacity_type else {
-            return Err((Reason::CapacityTypeNotAllowed, "pool declares no capacity type".into()));
+            return Err((Reason::CapacityTypeNotAllowed, say(&|| "pool declares no capacity type".into())));
         };
         let Some(cap_rank) = cap_types.iter().position(|t| *t == cap) else {
-            let allowed: Vec<_> = cap_types.iter().map(|t| t.as_str()).collect();
             return Err((
                 Reason::CapacityTypeNotAllowed,
-                format!("nodes are {cap}; the deployment allows [{}]", allowed.join(", ")),
+                say(&|| {
+                    let allowed: Vec<_> = cap_types.iter().map(|t| t.as_str()).collect();
+                    format!("nodes are {cap}; the deployment allows [{}]", allowed.join(", "))
+                }),
             ));
         };
         let node_price = class.prices().micros(cap);
         if node_price.is_none() && max_cost.is_some() {
             return Err((
                 Reason::NoPrice,
-                format!("class {} has no {cap} price and a cost ceiling is set", pool.class),
+                say(&|| format!("class {} has no {cap} price and a cost ceiling is set", pool.class)),
             ));
         }
         let replica_price = node_price
