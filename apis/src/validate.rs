@@ -262,17 +262,9 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                         sink.error(format!("spec.podSets[{i}].name"), format!("duplicate pod set name {:?}", p.name));
                     }
                 }
-                let usable: Vec<u32> = c
-                    .spec
-                    .capacity
-                    .device_classes
-                    .iter()
-                    .flat_map(|dc| match &dc.class {
-                        Some(name) => per_node.get(name.as_str()).copied().into_iter().collect::<Vec<_>>(),
-                        None => per_node.values().copied().collect(),
-                    })
-                    .collect();
-                if let Some(max) = usable.iter().copied().max() {
+                if let Some(max) =
+                    largest_node(c.spec.capacity.device_classes.iter().map(|dc| dc.class.as_deref()), &per_node)
+                {
                     for (i, p) in c.spec.pod_sets.iter().enumerate() {
                         if p.devices_per_pod.max(0) as u32 > max {
                             sink.error(
@@ -308,19 +300,21 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
     sink.problems
 }
 
+/// The most devices per node among the classes some alternative may use (a named class, or any
+/// class when the alternative names none); `None` when no such class is in the set.
+fn largest_node<'a>(classes: impl Iterator<Item = Option<&'a str>>, per_node: &BTreeMap<&str, u32>) -> Option<u32> {
+    classes
+        .flat_map(|c| match c {
+            Some(name) => per_node.get(name).copied().into_iter().collect::<Vec<_>>(),
+            None => per_node.values().copied().collect(),
+        })
+        .max()
+}
+
 /// A pod of the topology needs more devices on one node than any class it may use offers.
 fn check_fit_deployment(sink: &mut Sink<'_>, s: &crate::ModelDeploymentSpec, per_node: &BTreeMap<&str, u32>) {
     use crate::deployment::TopologyType;
-    let usable: Vec<u32> = s
-        .devices
-        .alternatives
-        .iter()
-        .flat_map(|alt| match &alt.class {
-            Some(name) => per_node.get(name.as_str()).copied().into_iter().collect::<Vec<_>>(),
-            None => per_node.values().copied().collect(),
-        })
-        .collect();
-    let Some(max) = usable.iter().copied().max() else { return };
+    let Some(max) = largest_node(s.devices.alternatives.iter().map(|a| a.class.as_deref()), per_node) else { return };
     let t = &s.topology;
     let mut pods: Vec<(String, u32)> = Vec::new();
     match t.type_ {

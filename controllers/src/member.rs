@@ -84,13 +84,6 @@ pub struct MemberClients {
 }
 
 impl MemberClients {
-    /// Forgets a cluster's client (deleted cluster, or a failure that may be the client's).
-    pub fn forget(&self, cluster: &str) {
-        if let Ok(mut c) = self.cache.lock() {
-            c.remove(cluster);
-        }
-    }
-
     /// The client for a member, built from its kubeconfig Secret.
     pub async fn client(&self, control: &Client, ic: &InferenceCluster, t: Timeouts) -> Result<Client, MemberError> {
         let name = ic.metadata.name.clone().unwrap_or_default();

@@ -29,7 +29,7 @@ use crate::member::{MemberClients, brief};
 use crate::metrics::{Kind, Metrics, Outcome};
 use crate::render::{PoolWorkload, render};
 use crate::{ControllerConfig, Error};
-use rollout::{Key, Running};
+use rollout::Key;
 
 /// What ModelDeployment reconciles share.
 pub struct DeploymentContext {
@@ -286,9 +286,4 @@ async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Resul
     } else {
         Err(Error::Cleanup(failed.join("; ")))
     }
-}
-
-/// Re-exported for the binary: what a running step leaves to do.
-pub fn pending(next: &BTreeMap<Key, i32>, target: &BTreeMap<Key, i32>, running: &BTreeMap<Key, Running>) -> bool {
-    next != target || running.iter().any(|(k, r)| r.ready < target.get(k).copied().unwrap_or(0))
 }
