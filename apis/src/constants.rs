@@ -114,6 +114,8 @@ pub mod reason {
     pub const ALL_ENDPOINTS_EJECTED: &str = "AllEndpointsEjected";
     /// The gateway routes the model with elevated errors or latency.
     pub const SERVING_DEGRADED: &str = "Degraded";
+    /// The gateway has no ready, reachable cluster to route the model to.
+    pub const NO_READY_ENDPOINTS: &str = "NoReadyEndpoints";
     /// The gateway routes the model normally.
     pub const ROUTABLE: &str = "Routable";
     /// A member cluster rejected an apply.

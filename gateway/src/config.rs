@@ -22,19 +22,56 @@ pub enum RoutingMode {
 #[command(
     name = "flotilla-gateway",
     about = "One OpenAI-compatible URL for every model in the fleet",
-    after_help = "Example:\n  flotilla-gateway --config gateway/examples/routing.yaml --listen 127.0.0.1:8080"
+    after_help = "Examples:\n  flotilla-gateway --config gateway/examples/routing.yaml --listen 127.0.0.1:8080\n  flotilla-gateway --control-cluster --keys-namespace flotilla-system --listen 0.0.0.0:8080"
 )]
 pub struct GatewayConfig {
     /// Address to listen on.
     #[arg(long, env = "FLOTILLA_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: String,
-    /// The routing table (YAML); re-read when it changes and on SIGHUP.
-    #[arg(long, env = "FLOTILLA_GATEWAY_CONFIG")]
-    pub config: PathBuf,
+    /// The routing table (YAML) for standalone use; re-read when it changes and on SIGHUP.
+    #[arg(long, env = "FLOTILLA_GATEWAY_CONFIG", required_unless_present = "control_cluster")]
+    pub config: Option<PathBuf>,
+    /// Build the routing table from the control cluster's InferenceClusters and ModelDeployments
+    /// (watched; swapped on change) and write the `Serving` condition back.
+    #[arg(long, env = "FLOTILLA_GATEWAY_CONTROL_CLUSTER", conflicts_with = "config")]
+    pub control_cluster: bool,
+    /// Kubeconfig of the control cluster (default: in-cluster config, then $KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "FLOTILLA_GATEWAY_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// API keys as YAML (`keys:` with each key's sha256, models, jurisdictions and limits); re-read on change.
+    #[arg(long, env = "FLOTILLA_GATEWAY_KEYS_FILE")]
+    pub keys_file: Option<PathBuf>,
+    /// Namespace whose Secrets labelled `flotilla.dev/api-keys=true` hold API keys (data key `keys.yaml`).
+    #[arg(long, env = "FLOTILLA_GATEWAY_KEYS_NAMESPACE", requires = "control_cluster")]
+    pub keys_namespace: Option<String>,
+    /// Namespace of the Lease electing the one replica that writes `Serving` conditions.
+    #[arg(long, default_value = "flotilla-system")]
+    pub lease_namespace: String,
+    /// Name of that Lease.
+    #[arg(long, default_value = "flotilla-gateway")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: hostname and pid).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Lease duration, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// Least time between two `Serving` writes to one ModelDeployment whose status and reason did
+    /// not change, in milliseconds (0: never write `Serving`).
+    #[arg(long, default_value_t = 10_000)]
+    pub feedback_interval_ms: u64,
+    /// Error rate over the last minute from which a cluster counts as degraded in `Serving`.
+    #[arg(long, default_value_t = 0.05)]
+    pub degraded_error_rate: f64,
+    /// Queue-length equivalent of a full KV cache (scraped `vllm:gpu_cache_usage_perc` /
+    /// `vllm:kv_cache_usage_perc`) added to a cluster's load when choosing.
+    #[arg(long, default_value_t = 8.0)]
+    pub kv_cache_weight: f64,
     /// How often the routing table file is checked for changes, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub reload_interval_ms: u64,
-    /// API keys clients must send as `Authorization: Bearer` (comma-separated; none: no auth).
+    /// API keys clients must send as `Authorization: Bearer` (comma-separated; with no key
+    /// source at all, no authentication). Full-access keys in plain text; prefer --keys-file or --keys-namespace, which store digests.
     #[arg(long, env = "FLOTILLA_GATEWAY_API_KEYS", value_delimiter = ',')]
     pub api_keys: Vec<String>,
     /// Upstream attempts per model (first try plus retries).
@@ -113,8 +150,13 @@ impl GatewayConfig {
     pub fn with_table(config: impl Into<PathBuf>) -> Self {
         let path = config.into();
         let mut c = GatewayConfig::parse_from(["flotilla-gateway", "--config", "x"]);
-        c.config = path;
+        c.config = Some(path);
         c
+    }
+
+    /// Whether clients must present an API key.
+    pub fn auth_required(&self) -> bool {
+        !self.api_keys.is_empty() || self.keys_file.is_some() || self.keys_namespace.is_some()
     }
 }
 

@@ -18,6 +18,17 @@ pub enum GatewayError {
         /// What is wrong and what to change.
         message: String,
     },
+    /// The API keys file or Secret is unreadable or does not parse; the keys in force stay.
+    #[error("API keys {origin}: {message}")]
+    Keys {
+        /// The file or Secret.
+        origin: String,
+        /// What is wrong and what to change.
+        message: String,
+    },
+    /// The control cluster could not be reached or read.
+    #[error("control cluster: {0}")]
+    Control(String),
     /// The request is not valid JSON or misses a field.
     #[error("{0}")]
     BadRequest(String),
@@ -35,8 +46,30 @@ pub enum GatewayError {
         limit: usize,
     },
     /// No or a wrong API key.
-    #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key the gateway was started with")]
+    #[error(
+        "missing, unknown or revoked API key: send `Authorization: Bearer <key>` with a key issued for this gateway"
+    )]
     Unauthorized,
+    /// The key may not use the model, or not where the model may be served.
+    #[error("{message}")]
+    Forbidden {
+        /// What is refused and what to ask for.
+        message: String,
+        /// `model_not_allowed` or `jurisdiction_not_allowed`.
+        code: &'static str,
+    },
+    /// The key is over one of its per-minute limits.
+    #[error("API key `{key}` is over its {what} per minute limit ({limit}): retry after {retry_after} s")]
+    KeyRateLimited {
+        /// The key's id (never the key).
+        key: String,
+        /// `requests` or `tokens`.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
     /// The model is not in the routing table.
     #[error("model `{0}` is not served by this fleet: GET /v1/models lists the models and aliases")]
     UnknownModel(String),
@@ -93,12 +126,16 @@ impl GatewayError {
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            GatewayError::KeyRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::UnknownModel(_) | GatewayError::NoRoute(_) => StatusCode::NOT_FOUND,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::NoHealthyCluster { .. } | GatewayError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::Table { .. } | GatewayError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            GatewayError::Table { .. } | GatewayError::Keys { .. } | GatewayError::Control(_) | GatewayError::Io(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -109,6 +146,8 @@ impl GatewayError {
             GatewayError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
             GatewayError::TooManyHeaders { .. } => ("invalid_request_error", "too_many_headers"),
             GatewayError::Unauthorized => ("authentication_error", "invalid_api_key"),
+            GatewayError::Forbidden { code, .. } => ("permission_error", code),
+            GatewayError::KeyRateLimited { what, .. } => (what, "rate_limit_exceeded"),
             GatewayError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             GatewayError::NoRoute(_) => ("invalid_request_error", "unknown_url"),
             GatewayError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
@@ -116,15 +155,17 @@ impl GatewayError {
             GatewayError::Overloaded(_) => ("service_unavailable_error", "gateway_overloaded"),
             GatewayError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             GatewayError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
-            GatewayError::Table { .. } | GatewayError::Io(_) => ("server_error", "internal_error"),
+            GatewayError::Table { .. } | GatewayError::Keys { .. } | GatewayError::Control(_) | GatewayError::Io(_) => {
+                ("server_error", "internal_error")
+            }
         }
     }
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            GatewayError::RateLimited { retry_after, .. } | GatewayError::NoHealthyCluster { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            GatewayError::RateLimited { retry_after, .. }
+            | GatewayError::NoHealthyCluster { retry_after, .. }
+            | GatewayError::KeyRateLimited { retry_after, .. } => Some(*retry_after),
             GatewayError::Overloaded(_) => Some(1),
             _ => None,
         }
@@ -133,7 +174,7 @@ impl GatewayError {
     /// The OpenAI-shaped body.
     pub fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
-        let param = matches!(self, GatewayError::UnknownModel(_)).then_some("model");
+        let param = matches!(self, GatewayError::UnknownModel(_) | GatewayError::Forbidden { .. }).then_some("model");
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
     }
 }

@@ -115,6 +115,7 @@ impl Breaker {
 pub struct ClusterHealth {
     inflight: AtomicU64,
     queue_depth: AtomicU64,
+    kv_milli: AtomicU64,
     ewma_us: AtomicU64,
     cooling_until: Mutex<Option<Instant>>,
     breaker: Mutex<Breaker>,
@@ -134,6 +135,18 @@ impl ClusterHealth {
     /// Record a scraped queue depth.
     pub fn set_queue_depth(&self, v: u64) {
         self.queue_depth.store(v, Ordering::Relaxed);
+    }
+    /// KV-cache use (0 to 1) last scraped from the cluster.
+    pub fn kv_cache(&self) -> f64 {
+        self.kv_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+    /// Record a scraped KV-cache use (0 to 1).
+    pub fn set_kv_cache(&self, v: f64) {
+        self.kv_milli.store((v.clamp(0.0, 1.0) * 1000.0) as u64, Ordering::Relaxed);
+    }
+    /// Scraped load as queue length: waiting requests plus `kv_weight` for a full KV cache.
+    pub fn scraped_load(&self, kv_weight: f64) -> u64 {
+        self.queue_depth() + (self.kv_cache() * kv_weight.max(0.0)).round() as u64
     }
     /// Latency EWMA in milliseconds (0 before the first success).
     pub fn ewma_ms(&self) -> f64 {
@@ -199,6 +212,7 @@ impl HealthRegistry {
                 Arc::new(ClusterHealth {
                     inflight: AtomicU64::new(0),
                     queue_depth: AtomicU64::new(0),
+                    kv_milli: AtomicU64::new(0),
                     ewma_us: AtomicU64::new(0),
                     cooling_until: Mutex::new(None),
                     breaker: Mutex::new(Breaker::new(self.cfg)),

@@ -17,9 +17,11 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::config::RoutingMode;
-use crate::metrics::{Endpoint, Outcome};
+use crate::keys::{ApiKey, Limit, Refusal};
+use crate::metrics::{Endpoint, KeyRefusal, Outcome};
 use crate::pick::{hash, prefix_key};
 use crate::proxy::{self, Prepared};
+use crate::table::Model;
 use crate::{AppState, GatewayError};
 
 /// The request id of the request being served.
@@ -131,16 +133,22 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String
     let Ok(permit) = st.limit.clone().try_acquire_owned() else {
         return (unknown(), Err(GatewayError::Overloaded(st.cfg.max_concurrency)));
     };
-    if !st.cfg.api_keys.is_empty() {
-        let key = req
+    let key = if st.cfg.auth_required() {
+        let presented = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if !key.is_some_and(|k| st.cfg.api_keys.iter().any(|a| a == k.trim())) {
-            return (unknown(), Err(GatewayError::Unauthorized));
+        match presented.and_then(|k| st.keys.load().authenticate(k)) {
+            Some(k) => Some(k),
+            None => {
+                st.metrics.refusal(KeyRefusal::unauthorized);
+                return (unknown(), Err(GatewayError::Unauthorized));
+            }
         }
-    }
+    } else {
+        None
+    };
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_else(new_id);
     let bytes = match axum::body::to_bytes(req.into_body(), st.cfg.max_body_bytes).await {
         Ok(b) => b,
@@ -158,27 +166,93 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String
         );
     };
     let model = match st.table.load().resolve(name) {
-        Some(m) => m.name.clone(),
+        Some(m) => {
+            if let Some(k) = &key
+                && let Err(e) = admit_key(st, k, m)
+            {
+                return (m.name.clone(), Err(e));
+            }
+            m.name.clone()
+        }
         None => return (unknown(), Err(GatewayError::UnknownModel(name.chars().take(200).collect()))),
     };
     let stream = endpoint != Endpoint::embeddings && v["stream"].as_bool() == Some(true);
+    let key_ref = key;
     let key = match st.cfg.routing {
         RoutingMode::Prefix => prefix_key(&prompt_text(endpoint, &v, st.cfg.prefix_bytes), st.cfg.prefix_bytes),
         _ => None,
     };
-    let p = Prepared { endpoint, body: v, raw: bytes, stream, key, request_id, model: model.clone() };
+    let p = Prepared { endpoint, body: v, raw: bytes, stream, key, request_id, model: model.clone(), api_key: key_ref };
     (model, proxy::serve(st, p, permit).await)
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+/// The key may use `m` (403 otherwise) and is within its limits (429 otherwise).
+fn admit_key(st: &AppState, k: &ApiKey, m: &Model) -> Result<(), GatewayError> {
+    match k.authorize(m) {
+        Ok(()) => {}
+        Err(Refusal::Model) => {
+            st.metrics.refusal(KeyRefusal::model);
+            return Err(GatewayError::Forbidden {
+                message: format!(
+                    "API key `{}` may not use model `{}`: use a model the key lists, or ask for the model to be added to it",
+                    k.id, m.name
+                ),
+                code: "model_not_allowed",
+            });
+        }
+        Err(Refusal::Jurisdiction) => {
+            st.metrics.refusal(KeyRefusal::jurisdiction);
+            let theirs: Vec<&str> = m.sovereignty.allowed_jurisdictions.iter().map(|j| j.as_str()).collect();
+            let mine: Vec<&str> = k.sovereignty.allowed_jurisdictions.iter().map(|j| j.as_str()).collect();
+            return Err(GatewayError::Forbidden {
+                message: format!(
+                    "API key `{}` may only be served in {}, and model `{}` only in {}: use a key for those jurisdictions",
+                    k.id,
+                    mine.join(", "),
+                    m.name,
+                    theirs.join(", ")
+                ),
+                code: "jurisdiction_not_allowed",
+            });
+        }
+    }
+    st.limiter.admit(k, Instant::now()).map_err(|(limit, wait)| {
+        let (what, n, refusal) = match limit {
+            Limit::Requests => ("requests", k.requests_per_minute.map_or(0, u64::from), KeyRefusal::requests),
+            Limit::Tokens => ("tokens", k.tokens_per_minute.unwrap_or(0), KeyRefusal::tokens),
+        };
+        st.metrics.refusal(refusal);
+        GatewayError::KeyRateLimited {
+            key: k.id.clone(),
+            what,
+            limit: n,
+            retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+        }
+    })
+}
+
+async fn models(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    let key = if st.cfg.auth_required() {
+        let presented =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        match presented.and_then(|k| st.keys.load().authenticate(k)) {
+            Some(k) => Some(k),
+            None => {
+                st.metrics.refusal(KeyRefusal::unauthorized);
+                return GatewayError::Unauthorized.into_response();
+            }
+        }
+    } else {
+        None
+    };
     let table = st.table.load();
     let mut data = Vec::new();
-    for m in table.models() {
+    for m in table.models().filter(|m| key.as_ref().is_none_or(|k| k.authorize(m).is_ok())) {
         for id in std::iter::once(&m.name).chain(&m.aliases) {
             data.push(json!({"id": id, "object": "model", "created": 0, "owned_by": "flotilla", "root": m.name}));
         }
     }
-    Json(json!({"object": "list", "data": data}))
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
@@ -187,10 +261,15 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let serving = table.models().any(|m| {
         table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| st.health.get(&r.cluster.name).breaker_available(now))
     });
+    let feed = st.feed.describe(now);
+    if !st.feed.synced() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {feed}")).into_response();
+    }
     if serving {
-        (StatusCode::OK, "ready").into_response()
+        // A stale feed keeps the last good table serving: still ready, and said so.
+        (StatusCode::OK, format!("ready; {feed}")).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no model has an available cluster").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, format!("no model has an available cluster; {feed}")).into_response()
     }
 }
 

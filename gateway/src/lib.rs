@@ -1,12 +1,18 @@
 //! The fleet gateway: one OpenAI-compatible endpoint that routes each request to a healthy
 //! cluster its model is allowed in. Requests flow `http` (validation) → `proxy` (fallback
 //! chain and attempt loop, choosing with `pick` over `health`) → `upstream` (one attempt) →
-//! `sse` (stream relay); the routing `table` is swapped atomically by `serve`'s reload loop.
+//! `sse` (stream relay); the routing `table` is swapped atomically, from a file by `serve`'s
+//! reload loop or from the control cluster by `feed` (built by `fleet`). API `keys` are
+//! checked in `http`; what the gateway sees is kept by `feedback` and written back by `feed`.
 
 pub mod config;
 pub mod error;
+pub mod feed;
+pub mod feedback;
+pub mod fleet;
 pub mod health;
 pub mod http;
+pub mod keys;
 pub mod metrics;
 pub mod pick;
 pub mod proxy;
@@ -27,7 +33,10 @@ pub use table::RoutingTable;
 use tokio::sync::Semaphore;
 
 use crate::config::ms;
+use crate::feed::FeedStatus;
+use crate::feedback::Stats;
 use crate::health::{BreakerConfig, HealthRegistry, lock};
+use crate::keys::{KeySet, Limiter};
 use crate::metrics::{Metrics, ReloadResult};
 
 /// Everything a request needs: configuration, the current table, cluster health, metrics,
@@ -46,6 +55,15 @@ pub struct AppState {
     pub client: upstream::Client,
     /// Concurrency limit.
     pub limit: Arc<Semaphore>,
+    /// API keys in force.
+    pub keys: ArcSwap<KeySet>,
+    /// Per-key limits.
+    pub limiter: Limiter,
+    /// What the gateway saw, per model and cluster.
+    pub stats: Stats,
+    /// The control-cluster feed's state (`/readyz`).
+    pub feed: FeedStatus,
+    keys_text: Mutex<Option<String>>,
     rr: AtomicU64,
     jitter: Mutex<u64>,
     table_text: Mutex<String>,
@@ -68,23 +86,60 @@ impl AppState {
             rr: AtomicU64::new(0),
             table: ArcSwap::from_pointee(table),
             table_text: Mutex::new(String::new()),
+            keys: ArcSwap::from_pointee(plain_keys(&cfg)),
+            limiter: Limiter::default(),
+            stats: Stats::default(),
+            feed: FeedStatus::new(cfg.control_cluster),
+            keys_text: Mutex::new(None),
             metrics,
             cfg,
         })
     }
 
-    /// State with the table read from `cfg.config`.
+    /// State with the table read from `cfg.config` (empty until the feed fills it in
+    /// control-cluster mode) and the keys from `cfg.keys_file`.
     pub fn load(cfg: GatewayConfig) -> Result<Arc<Self>, GatewayError> {
         let st = AppState::new(cfg, RoutingTable::default());
         st.reload()?;
+        st.reload_keys()?;
         Ok(st)
     }
 
+    /// Re-read the keys file; `Ok(true)` when changed keys were put in force. A file that does
+    /// not parse leaves the keys in force untouched; a key with a bad field is left out.
+    pub fn reload_keys(&self) -> Result<bool, GatewayError> {
+        let Some(file) = &self.cfg.keys_file else { return Ok(false) };
+        let path = file.display().to_string();
+        let err = |message: String| GatewayError::Keys { origin: path.clone(), message };
+        let text = std::fs::read_to_string(file).map_err(|e| err(e.to_string()))?;
+        let mut last = lock(&self.keys_text);
+        if last.as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        KeySet::parses(&text).map_err(err)?;
+        let (mut set, problems) = KeySet::from_documents([(path.as_str(), text.as_str())]);
+        *last = Some(text);
+        for p in &problems {
+            tracing::error!(problem = %p, "API key left out");
+        }
+        self.install_keys(&mut set);
+        Ok(true)
+    }
+
+    /// Put `set` (plus the command line's plain keys) in force.
+    pub fn install_keys(&self, set: &mut KeySet) {
+        set.add_plain(&self.cfg.api_keys);
+        self.limiter.retain(set);
+        tracing::info!(keys = set.len(), "API keys in force");
+        self.keys.store(Arc::new(std::mem::take(set)));
+    }
+
     /// Re-read the table file; `Ok(true)` when a changed table was put in force. An invalid
-    /// file leaves the table in force untouched.
+    /// file leaves the table in force untouched. Without a file (control-cluster mode): nothing.
     pub fn reload(&self) -> Result<bool, GatewayError> {
-        let path = self.cfg.config.display().to_string();
-        let text = std::fs::read_to_string(&self.cfg.config)
+        let Some(file) = &self.cfg.config else { return Ok(false) };
+        let path = file.display().to_string();
+        let text = std::fs::read_to_string(file)
             .map_err(|e| GatewayError::Table { path: path.clone(), message: e.to_string() })?;
         let mut last = lock(&self.table_text);
         if *last == text {
@@ -119,4 +174,10 @@ impl AppState {
         let half = full / 2;
         ms(half + if half == 0 { 0 } else { r % (half + 1) })
     }
+}
+
+fn plain_keys(cfg: &GatewayConfig) -> KeySet {
+    let mut set = KeySet::default();
+    set.add_plain(&cfg.api_keys);
+    set
 }

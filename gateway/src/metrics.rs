@@ -105,6 +105,43 @@ pub enum ReloadResult {
     invalid,
 }
 
+/// Why a request was refused on account of its API key.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum KeyRefusal {
+    /// No key, or an unknown one (401).
+    unauthorized,
+    /// The key may not use the model (403).
+    model,
+    /// The key's jurisdictions exclude the model's (403).
+    jurisdiction,
+    /// Requests per minute (429).
+    requests,
+    /// Tokens per minute (429).
+    tokens,
+}
+
+/// Result of a `Serving` status write.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum WriteResult {
+    /// Written.
+    ok,
+    /// Someone else wrote first (409); retried with fresh data.
+    conflict,
+    /// Any other failure.
+    error,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: KeyRefusal,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteLabels {
+    result: WriteResult,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     model: String,
@@ -152,6 +189,10 @@ pub struct Metrics {
     fallbacks: Family<ModelLabel, Counter>,
     reloads: Family<ReloadLabels, Counter>,
     duration: HistFamily<ModelLabel>,
+    refusals: Family<RefusalLabels, Counter>,
+    status_writes: Family<WriteLabels, Counter>,
+    feed_stale: Gauge,
+    leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -166,6 +207,10 @@ impl Default for Metrics {
             fallbacks: Family::default(),
             reloads: Family::default(),
             duration: Family::new_with_constructor(latency_histogram),
+            refusals: Family::default(),
+            status_writes: Family::default(),
+            feed_stale: Gauge::default(),
+            leader: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -180,6 +225,18 @@ impl Default for Metrics {
             "Time to the response head (first token for streams) by model",
             m.duration.clone(),
         );
+        registry.register("key_refusals", "Requests refused for their API key, by reason", m.refusals.clone());
+        registry.register(
+            "status_writes",
+            "Serving-condition writes to ModelDeployment status",
+            m.status_writes.clone(),
+        );
+        registry.register(
+            "feed_stale",
+            "1 while the control-cluster watch is failing and the last good table is in use",
+            m.feed_stale.clone(),
+        );
+        registry.register("feedback_leader", "1 while this replica writes the Serving conditions", m.leader.clone());
         Metrics { registry, ..m }
     }
 }
@@ -214,6 +271,22 @@ impl Metrics {
     /// The circuit gauge of a cluster.
     pub fn circuit_open(&self, cluster: &str) -> Gauge {
         self.circuit_open.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).clone()
+    }
+    /// Count a refusal.
+    pub fn refusal(&self, reason: KeyRefusal) {
+        self.refusals.get_or_create(&RefusalLabels { reason }).inc();
+    }
+    /// Count a status write.
+    pub fn status_write(&self, result: WriteResult) {
+        self.status_writes.get_or_create(&WriteLabels { result }).inc();
+    }
+    /// Set the feed's staleness.
+    pub fn set_feed_stale(&self, stale: bool) {
+        self.feed_stale.set(i64::from(stale));
+    }
+    /// Set whether this replica leads the status feedback.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
     }
     /// The text exposition.
     pub fn render(&self) -> String {

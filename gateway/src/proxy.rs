@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::config::ms;
 use crate::health::{AttemptGuard, ClusterHealth};
+use crate::keys::{ApiKey, usage_tokens};
 use crate::metrics::{AttemptResult, Endpoint, StreamEnd};
 use crate::pick::{self, Candidate};
 use crate::table::{Model, Route, RoutingTable};
@@ -44,6 +45,8 @@ pub struct Prepared {
     pub request_id: String,
     /// Canonical name of the requested model.
     pub model: String,
+    /// The client's API key, when keys are in use.
+    pub api_key: Option<Arc<ApiKey>>,
 }
 
 enum ModelError {
@@ -65,8 +68,16 @@ pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit
     let table = st.table.load_full();
     let origin = table.resolve(&p.model).ok_or_else(|| GatewayError::UnknownModel(p.model.clone()))?;
     let deadline = Instant::now() + ms(st.cfg.deadline_ms);
-    let chain: Vec<&Model> =
-        std::iter::once(origin).chain(origin.fallbacks.iter().filter_map(|f| table.resolve(f))).collect();
+    // Fallbacks the key may not use are skipped; the key's jurisdictions bind them all.
+    let chain: Vec<&Model> = std::iter::once(origin)
+        .chain(
+            origin
+                .fallbacks
+                .iter()
+                .filter_map(|f| table.resolve(f))
+                .filter(|m| p.api_key.as_ref().is_none_or(|k| k.authorize(m).is_ok())),
+        )
+        .collect();
     let mut permit = Some(permit);
     let mut last = None;
     for (i, m) in chain.iter().enumerate() {
@@ -133,7 +144,11 @@ async fn try_model(
     permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<Response, ModelError> {
     let cfg = &st.cfg;
-    let routes = table.allowed_routes(m, &[&origin.sovereignty, &m.sovereignty]);
+    let mut policies = vec![&origin.sovereignty, &m.sovereignty];
+    if let Some(k) = &p.api_key {
+        policies.push(&k.sovereignty);
+    }
+    let routes = table.allowed_routes(m, &policies);
     let unavailable = |reason: String| GatewayError::NoHealthyCluster {
         model: origin.name.clone(),
         reason,
@@ -175,7 +190,7 @@ async fn try_model(
                 name: name(i).to_string(),
                 weight: routes[i].weight,
                 inflight: healths[i].inflight(),
-                queue_depth: healths[i].queue_depth(),
+                queue_depth: healths[i].scraped_load(cfg.kv_cache_weight),
                 ewma_ms: healths[i].ewma_ms(),
                 tried: tried.contains_key(name(i)),
             })
@@ -200,11 +215,14 @@ async fn try_model(
             deadline: deadline.min(Instant::now() + budget),
             max_body: 64 << 20,
         };
+        let sent = Instant::now();
         let failure = match upstream::attempt(&st.client, out).await {
             Ok(success) => {
                 guard.success();
                 st.metrics.attempt(name(i), AttemptResult::ok);
-                return Ok(respond(st, success, guard, route, permit.take()));
+                st.stats.record(&m.name, name(i), Some(sent.elapsed()), Instant::now());
+                let charge = Charge { key: p.api_key.clone(), prompt_bytes: p.raw.len() };
+                return Ok(respond(st, success, guard, route, permit.take(), charge));
             }
             Err(f) => f,
         };
@@ -240,10 +258,12 @@ async fn try_model(
             }
             Failure::Status { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR => {
                 guard.failure();
+                st.stats.record(&m.name, name(i), None, Instant::now());
                 t.excluded = t.attempts >= 2;
             }
             _ => {
                 guard.failure();
+                st.stats.record(&m.name, name(i), None, Instant::now());
                 t.excluded = true;
             }
         }
@@ -269,16 +289,36 @@ async fn try_model(
     }))
 }
 
+/// Who pays for an answer's tokens.
+struct Charge {
+    key: Option<Arc<ApiKey>>,
+    prompt_bytes: usize,
+}
+
+impl Charge {
+    fn pay(&self, st: &AppState, tokens: u64) {
+        if let Some(k) = &self.key {
+            st.limiter.charge(k, tokens, Instant::now());
+        }
+    }
+}
+
 fn respond(
     st: &Arc<AppState>,
     success: Success,
     guard: AttemptGuard,
     route: &Route,
     permit: Option<OwnedSemaphorePermit>,
+    charge: Charge,
 ) -> Response {
     let cluster = HeaderValue::from_str(&route.cluster.name).unwrap_or(HeaderValue::from_static("unknown"));
     let mut r = match success {
         Success::Full { status, body } => {
+            if charge.key.is_some() {
+                let used = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| usage_tokens(&v));
+                // Without `usage`, about four bytes of prompt make a token.
+                charge.pay(st, used.unwrap_or((charge.prompt_bytes / 4) as u64));
+            }
             let mut r = Response::new(Body::from(body));
             *r.status_mut() = status;
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -287,8 +327,12 @@ fn respond(
         Success::Stream { events, parser, body } => {
             let (tx, mut rx) = mpsc::channel::<Bytes>(32);
             let (idle, metrics, name) = (ms(st.cfg.idle_timeout_ms), st.metrics.clone(), route.cluster.name.clone());
+            let st = st.clone();
             tokio::spawn(async move {
-                let end = crate::sse::relay(events, parser, body, tx, idle).await;
+                let (end, tokens) = crate::sse::relay(events, parser, body, tx, idle).await;
+                // A stream's `usage` chunk (when asked for) is exact; otherwise each content
+                // chunk counts as a token and four bytes of prompt as one.
+                charge.pay(&st, tokens.total.unwrap_or(tokens.chunks + (charge.prompt_bytes / 4) as u64));
                 metrics.stream(&name, end);
                 if matches!(end, StreamEnd::cut | StreamEnd::stalled | StreamEnd::malformed | StreamEnd::truncated) {
                     tracing::warn!(cluster = %name, end = ?end, "stream broke after the first byte; ended with an error event");

@@ -95,28 +95,56 @@ async fn reload_loop(st: Arc<AppState>) {
         }
         #[cfg(not(unix))]
         tick.tick().await;
+        match st.reload_keys() {
+            Ok(true) => tracing::info!("API keys reloaded"),
+            Ok(false) => {}
+            Err(e) => tracing::error!(error = %e, "API keys not reloaded; the keys in force stay"),
+        }
         match st.reload() {
-            Ok(true) => tracing::info!(path = %st.cfg.config.display(), "routing table reloaded"),
+            Ok(true) => tracing::info!("routing table reloaded"),
             Ok(false) => {}
             Err(e) => tracing::error!(error = %e, "routing table not reloaded; the previous table stays in force"),
         }
     }
 }
 
-/// The sum of `vllm:num_requests_waiting` samples in a Prometheus text page.
-pub fn waiting_from_metrics(text: &str) -> Option<u64> {
+/// The sum of a metric's samples in a Prometheus text page (`None` when it has none).
+pub fn sum_metric(text: &str, name: &str) -> Option<f64> {
     let mut found = None;
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("vllm:num_requests_waiting") else { continue };
+        let Some(rest) = line.strip_prefix(name) else { continue };
         if !(rest.starts_with('{') || rest.starts_with(' ')) {
             continue;
         }
         let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-        if let Some(v) = value {
-            found = Some(found.unwrap_or(0) + v.max(0.0) as u64);
+        if let Some(v) = value.filter(|v| v.is_finite()) {
+            found = Some(found.unwrap_or(0.0) + v.max(0.0));
         }
     }
     found
+}
+
+/// The sum of `vllm:num_requests_waiting` samples in a Prometheus text page.
+pub fn waiting_from_metrics(text: &str) -> Option<u64> {
+    sum_metric(text, "vllm:num_requests_waiting").map(|v| v as u64)
+}
+
+/// KV-cache use (0 to 1): vLLM's `vllm:kv_cache_usage_perc` (V1) or `vllm:gpu_cache_usage_perc`,
+/// the highest sample when an entry serves several engines.
+pub fn kv_cache_from_metrics(text: &str) -> Option<f64> {
+    let mut found: Option<f64> = None;
+    for name in ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"] {
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(name) else { continue };
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                continue;
+            }
+            if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) {
+                found = Some(found.map_or(v, |f| f.max(v)));
+            }
+        }
+    }
+    found.map(|v| v.clamp(0.0, 1.0))
 }
 
 async fn scrape_once(st: &AppState, name: String, url: String) {
@@ -124,10 +152,17 @@ async fn scrape_once(st: &AppState, name: String, url: String) {
     let fetch = async {
         let resp = st.client.request(req).await.ok()?;
         let body = resp.into_body().collect().await.ok()?.to_bytes();
-        waiting_from_metrics(&String::from_utf8_lossy(&body))
+        let text = String::from_utf8_lossy(&body).into_owned();
+        Some((waiting_from_metrics(&text), kv_cache_from_metrics(&text)))
     };
-    if let Ok(Some(depth)) = tokio::time::timeout(Duration::from_secs(1), fetch).await {
-        st.health.get(&name).set_queue_depth(depth);
+    if let Ok(Some((depth, kv))) = tokio::time::timeout(Duration::from_secs(1), fetch).await {
+        let h = st.health.get(&name);
+        if let Some(d) = depth {
+            h.set_queue_depth(d);
+        }
+        if let Some(k) = kv {
+            h.set_kv_cache(k);
+        }
     }
 }
 
@@ -154,5 +189,8 @@ mod tests {
         let text = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 3\nvllm:num_requests_waiting_other 9\nvllm:num_requests_waiting{model_name=\"n\"} 2.0\n";
         assert_eq!(waiting_from_metrics(text), Some(5));
         assert_eq!(waiting_from_metrics("nothing 1"), None);
+        let kv = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\nvllm:gpu_cache_usage_perc{engine=\"1\"} 0.75\n";
+        assert_eq!(kv_cache_from_metrics(kv), Some(0.75));
+        assert_eq!(kv_cache_from_metrics("vllm:kv_cache_usage_perc_x 1\n"), None);
     }
 }

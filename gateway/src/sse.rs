@@ -25,6 +25,10 @@ pub enum Event {
         finished: bool,
         /// The event is an error object.
         error: bool,
+        /// Prompt plus completion tokens, when the event carries `usage`.
+        usage: Option<u64>,
+        /// A choice carried text.
+        content: bool,
     },
     /// `data: [DONE]`.
     Done,
@@ -54,7 +58,11 @@ fn parse_event(text: &str) -> Option<Event> {
                 .as_array()
                 .is_some_and(|cs| cs.iter().any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null())));
             let error = v.get("error").is_some_and(|e| !e.is_null());
-            Some(Event::Data { raw: Bytes::from(format!("data: {data}\n\n")), finished, error })
+            let usage = crate::keys::usage_tokens(&v);
+            let content = v["choices"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| c["delta"]["content"].as_str().or(c["text"].as_str()).is_some_and(|t| !t.is_empty()))
+            });
+            Some(Event::Data { raw: Bytes::from(format!("data: {data}\n\n")), finished, error, usage, content })
         }
         _ => Some(Event::Malformed),
     }
@@ -99,6 +107,17 @@ pub fn error_event(message: &str, code: &str) -> Bytes {
 pub struct Progress {
     /// A choice finished.
     pub finished: bool,
+    /// Tokens seen so far.
+    pub tokens: Tokens,
+}
+
+/// The tokens of a relayed stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// From a `usage` chunk, when the stream had one.
+    pub total: Option<u64>,
+    /// Chunks that carried text.
+    pub chunks: u64,
 }
 
 /// Forward `events`; `Some(end)` when the stream is over.
@@ -113,8 +132,10 @@ async fn forward(events: Vec<Event>, tx: &mpsc::Sender<Bytes>, p: &mut Progress)
                 ),
                 Some(StreamEnd::malformed),
             ),
-            Event::Data { raw, finished, error } => {
+            Event::Data { raw, finished, error, usage, content } => {
                 p.finished |= finished;
+                p.tokens.chunks += u64::from(content);
+                p.tokens.total = usage.or(p.tokens.total);
                 (raw, error.then_some(StreamEnd::upstream_error))
             }
         };
@@ -129,17 +150,29 @@ async fn forward(events: Vec<Event>, tx: &mpsc::Sender<Bytes>, p: &mut Progress)
 }
 
 /// Relay the rest of an upstream stream whose first `events` were already read. Returns how
-/// it ended. Dropping out of this function drops the upstream body, which cancels the
-/// upstream request.
+/// it ended and the tokens it carried. Dropping out of this function drops the upstream
+/// body, which cancels the upstream request.
 pub async fn relay(
+    events: Vec<Event>,
+    parser: Parser,
+    body: Incoming,
+    tx: mpsc::Sender<Bytes>,
+    idle: Duration,
+) -> (StreamEnd, Tokens) {
+    let mut p = Progress::default();
+    let end = relay_inner(events, parser, body, tx, idle, &mut p).await;
+    (end, p.tokens)
+}
+
+async fn relay_inner(
     events: Vec<Event>,
     mut parser: Parser,
     mut body: Incoming,
     tx: mpsc::Sender<Bytes>,
     idle: Duration,
+    p: &mut Progress,
 ) -> StreamEnd {
-    let mut p = Progress::default();
-    if let Some(end) = forward(events, &tx, &mut p).await {
+    if let Some(end) = forward(events, &tx, p).await {
         return end;
     }
     loop {
@@ -165,7 +198,7 @@ pub async fn relay(
             ),
             Ok(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else { continue };
-                if let Some(end) = forward(parser.push(&data), &tx, &mut p).await {
+                if let Some(end) = forward(parser.push(&data), &tx, p).await {
                     return end;
                 }
                 continue;

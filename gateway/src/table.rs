@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::GatewayError;
 
 /// The file as written.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TableFile {
     /// Member clusters and their entry URLs.
@@ -21,7 +21,7 @@ pub struct TableFile {
 }
 
 /// A member cluster's entry point.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
     /// Cluster name (also the metric label).
@@ -36,7 +36,7 @@ pub struct ClusterSpec {
 }
 
 /// A served model.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
     /// The model name sent upstream.
@@ -55,7 +55,7 @@ pub struct ModelSpec {
 }
 
 /// One cluster serving a model.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RouteSpec {
     /// A cluster name from `clusters`.
@@ -125,8 +125,14 @@ pub struct RoutingTable {
 impl RoutingTable {
     /// Parse and validate `yaml`; `path` names the file in errors.
     pub fn from_yaml(path: &str, yaml: &str) -> Result<Self, GatewayError> {
+        let file: TableFile = serde_yaml_ng::from_str(yaml)
+            .map_err(|e| GatewayError::Table { path: path.to_string(), message: e.to_string() })?;
+        Self::from_file(path, file)
+    }
+
+    /// Validate `file`; `path` names its source in errors.
+    pub fn from_file(path: &str, file: TableFile) -> Result<Self, GatewayError> {
         let err = |message: String| GatewayError::Table { path: path.to_string(), message };
-        let file: TableFile = serde_yaml_ng::from_str(yaml).map_err(|e| err(e.to_string()))?;
         let mut t = RoutingTable::default();
         for c in file.clusters {
             let url = c.url.trim_end_matches('/').to_string();

@@ -229,7 +229,10 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             .map(|p| (p.cluster.clone(), p.pool.clone(), p.desired))
             .collect();
         let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({"status": next_status});
+        // The resourceVersion makes the write conditional: a merge patch replaces the whole
+        // conditions list, so a write based on a stale copy would drop a condition another
+        // writer (the gateway's `Serving`) added since. A conflict requeues with fresh data.
+        let patch = serde_json::json!({"metadata": {"resourceVersion": md.resource_version()}, "status": next_status});
         api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
         ctx.metrics.status_write(Kind::ModelDeployment);
         tracing::info!(

@@ -184,8 +184,16 @@ pub async fn post_with(url: &str, body: &Value, headers: &[(&str, &str)]) -> Ans
 }
 
 pub async fn get(url: &str) -> Answer {
-    let req = hyper::Request::get(url).body(Full::new(Bytes::new())).unwrap();
-    read(client().request(req).await.unwrap()).await
+    get_with(url, &[]).await
+}
+
+/// GET with extra headers.
+pub async fn get_with(url: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = hyper::Request::get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    read(client().request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap()).await
 }
 
 async fn read(resp: hyper::Response<hyper::body::Incoming>) -> Answer {

@@ -1,0 +1,386 @@
+//! The gateway's link to the control cluster. Watches of InferenceClusters, ModelDeployments
+//! and (optionally) API-key Secrets fill reflector stores; after each burst of events the
+//! routing table is rebuilt with `fleet::table_file` and swapped atomically when it changed,
+//! and the keys likewise. A failing watch leaves the last good table serving and marks the
+//! feed stale for `/readyz` and the `feed_stale` metric. The elected replica then writes each
+//! ModelDeployment's `Serving` condition (decided by `feedback::serving`) on change only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flotilla_apis::cluster::InferenceCluster;
+use flotilla_apis::conditions::{merge, would_change};
+use flotilla_apis::constants::condition;
+use flotilla_apis::deployment::ModelDeployment;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+
+use crate::feedback::{Endpoint, serving};
+use crate::health::lock;
+use crate::keys::KeySet;
+use crate::metrics::{ReloadResult, WriteResult};
+use crate::table::TableFile;
+use crate::{AppState, GatewayError, RoutingTable};
+
+/// Label that marks a Secret as holding API keys.
+pub const KEYS_LABEL: &str = "flotilla.dev/api-keys";
+/// The Secret data key holding the keys document.
+pub const KEYS_DATA: &str = "keys.yaml";
+/// Field manager of the gateway's status writes.
+pub const FIELD_MANAGER: &str = "flotilla-gateway";
+
+#[derive(Debug, Default)]
+struct State {
+    synced: bool,
+    stale: Option<(Instant, String)>,
+    /// ModelDeployment (namespace, name) → the model name it owns in the table.
+    owners: BTreeMap<(String, String), String>,
+}
+
+/// Whether the feed has synced and whether it is failing now.
+#[derive(Debug)]
+pub struct FeedStatus {
+    enabled: bool,
+    state: Mutex<State>,
+}
+
+impl FeedStatus {
+    /// A feed that is in use (`enabled`) or not (file mode).
+    pub fn new(enabled: bool) -> Self {
+        FeedStatus { enabled, state: Mutex::new(State::default()) }
+    }
+
+    /// Whether the table is usable: the first full list was read (always, in file mode).
+    pub fn synced(&self) -> bool {
+        !self.enabled || lock(&self.state).synced
+    }
+
+    /// Whether the watch is failing now.
+    pub fn stale(&self) -> bool {
+        lock(&self.state).stale.is_some()
+    }
+
+    /// For `/readyz`.
+    pub fn describe(&self, now: Instant) -> String {
+        if !self.enabled {
+            return "routing table from a file".into();
+        }
+        let s = lock(&self.state);
+        match (&s.stale, s.synced) {
+            (Some((since, e)), true) => format!(
+                "routing feed STALE for {}s (serving the last good table): {e}",
+                now.saturating_duration_since(*since).as_secs()
+            ),
+            (Some((_, e)), false) => format!("waiting for the first sync with the control cluster: {e}"),
+            (None, true) => "routing feed in sync with the control cluster".into(),
+            (None, false) => "waiting for the first sync with the control cluster".into(),
+        }
+    }
+
+    fn owner(&self, ns: &str, name: &str) -> Option<String> {
+        lock(&self.state).owners.get(&(ns.to_string(), name.to_string())).cloned()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Clusters,
+    Deployments,
+    Secrets,
+}
+
+type Tagged = (Source, Result<bool, String>);
+
+fn tagged<K>(
+    source: Source,
+    s: impl futures_util::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+) -> BoxStream<'static, Tagged>
+where
+    K: Send + 'static,
+{
+    s.map(move |r| {
+        (
+            source,
+            r.map(|e| matches!(e, Event::InitDone | Event::Apply(_) | Event::Delete(_))).map_err(|e| e.to_string()),
+        )
+    })
+    .boxed()
+}
+
+/// Connect to the control cluster: `--kubeconfig`, else in-cluster, else `$KUBECONFIG`.
+pub async fn client(st: &AppState) -> Result<Client, GatewayError> {
+    let config = match &st.cfg.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| GatewayError::Control(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|e| GatewayError::Control(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| GatewayError::Control(e.to_string()))?,
+    };
+    Client::try_from(config).map_err(|e| GatewayError::Control(e.to_string()))
+}
+
+/// Run the feed until the task is dropped. Returns the ModelDeployment store for the writer.
+pub fn start(st: Arc<AppState>, client: Client) -> (Store<ModelDeployment>, tokio::task::JoinHandle<()>) {
+    let (clusters, cw) = reflector::store::<InferenceCluster>();
+    let (deployments, dw) = reflector::store::<ModelDeployment>();
+    let mut streams: Vec<BoxStream<'static, Tagged>> = vec![
+        tagged(
+            Source::Clusters,
+            reflector::reflector(cw, watcher::watcher(Api::all(client.clone()), watcher::Config::default())),
+        ),
+        tagged(
+            Source::Deployments,
+            reflector::reflector(dw, watcher::watcher(Api::all(client.clone()), watcher::Config::default())),
+        ),
+    ];
+    let secrets = st.cfg.keys_namespace.as_ref().map(|ns| {
+        let (store, sw) = reflector::store::<Secret>();
+        let cfg = watcher::Config::default().labels(&format!("{KEYS_LABEL}=true"));
+        streams.push(tagged(
+            Source::Secrets,
+            reflector::reflector(sw, watcher::watcher(Api::namespaced(client.clone(), ns), cfg)),
+        ));
+        store
+    });
+    let store = deployments.clone();
+    let task = tokio::spawn(async move {
+        let mut events = futures_util::stream::select_all(streams);
+        let mut synced: HashMap<&'static str, bool> = HashMap::new();
+        let need = if secrets.is_some() { 3 } else { 2 };
+        let mut errors: HashMap<&'static str, String> = HashMap::new();
+        let mut dirty = false;
+        let mut last = Built::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                item = events.next() => {
+                    let Some((source, r)) = item else { break };
+                    let key = match source { Source::Clusters => "InferenceClusters", Source::Deployments => "ModelDeployments", Source::Secrets => "API-key Secrets" };
+                    match r {
+                        Ok(changed) => {
+                            errors.remove(key);
+                            if changed {
+                                synced.insert(key, true);
+                                dirty = true;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(watch = key, error = %e, "control-cluster watch failing; the last good table keeps serving");
+                            errors.insert(key, e);
+                        }
+                    }
+                    let mut s = lock(&st.feed.state);
+                    s.stale = match (errors.iter().next(), s.stale.take()) {
+                        (None, _) => None,
+                        (Some((k, e)), Some((since, _))) => Some((since, format!("watching {k}: {e}"))),
+                        (Some((k, e)), None) => Some((Instant::now(), format!("watching {k}: {e}"))),
+                    };
+                    st.metrics.set_feed_stale(s.stale.is_some());
+                }
+                _ = tick.tick(), if dirty && synced.len() == need => {
+                    dirty = false;
+                    rebuild(&st, &clusters, &deployments, secrets.as_ref(), &mut last);
+                    lock(&st.feed.state).synced = true;
+                }
+            }
+        }
+    });
+    (store, task)
+}
+
+#[derive(Default)]
+struct Built {
+    file: Option<TableFile>,
+    problems: Vec<String>,
+    key_texts: BTreeMap<String, String>,
+    key_problems: Vec<String>,
+    keys_installed: bool,
+}
+
+fn rebuild(
+    st: &AppState,
+    clusters: &Store<InferenceCluster>,
+    deployments: &Store<ModelDeployment>,
+    secrets: Option<&Store<Secret>>,
+    last: &mut Built,
+) {
+    let cs: Vec<InferenceCluster> = clusters.state().iter().map(|c| c.as_ref().clone()).collect();
+    let ds: Vec<ModelDeployment> = deployments.state().iter().map(|d| d.as_ref().clone()).collect();
+    let (file, problems) = crate::fleet::table_file(&cs, &ds);
+    if problems != last.problems {
+        for p in &problems {
+            tracing::warn!(problem = %p, "left out of the routing table");
+        }
+        last.problems = problems;
+    }
+    if last.file.as_ref() != Some(&file) {
+        match RoutingTable::from_file("control cluster", file.clone()) {
+            Ok(t) => {
+                tracing::info!(
+                    models = t.models().count(),
+                    clusters = t.clusters().count(),
+                    "routing table updated from the control cluster"
+                );
+                st.table.store(Arc::new(t));
+                st.metrics.reload(ReloadResult::applied);
+                last.file = Some(file);
+            }
+            Err(e) => {
+                st.metrics.reload(ReloadResult::invalid);
+                tracing::error!(error = %e, "routing table from the control cluster is invalid; the previous one stays");
+            }
+        }
+    }
+    let owners = owners(&ds, &st.table.load());
+    lock(&st.feed.state).owners = owners;
+    if let Some(secrets) = secrets {
+        let mut texts = last.key_texts.clone();
+        let mut seen = Vec::new();
+        for s in secrets.state() {
+            let source = format!("Secret {}/{}", s.namespace().unwrap_or_default(), s.name_any());
+            seen.push(source.clone());
+            let text =
+                s.data.as_ref().and_then(|d| d.get(KEYS_DATA)).map(|b| String::from_utf8_lossy(&b.0).into_owned());
+            match text.map(|t| KeySet::parses(&t).map(|()| t)) {
+                Some(Ok(t)) => {
+                    texts.insert(source, t);
+                }
+                Some(Err(e)) => {
+                    tracing::error!(secret = %source, error = %e, "API keys do not parse; this Secret's last good keys stay")
+                }
+                None => {
+                    tracing::error!(secret = %source, "API-key Secret has no `{KEYS_DATA}` entry; its last good keys stay")
+                }
+            }
+        }
+        texts.retain(|k, _| seen.contains(k));
+        if texts != last.key_texts || !last.keys_installed {
+            let (mut set, problems) = KeySet::from_documents(texts.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            if problems != last.key_problems {
+                for p in &problems {
+                    tracing::error!(problem = %p, "API key left out");
+                }
+                last.key_problems = problems;
+            }
+            st.install_keys(&mut set);
+            last.key_texts = texts;
+            last.keys_installed = true;
+        }
+    }
+}
+
+fn owners(ds: &[ModelDeployment], t: &RoutingTable) -> BTreeMap<(String, String), String> {
+    // `table_file` gives a name to the oldest deployment; recover which one that is the same way.
+    let mut out = BTreeMap::new();
+    let mut by_model: HashMap<&str, &ModelDeployment> = HashMap::new();
+    for d in ds.iter().filter(|d| d.metadata.deletion_timestamp.is_none()) {
+        let key = (d.metadata.creation_timestamp.as_ref().map(|t| t.0), d.namespace(), d.name_any());
+        let e = by_model.entry(d.spec.model.name.as_str()).or_insert(d);
+        let cur = (e.metadata.creation_timestamp.as_ref().map(|t| t.0), e.namespace(), e.name_any());
+        if key < cur {
+            *e = d;
+        }
+    }
+    for (model, d) in by_model {
+        if t.resolve(model).is_some_and(|m| m.name == model) {
+            out.insert((d.namespace().unwrap_or_default(), d.name_any()), model.to_string());
+        }
+    }
+    out
+}
+
+/// Write `Serving` conditions while this replica holds the lease. Runs until dropped.
+pub async fn write_serving(
+    st: Arc<AppState>,
+    client: Client,
+    deployments: Store<ModelDeployment>,
+    mut leader: watch::Receiver<bool>,
+) {
+    let interval = Duration::from_millis(st.cfg.feedback_interval_ms);
+    let mut written: HashMap<(String, String), (Instant, String, String)> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = leader.changed() => if r.is_err() { return },
+        }
+        let leading = *leader.borrow();
+        st.metrics.set_leader(leading);
+        if !leading || !st.feed.synced() || st.feed.stale() {
+            continue;
+        }
+        let table = st.table.load_full();
+        let now = Instant::now();
+        for d in deployments.state() {
+            let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+            if d.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(model) = st.feed.owner(&ns, &name).and_then(|m| table.resolve(&m).cloned()) else { continue };
+            let endpoints: Vec<Endpoint> = model
+                .routes
+                .iter()
+                .filter(|r| r.ready)
+                .map(|r| Endpoint {
+                    cluster: r.cluster.name.clone(),
+                    ready: r.weight,
+                    ejected: st.health.get(&r.cluster.name).circuit_open(),
+                    seen: st.stats.observe(&model.name, &r.cluster.name, now),
+                })
+                .collect();
+            let want = serving(&model.name, &endpoints, st.cfg.degraded_error_rate);
+            let current = d.status.as_ref().map(|s| s.conditions.0.clone()).unwrap_or_default();
+            if !would_change(&current, std::slice::from_ref(&want), d.metadata.generation) {
+                continue;
+            }
+            // Only the message moved (numbers): at most once per interval per deployment.
+            let key = (ns.clone(), name.clone());
+            let old = current.iter().find(|c| c.type_ == condition::SERVING);
+            let same_state = old.is_some_and(|c| c.status == want.status.as_str() && c.reason == want.reason);
+            if same_state && written.get(&key).is_some_and(|(at, _, _)| now.duration_since(*at) < interval) {
+                continue;
+            }
+            let merged = merge(
+                &current,
+                std::slice::from_ref(&want),
+                d.metadata.generation,
+                &Time(k8s_openapi::jiff::Timestamp::now()),
+            );
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": d.resource_version()},
+                "status": {"conditions": merged},
+            });
+            let api: Api<ModelDeployment> = Api::namespaced(client.clone(), &ns);
+            match api
+                .patch_status(
+                    &name,
+                    &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() },
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    st.metrics.status_write(WriteResult::ok);
+                    tracing::info!(deployment = %format!("{ns}/{name}"), status = want.status.as_str(), reason = want.reason, message = %want.message, "Serving updated");
+                    written.insert(key, (now, want.status.as_str().to_string(), want.reason.to_string()));
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => st.metrics.status_write(WriteResult::conflict),
+                Err(e) => {
+                    st.metrics.status_write(WriteResult::error);
+                    tracing::warn!(deployment = %format!("{ns}/{name}"), error = %e, "Serving not written; retrying");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! What the gateway sees, turned into the `Serving` condition of each ModelDeployment. Attempts
+//! flow in through [`Stats::record`] (per model and cluster, over a one-minute window of
+//! ten-second slots); [`serving`] is the pure decision from the routes, the circuit breakers
+//! and that window. Latency is reported as the bound of its histogram bucket and error rates
+//! only above the degraded threshold, so the condition changes when the service does, not
+//! with every request. The writer (in `feed`) writes it from one elected replica, on change.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use flotilla_apis::conditions::{Desired, Status};
+use flotilla_apis::constants::{condition, reason};
+
+use crate::health::lock;
+
+/// Upper bounds (ms) of the latency buckets; the last bucket is open.
+const BOUNDS_MS: [u64; 12] = [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000];
+const SLOTS: usize = 6;
+const SLOT: Duration = Duration::from_secs(10);
+/// Below this many attempts in the window an error rate is not judged.
+pub const MIN_ATTEMPTS: u64 = 10;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Slot {
+    epoch: u64,
+    ok: u64,
+    failed: u64,
+    hist: [u32; BOUNDS_MS.len() + 1],
+}
+
+/// The last minute of attempts of one model on one cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// Attempts that succeeded.
+    pub ok: u64,
+    /// Attempts that failed (connection errors, 5xx, timeouts; not 4xx or 429).
+    pub failed: u64,
+    /// Upper bound of the bucket holding the median successful latency, in ms (`None`: no
+    /// successes, or above the last bound).
+    pub p50_le_ms: Option<u64>,
+}
+
+impl Observation {
+    /// Failed share of attempts, when there were enough to judge.
+    pub fn error_rate(&self) -> Option<f64> {
+        let n = self.ok + self.failed;
+        (n >= MIN_ATTEMPTS).then(|| self.failed as f64 / n as f64)
+    }
+}
+
+/// Per (model, cluster) windows.
+#[derive(Debug)]
+pub struct Stats {
+    base: Instant,
+    windows: Mutex<HashMap<(String, String), [Slot; SLOTS]>>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats { base: Instant::now(), windows: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl Stats {
+    fn epoch(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.base).as_secs() / SLOT.as_secs()
+    }
+
+    /// Record one attempt: `latency` is `Some` for a success.
+    pub fn record(&self, model: &str, cluster: &str, latency: Option<Duration>, now: Instant) {
+        let epoch = self.epoch(now);
+        let mut w = lock(&self.windows);
+        let slots = w.entry((model.to_string(), cluster.to_string())).or_default();
+        let slot = &mut slots[(epoch % SLOTS as u64) as usize];
+        if slot.epoch != epoch {
+            *slot = Slot { epoch, ..Slot::default() };
+        }
+        match latency {
+            Some(d) => {
+                slot.ok += 1;
+                let ms = d.as_millis() as u64;
+                let i = BOUNDS_MS.iter().position(|b| ms <= *b).unwrap_or(BOUNDS_MS.len());
+                slot.hist[i] += 1;
+            }
+            None => slot.failed += 1,
+        }
+    }
+
+    /// The window of `model` on `cluster` at `now`.
+    pub fn observe(&self, model: &str, cluster: &str, now: Instant) -> Observation {
+        let epoch = self.epoch(now);
+        let w = lock(&self.windows);
+        let Some(slots) = w.get(&(model.to_string(), cluster.to_string())) else { return Observation::default() };
+        let mut out = Observation::default();
+        let mut hist = [0u64; BOUNDS_MS.len() + 1];
+        for s in slots.iter().filter(|s| s.epoch + SLOTS as u64 > epoch && s.epoch <= epoch) {
+            out.ok += s.ok;
+            out.failed += s.failed;
+            for (h, v) in hist.iter_mut().zip(s.hist) {
+                *h += u64::from(v);
+            }
+        }
+        let half = out.ok.div_ceil(2);
+        let mut seen = 0;
+        for (i, n) in hist.iter().enumerate() {
+            seen += n;
+            if out.ok > 0 && seen >= half {
+                out.p50_le_ms = BOUNDS_MS.get(i).copied();
+                break;
+            }
+        }
+        out
+    }
+}
+
+/// One route of a model as the decision sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Endpoint {
+    /// Cluster name.
+    pub cluster: String,
+    /// Ready replicas there.
+    pub ready: u32,
+    /// The gateway's circuit breaker has ejected the cluster.
+    pub ejected: bool,
+    /// The last minute.
+    pub seen: Observation,
+}
+
+/// The `Serving` condition of `model` from its routes (`endpoints`, sorted by cluster).
+/// `degraded_at` is the error rate from which a cluster counts as degraded.
+pub fn serving(model: &str, endpoints: &[Endpoint], degraded_at: f64) -> Desired {
+    if endpoints.is_empty() {
+        return Desired::new(
+            condition::SERVING,
+            Status::False,
+            reason::NO_READY_ENDPOINTS,
+            format!(
+                "the gateway has no cluster with a Ready replica of `{model}` on a Ready InferenceCluster with an http endpoint: requests get 503; see the Ready and Placed conditions"
+            ),
+        );
+    }
+    let mut healthy = Vec::new();
+    let mut troubled = Vec::new();
+    for e in endpoints {
+        let rate = e.seen.error_rate().filter(|r| *r >= degraded_at);
+        let latency = e.seen.p50_le_ms.map(|b| format!(", p50 ≤ {b} ms")).unwrap_or_default();
+        if e.ejected {
+            troubled.push(format!("{} ejected (its circuit is open after consecutive failures)", e.cluster));
+        } else if let Some(r) = rate {
+            troubled.push(format!("{} failing {:.0}% of attempts over the last minute{latency}", e.cluster, r * 100.0));
+        } else {
+            healthy.push(format!("{} ({} ready{latency})", e.cluster, e.ready));
+        }
+    }
+    let all_ejected = endpoints.iter().all(|e| e.ejected);
+    if all_ejected {
+        return Desired::new(
+            condition::SERVING,
+            Status::False,
+            reason::ALL_ENDPOINTS_EJECTED,
+            format!(
+                "every cluster serving `{model}` is ejected: {}; requests get 503 until a probe succeeds: check the engines on those clusters",
+                troubled.join("; ")
+            ),
+        );
+    }
+    if !troubled.is_empty() {
+        let through = if healthy.is_empty() { "no healthy cluster".to_string() } else { healthy.join(", ") };
+        return Desired::new(
+            condition::SERVING,
+            Status::True,
+            reason::SERVING_DEGRADED,
+            format!(
+                "serving `{model}` through {through}; {}: traffic avoids them, check their engines",
+                troubled.join("; ")
+            ),
+        );
+    }
+    Desired::new(
+        condition::SERVING,
+        Status::True,
+        reason::ROUTABLE,
+        format!("serving `{model}` through {}", healthy.join(", ")),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(cluster: &str, ejected: bool, seen: Observation) -> Endpoint {
+        Endpoint { cluster: cluster.into(), ready: 2, ejected, seen }
+    }
+
+    #[test]
+    fn windows_forget_after_a_minute_and_bucket_latency() {
+        let s = Stats::default();
+        let t = s.base;
+        for _ in 0..9 {
+            s.record("m", "eu1", Some(Duration::from_millis(40)), t);
+        }
+        s.record("m", "eu1", None, t + Duration::from_secs(15));
+        let o = s.observe("m", "eu1", t + Duration::from_secs(20));
+        assert_eq!((o.ok, o.failed, o.p50_le_ms), (9, 1, Some(50)));
+        assert_eq!(o.error_rate(), Some(0.1));
+        assert_eq!(s.observe("m", "eu2", t), Observation::default(), "other clusters are separate");
+        let later = s.observe("m", "eu1", t + Duration::from_secs(61));
+        assert_eq!((later.ok, later.failed), (0, 1), "the first slot has aged out, the second not yet");
+        assert_eq!(s.observe("m", "eu1", t + Duration::from_secs(90)), Observation::default());
+    }
+
+    #[test]
+    fn the_condition_names_what_is_wrong() {
+        let quiet = Observation::default();
+        let bad = Observation { ok: 8, failed: 4, p50_le_ms: Some(100) };
+        let none = serving("m", &[], 0.05);
+        assert_eq!((none.status, none.reason), (Status::False, reason::NO_READY_ENDPOINTS));
+        let ok = serving("m", &[ep("eu1", false, quiet), ep("eu2", false, quiet)], 0.05);
+        assert_eq!((ok.status, ok.reason), (Status::True, reason::ROUTABLE));
+        assert_eq!(ok.message, "serving `m` through eu1 (2 ready), eu2 (2 ready)");
+        let one = serving("m", &[ep("eu1", true, quiet), ep("eu2", false, bad)], 0.05);
+        assert_eq!((one.status, one.reason), (Status::True, reason::SERVING_DEGRADED));
+        assert!(one.message.contains("eu1 ejected") && one.message.contains("eu2 failing 33%"), "{}", one.message);
+        let all = serving("m", &[ep("eu1", true, quiet), ep("eu2", true, bad)], 0.05);
+        assert_eq!((all.status, all.reason), (Status::False, reason::ALL_ENDPOINTS_EJECTED));
+        // A small error rate, or too few attempts to judge, is not degraded.
+        let few = Observation { ok: 2, failed: 1, p50_le_ms: Some(10) };
+        assert_eq!(serving("m", &[ep("eu1", false, few)], 0.05).reason, reason::ROUTABLE);
+    }
+}
