@@ -384,3 +384,52 @@ pub async fn write_serving(
         }
     }
 }
+
+/// What control-cluster mode runs beside the HTTP server: the feed and, when feedback is on,
+/// the lease and the `Serving` writer.
+pub struct ControlTasks {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    lease: Option<tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>>,
+}
+
+/// Start control-cluster mode on `client`.
+pub async fn start_control(st: Arc<AppState>, client: Client) -> Result<ControlTasks, GatewayError> {
+    let (deployments, task) = start(st.clone(), client.clone());
+    let mut out = ControlTasks { tasks: vec![task], lease: None };
+    if st.cfg.feedback_interval_ms == 0 {
+        return Ok(out);
+    }
+    let id = st.cfg.identity.clone().unwrap_or_else(|| {
+        format!("{}-{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "gateway".into()), std::process::id())
+    });
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &st.cfg.lease_name)
+        .with_namespace(&st.cfg.lease_namespace)
+        .with_identity(&id)
+        .with_duration(st.cfg.lease_duration)
+        .with_grace((st.cfg.lease_duration / 3).max(1))
+        .build()
+        .await
+        .map_err(|e| GatewayError::Control(format!("setting up the feedback lease: {e}")))?;
+    let (leader, lease) = manager.watch().await;
+    tracing::info!(identity = %id, lease = %st.cfg.lease_name, "competing to write Serving conditions");
+    out.tasks.push(tokio::spawn(write_serving(st, client, deployments, leader)));
+    out.lease = Some(lease);
+    Ok(out)
+}
+
+impl ControlTasks {
+    /// Stop the feed and the writer and give up the lease.
+    pub async fn stop(self) {
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        // The writer held the leader channel; with it gone the lease task ends and hands back
+        // the manager, which releases the lease so a standby takes over at once.
+        if let Some(task) = self.lease
+            && let Ok(Ok(Ok(manager))) = tokio::time::timeout(Duration::from_secs(5), task).await
+        {
+            let _ = manager.release().await;
+        }
+    }
+}

@@ -1,8 +1,8 @@
 //! What the gateway sees, turned into the `Serving` condition of each ModelDeployment. Attempts
 //! flow in through [`Stats::record`] (per model and cluster, over a one-minute window of
 //! ten-second slots); [`serving`] is the pure decision from the routes, the circuit breakers
-//! and that window. Latency is reported as the bound of its histogram bucket and error rates
-//! only above the degraded threshold, so the condition changes when the service does, not
+//! and that window. Error rates and latency (the bound of the median's histogram bucket) are
+//! reported for troubled clusters only, so the condition changes when the service does, not
 //! with every request. The writer (in `feed`) writes it from one elected replica, on change.
 
 use std::collections::HashMap;
@@ -150,7 +150,8 @@ pub fn serving(model: &str, endpoints: &[Endpoint], degraded_at: f64) -> Desired
         } else if let Some(r) = rate {
             troubled.push(format!("{} failing {:.0}% of attempts over the last minute{latency}", e.cluster, r * 100.0));
         } else {
-            healthy.push(format!("{} ({} ready{latency})", e.cluster, e.ready));
+            // Healthy clusters carry no numbers, so a quiet or steady fleet writes nothing.
+            healthy.push(format!("{} ({} ready)", e.cluster, e.ready));
         }
     }
     let all_ejected = endpoints.iter().all(|e| e.ejected);

@@ -2,6 +2,7 @@
 processes on loopback ports (binaries from FLOTILLA_GATEWAY_BIN / FLOTILLA_ENGINESIM_BIN,
 built by scripts/gateway-pytest.sh), torn down at the end of the session."""
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 GATEWAY = os.environ.get("FLOTILLA_GATEWAY_BIN", os.path.join(TARGET, "debug", "flotilla-gateway"))
 ENGINESIM = os.environ.get("FLOTILLA_ENGINESIM_BIN", os.path.join(TARGET, "debug", "flotilla-enginesim"))
 API_KEY = "test-key"
+# A key stored as its digest in a keys file: only model `m`, two requests a minute.
+LIMITED_KEY = "limited-key"
 
 
 def _start(argv):
@@ -61,8 +64,12 @@ def gateway_url():
         path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-"), "routing.yaml")
         with open(path, "w") as f:
             f.write(table)
+        keys = os.path.join(os.path.dirname(path), "keys.yaml")
+        digest = hashlib.sha256(LIMITED_KEY.encode()).hexdigest()
+        with open(keys, "w") as f:
+            f.write(f"keys:\n  - {{id: limited, sha256: {digest}, models: [m], requestsPerMinute: 2}}\n")
         proc, url = _start([
-            GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--api-keys", API_KEY,
+            GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--api-keys", API_KEY, "--keys-file", keys,
             "--connect-timeout-ms", "300", "--backoff-base-ms", "20",
         ])
         procs.append(proc)

@@ -69,6 +69,22 @@ def test_error_mapping(client, gateway_url):
     assert e.value.response.headers["retry-after"]
 
 
+def test_key_limits_map_onto_the_sdk(gateway_url):
+    from conftest import LIMITED_KEY
+
+    limited = openai.OpenAI(base_url=gateway_url + "/v1", api_key=LIMITED_KEY, max_retries=0, timeout=10)
+    assert [m.id for m in limited.models.list()] == ["m", "m-alias"]
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        limited.chat.completions.create(model="flaky", messages=MESSAGES)
+    assert e.value.code == "model_not_allowed"
+    for _ in range(2):
+        limited.chat.completions.create(model="m", messages=MESSAGES)
+    with pytest.raises(openai.RateLimitError) as e:
+        limited.chat.completions.create(model="m", messages=MESSAGES)
+    assert e.value.code == "rate_limit_exceeded"
+    assert 1 <= int(e.value.response.headers["retry-after"]) <= 30
+
+
 def test_mid_stream_failure_raises_api_error(client):
     stream = client.chat.completions.create(model="flaky", messages=MESSAGES, stream=True)
     received = []
