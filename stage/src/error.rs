@@ -54,7 +54,7 @@ pub enum StageError {
     },
     /// The manifest digest differs from the expected one.
     #[error(
-        "manifest digest {actual} does not match the expected {expected}; the source's files changed or the expected digest is wrong"
+        "manifest digest {actual} does not match the expected {expected}; the source's files changed or the expected digest is wrong (files without a published sha256 were removed so the next run fetches them again)"
     )]
     ManifestDigest {
         /// `--expected-digest`.

@@ -110,6 +110,14 @@ async fn stage(
     if let Some(expected) = &opts.expected_digest
         && *expected != manifest.digest
     {
+        // Files the source publishes no SHA-256 for were checked by size only (and may have been
+        // resumed from a damaged partial file): remove them so the next run fetches them afresh.
+        for file in listing.files.iter().filter(|f| f.sha256.is_none()) {
+            let path = opts.dest.join(&file.path);
+            if let Err(e) = tokio::fs::remove_file(&path).await {
+                eprintln!("flotilla-stage: cannot remove {}: {e}", path.display());
+            }
+        }
         return Err(StageError::ManifestDigest { expected: expected.clone(), actual: manifest.digest });
     }
     let json =
