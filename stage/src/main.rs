@@ -64,6 +64,9 @@ pub struct Cli {
     /// Seconds to wait for response headers or the next body bytes before retrying.
     #[arg(long, env = "FLOTILLA_STAGE_READ_TIMEOUT_SECS", default_value_t = 60)]
     read_timeout_secs: u64,
+    /// Files downloaded at the same time.
+    #[arg(long, env = "FLOTILLA_STAGE_CONCURRENCY", default_value_t = 4)]
+    concurrency: usize,
     /// Also write the result JSON here (the Job sets /dev/termination-log).
     #[arg(long, env = "FLOTILLA_STAGE_TERMINATION_LOG")]
     termination_log: Option<PathBuf>,
@@ -133,6 +136,7 @@ async fn stage(cli: &Cli) -> StageResult {
             backoff: Duration::from_millis(cli.retry_backoff_ms),
             read_timeout: Duration::from_secs(cli.read_timeout_secs.max(1)),
         },
+        concurrency: cli.concurrency,
     };
     let result = run(&opts, &mut |p| emit(&StageEvent::Progress(p))).await;
     if let Err(e) = write_result(&cli.dest, &result).await {

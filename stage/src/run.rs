@@ -9,6 +9,7 @@ use flotilla_apis::cache::CachePhase;
 use flotilla_apis::stage::{
     MANIFEST_FILE, RESULT_FILE, STATE_DIR, StageManifest, StageProgress, StageResult, is_sha256_digest,
 };
+use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::download;
@@ -29,6 +30,8 @@ pub struct Options {
     pub config: SourceConfig,
     /// Retries and timeouts.
     pub policy: RetryPolicy,
+    /// Files downloaded at the same time (at least 1).
+    pub concurrency: usize,
 }
 
 /// Stages the source and returns the verdict (Ready or Failed with a reason); reports progress.
@@ -99,12 +102,23 @@ async fn stage(
     report(CachePhase::Downloading, 0, 0, None);
     let mut staged = Vec::with_capacity(listing.files.len());
     let mut bytes = 0;
-    for file in &listing.files {
-        let entry = download::fetch(&http, &source, &opts.dest, file).await?;
+    // Files finish in any order; the manifest sorts them. The first failure drops the downloads
+    // still in flight (their partial files stay, to be resumed).
+    let source = &source;
+    let mut downloads = futures_util::stream::iter(&listing.files)
+        .map(|file| {
+            let http = &http;
+            async move { download::fetch(http, source, &opts.dest, file).await }
+        })
+        .buffer_unordered(opts.concurrency.max(1));
+    while let Some(entry) = downloads.next().await {
+        let entry = entry?;
         bytes += entry.size;
+        let path = entry.path.clone();
         staged.push(entry);
-        report(CachePhase::Downloading, bytes, staged.len() as u64, Some(&file.path));
+        report(CachePhase::Downloading, bytes, staged.len() as u64, Some(&path));
     }
+    drop(downloads);
     report(CachePhase::Verifying, bytes, staged.len() as u64, None);
     let manifest = StageManifest::new(opts.source.clone(), listing.resolved, staged);
     if let Some(expected) = &opts.expected_digest

@@ -32,14 +32,13 @@ async fn stages_an_oci_artifact_through_the_token_flow() {
     assert_eq!(result.phase, CachePhase::Ready, "{result:?}");
     assert_eq!(result.resolved.as_deref(), Some(manifest_sha.as_str()));
     assert_eq!(std::fs::read(dir.path().join("config.json")).unwrap(), b"{\"hidden\":8}");
-    let st = shared.lock().unwrap();
-    let blobs: Vec<_> = st.served.iter().filter(|s| s.path == "weights/model.safetensors").collect();
+    let served = shared.lock().unwrap().served.clone();
+    let blobs: Vec<_> = served.iter().filter(|s| s.path == "weights/model.safetensors").collect();
     assert_eq!(blobs.len(), 2);
     assert_eq!(blobs[1].range.as_deref(), Some("bytes=40000-"), "blob downloads resume too");
-    assert!(st.served.iter().all(|s| s.auth.as_deref() == Some(&format!("Bearer {OCI_TOKEN}"))), "{:?}", st.served);
+    assert!(served.iter().all(|s| s.auth.as_deref() == Some(&format!("Bearer {OCI_TOKEN}"))), "{served:?}");
 
     // The same artifact pinned by manifest digest.
-    drop(st);
     let dir2 = tempfile::tempdir().unwrap();
     let pinned =
         run(&options(&format!("oci://registry.example/{OCI_REPO}@{manifest_sha}"), &endpoint, dir2.path())).await;

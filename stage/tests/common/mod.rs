@@ -316,6 +316,7 @@ pub fn options(source: &str, endpoint: &str, dest: &Path) -> Options {
             ..SourceConfig::default()
         },
         policy: RetryPolicy { retries: 2, backoff: Duration::from_millis(10), read_timeout: Duration::from_secs(10) },
+        concurrency: 3,
     }
 }
 
