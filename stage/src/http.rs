@@ -102,11 +102,10 @@ impl Http {
             if !response.status().is_redirection() || response.status() == StatusCode::NOT_MODIFIED {
                 return Ok(response);
             }
-            let location = response
-                .headers()
-                .get(header::LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| StageError::unavailable(redact(&uri), "redirect without a Location"))?;
+            // A redirect without a Location (S3's PermanentRedirect for another region) is an answer.
+            let Some(location) = response.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()) else {
+                return Ok(response);
+            };
             let next = resolve_location(&uri, location)?;
             if next.authority() != uri.authority() {
                 headers.remove(header::AUTHORIZATION);
@@ -174,6 +173,7 @@ pub async fn check_status(response: Response<Incoming>, uri: &Uri) -> Result<Res
     let url = redact(uri);
     // Hugging Face answers 401 for a repository that does not exist or is private, and says which.
     let hf_code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let region_hint = response.headers().get("x-amz-bucket-region").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let body = tokio::time::timeout(
         Duration::from_secs(5),
         http_body_util::Limited::new(response.into_body(), 4096).collect(),
@@ -183,7 +183,10 @@ pub async fn check_status(response: Response<Incoming>, uri: &Uri) -> Result<Res
     .and_then(Result::ok)
     .map(|c| String::from_utf8_lossy(&c.to_bytes()).trim().chars().take(300).collect::<String>())
     .unwrap_or_default();
-    let detail = if body.is_empty() { String::new() } else { format!(": {body}") };
+    let mut detail = if body.is_empty() { String::new() } else { format!(": {body}") };
+    if let Some(region) = region_hint {
+        detail.push_str(&format!("; the bucket is in region {region}: set --s3-region"));
+    }
     Err(match (status.as_u16(), hf_code.as_deref()) {
         (_, Some("RepoNotFound" | "RevisionNotFound" | "EntryNotFound")) => {
             StageError::NotFound { what: format!("{url} (or it is private and the token has no access)") }

@@ -95,6 +95,22 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn stage(cli: &Cli) -> StageResult {
+    let result = match options(cli) {
+        Ok(opts) => run(&opts, &mut |p| emit(&StageEvent::Progress(p))).await,
+        Err(failure) => failure,
+    };
+    // Written even for a failure found before staging began, so no earlier verdict survives.
+    if let Err(e) = write_result(&cli.dest, &result).await {
+        eprintln!("flotilla-stage: {e}");
+        if result.reason.is_none() {
+            return failed(cli, StageReason::StorageUnavailable, e.to_string());
+        }
+    }
+    result
+}
+
+/// The run's options from flags and environment, or the result of a failure to read them.
+fn options(cli: &Cli) -> Result<Options, StageResult> {
     let token = match (&cli.token_file, &cli.token) {
         (Some(path), _) => match std::fs::read_to_string(path) {
             Ok(t) => Some(t.trim().to_string()),
@@ -103,7 +119,7 @@ async fn stage(cli: &Cli) -> StageResult {
                     "cannot read the token file {}: {e}; check the credentials Secret and its mount",
                     path.display()
                 );
-                return failed(cli, StageReason::SourceUnauthorized, message);
+                return Err(failed(cli, StageReason::SourceUnauthorized, message));
             }
         },
         (None, Some(t)) => Some(t.clone()),
@@ -138,14 +154,7 @@ async fn stage(cli: &Cli) -> StageResult {
         },
         concurrency: cli.concurrency,
     };
-    let result = run(&opts, &mut |p| emit(&StageEvent::Progress(p))).await;
-    if let Err(e) = write_result(&cli.dest, &result).await {
-        eprintln!("flotilla-stage: {e}");
-        if result.reason.is_none() {
-            return failed(cli, StageReason::StorageUnavailable, e.to_string());
-        }
-    }
-    result
+    Ok(opts)
 }
 
 fn failed(cli: &Cli, reason: StageReason, message: String) -> StageResult {

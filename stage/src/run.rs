@@ -144,8 +144,16 @@ async fn stage(
     Ok(manifest)
 }
 
-/// Writes the result to `<dest>/.flotilla/result.json` (temp file + rename).
+/// Writes the result to `<dest>/.flotilla/result.json` (temp file + rename); a result that is not
+/// Ready also removes any manifest, so a manifest on the volume always goes with a Ready result.
 pub async fn write_result(dest: &Path, result: &StageResult) -> Result<(), StageError> {
+    if result.phase != CachePhase::Ready {
+        let manifest = dest.join(MANIFEST_FILE);
+        match tokio::fs::remove_file(&manifest).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(StageError::storage(&manifest, e)),
+            _ => {}
+        }
+    }
     let path = dest.join(RESULT_FILE);
     let json = serde_json::to_vec_pretty(result).map_err(|e| StageError::storage(&path, std::io::Error::other(e)))?;
     if let Some(parent) = path.parent() {

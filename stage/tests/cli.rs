@@ -81,6 +81,24 @@ async fn the_binary_exits_with_the_reasons_code() {
     assert_eq!(code, StageReason::SourceUnauthorized.exit_code());
     assert!(matches!(events.last(), Some(StageEvent::Result(r)) if r.reason == Some(StageReason::SourceUnauthorized)));
     assert_not_ready(dir.path());
+
+    // An unreadable token file is a credentials problem, and it clears an earlier Ready verdict.
+    let ok = stage_bin(
+        &["--source", &format!("hf://{REPO}"), "--dest", dest, "--token", "hf_tok"],
+        &[("HF_ENDPOINT", &endpoint)],
+    )
+    .await;
+    assert_eq!(ok.0, 0);
+    assert!(dir.path().join(".flotilla/manifest.json").exists());
+    let missing = dir.path().join("no-such-token");
+    let (code, _) = stage_bin(
+        &["--source", &format!("hf://{REPO}"), "--dest", dest, "--token-file", missing.to_str().unwrap()],
+        &[("HF_ENDPOINT", &endpoint)],
+    )
+    .await;
+    assert_eq!(code, StageReason::SourceUnauthorized.exit_code());
+    assert!(assert_not_ready(dir.path()).message.contains("token file"));
+
     let (code, _) = stage_bin(&["--source", "ftp://x", "--dest", dest], &[]).await;
     assert_eq!(code, StageReason::InvalidSource.exit_code());
     let (code, _) = stage_bin(&["--source", "hf://a/b", "--dest", dest, "--expected-digest", "md5:1"], &[]).await;
