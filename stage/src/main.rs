@@ -97,7 +97,7 @@ fn main() -> anyhow::Result<()> {
 async fn stage(cli: &Cli) -> StageResult {
     let result = match options(cli) {
         Ok(opts) => run(&opts, &mut |p| emit(&StageEvent::Progress(p))).await,
-        Err(failure) => failure,
+        Err((reason, message)) => failed(cli, reason, message),
     };
     // Written even for a failure found before staging began, so no earlier verdict survives.
     if let Err(e) = write_result(&cli.dest, &result).await {
@@ -110,7 +110,7 @@ async fn stage(cli: &Cli) -> StageResult {
 }
 
 /// The run's options from flags and environment, or the result of a failure to read them.
-fn options(cli: &Cli) -> Result<Options, StageResult> {
+fn options(cli: &Cli) -> Result<Options, (StageReason, String)> {
     let token = match (&cli.token_file, &cli.token) {
         (Some(path), _) => match std::fs::read_to_string(path) {
             Ok(t) => Some(t.trim().to_string()),
@@ -119,7 +119,7 @@ fn options(cli: &Cli) -> Result<Options, StageResult> {
                     "cannot read the token file {}: {e}; check the credentials Secret and its mount",
                     path.display()
                 );
-                return Err(failed(cli, StageReason::SourceUnauthorized, message));
+                return Err((StageReason::SourceUnauthorized, message));
             }
         },
         (None, Some(t)) => Some(t.clone()),
