@@ -222,14 +222,18 @@ impl StageResult {
     }
 }
 
-/// Progress while staging runs: `Downloading` (after each file) and `Verifying`.
+/// Progress while staging runs: `Downloading` (after listing, after each file, and every few
+/// seconds while a download runs) and `Verifying`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StageProgress {
     /// `Downloading` or `Verifying`.
     pub phase: CachePhase,
-    /// Bytes on the volume so far.
+    /// Bytes of the files verified so far.
     pub bytes: u64,
+    /// Bytes received from the source in this run, files not finished yet included.
+    #[serde(default)]
+    pub received_bytes: u64,
     /// Bytes the source listed.
     pub total_bytes: u64,
     /// Files done so far.

@@ -108,6 +108,7 @@ fn events_are_tagged_by_kind() {
     let p = StageEvent::Progress(StageProgress {
         phase: CachePhase::Downloading,
         bytes: 1,
+        received_bytes: 2,
         total_bytes: 2,
         files: 1,
         total_files: 2,

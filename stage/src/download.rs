@@ -7,6 +7,7 @@
 //! file already at its final path is re-hashed and kept only if it still checks out.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flotilla_apis::stage::{ManifestFile, STATE_DIR, hex};
 use http::{StatusCode, header};
@@ -24,7 +25,14 @@ pub fn partial_path(dest: &Path, path: &str) -> PathBuf {
 }
 
 /// Downloads (or reuses) `file` under `dest` and returns its verified manifest entry.
-pub async fn fetch(http: &Http, source: &Source, dest: &Path, file: &RemoteFile) -> Result<ManifestFile, StageError> {
+/// Bytes received are added to `received` as they arrive.
+pub async fn fetch(
+    http: &Http,
+    source: &Source,
+    dest: &Path,
+    file: &RemoteFile,
+    received: &AtomicU64,
+) -> Result<ManifestFile, StageError> {
     let target = dest.join(&file.path);
     if let Ok(meta) = tokio::fs::metadata(&target).await
         && meta.is_file()
@@ -43,7 +51,7 @@ pub async fn fetch(http: &Http, source: &Source, dest: &Path, file: &RemoteFile)
     let mut fresh_retry_left = true;
     loop {
         let resumed = file_len(&partial).await > 0;
-        http.retry(|| attempt(http, source, file, &partial)).await?;
+        http.retry(|| attempt(http, source, file, &partial, received)).await?;
         match verify(&partial, file).await {
             Ok(sha256) => {
                 tokio::fs::rename(&partial, &target).await.map_err(|e| StageError::storage(&target, e))?;
@@ -62,7 +70,13 @@ pub async fn fetch(http: &Http, source: &Source, dest: &Path, file: &RemoteFile)
 }
 
 /// One GET continuing the partial file; returns when the body ended (complete or not).
-async fn attempt(http: &Http, source: &Source, file: &RemoteFile, partial: &Path) -> Result<(), StageError> {
+async fn attempt(
+    http: &Http,
+    source: &Source,
+    file: &RemoteFile,
+    partial: &Path,
+    received: &AtomicU64,
+) -> Result<(), StageError> {
     let mut start = file_len(partial).await;
     if start > file.size {
         remove(partial).await?;
@@ -127,6 +141,7 @@ async fn attempt(http: &Http, source: &Source, file: &RemoteFile, partial: &Path
                 return Err(StageError::Size { file: file.path.clone(), expected: file.size, actual: written });
             }
             out.write_all(&data).await.map_err(|e| StageError::storage(partial, e))?;
+            received.fetch_add(data.len() as u64, Ordering::Relaxed);
         }
     }
     flush(&mut out, partial).await

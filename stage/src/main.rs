@@ -67,6 +67,9 @@ pub struct Cli {
     /// Files downloaded at the same time.
     #[arg(long, env = "FLOTILLA_STAGE_CONCURRENCY", default_value_t = 4)]
     concurrency: usize,
+    /// Seconds between progress lines while downloads run (besides one per finished file).
+    #[arg(long, env = "FLOTILLA_STAGE_PROGRESS_INTERVAL_SECS", default_value_t = 10)]
+    progress_interval_secs: u64,
     /// Also write the result JSON here (the Job sets /dev/termination-log).
     #[arg(long, env = "FLOTILLA_STAGE_TERMINATION_LOG")]
     termination_log: Option<PathBuf>,
@@ -153,6 +156,7 @@ fn options(cli: &Cli) -> Result<Options, (StageReason, String)> {
             read_timeout: Duration::from_secs(cli.read_timeout_secs.max(1)),
         },
         concurrency: cli.concurrency,
+        progress_interval: Duration::from_secs(cli.progress_interval_secs.max(1)),
     };
     Ok(opts)
 }

@@ -9,6 +9,9 @@ use flotilla_apis::cache::CachePhase;
 use flotilla_apis::stage::{
     MANIFEST_FILE, RESULT_FILE, STATE_DIR, StageManifest, StageProgress, StageResult, is_sha256_digest,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -32,6 +35,8 @@ pub struct Options {
     pub policy: RetryPolicy,
     /// Files downloaded at the same time (at least 1).
     pub concurrency: usize,
+    /// Time between progress reports while downloads run (besides one per finished file).
+    pub progress_interval: Duration,
 }
 
 /// Stages the source and returns the verdict (Ready or Failed with a reason); reports progress.
@@ -96,8 +101,18 @@ async fn stage(
     resolved.clone_from(&listing.resolved);
     let total_bytes = listing.files.iter().map(|f| f.size).sum();
     let total_files = listing.files.len() as u64;
+    let received = AtomicU64::new(0);
     let mut report = |phase, bytes, files, file: Option<&str>| {
-        progress(StageProgress { phase, bytes, total_bytes, files, total_files, file: file.map(str::to_owned) })
+        let received_bytes = received.load(Ordering::Relaxed);
+        progress(StageProgress {
+            phase,
+            bytes,
+            received_bytes,
+            total_bytes,
+            files,
+            total_files,
+            file: file.map(str::to_owned),
+        })
     };
     report(CachePhase::Downloading, 0, 0, None);
     let mut staged = Vec::with_capacity(listing.files.len());
@@ -107,16 +122,24 @@ async fn stage(
     let source = &source;
     let mut downloads = futures_util::stream::iter(&listing.files)
         .map(|file| {
-            let http = &http;
-            async move { download::fetch(http, source, &opts.dest, file).await }
+            let (http, received) = (&http, &received);
+            async move { download::fetch(http, source, &opts.dest, file, received).await }
         })
         .buffer_unordered(opts.concurrency.max(1));
-    while let Some(entry) = downloads.next().await {
-        let entry = entry?;
-        bytes += entry.size;
-        let path = entry.path.clone();
-        staged.push(entry);
-        report(CachePhase::Downloading, bytes, staged.len() as u64, Some(&path));
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + opts.progress_interval, opts.progress_interval);
+    loop {
+        tokio::select! {
+            entry = downloads.next() => {
+                let Some(entry) = entry else { break };
+                let entry = entry?;
+                bytes += entry.size;
+                let path = entry.path.clone();
+                staged.push(entry);
+                report(CachePhase::Downloading, bytes, staged.len() as u64, Some(&path));
+            }
+            _ = tick.tick() => report(CachePhase::Downloading, bytes, staged.len() as u64, None),
+        }
     }
     drop(downloads);
     report(CachePhase::Verifying, bytes, staged.len() as u64, None);

@@ -236,3 +236,28 @@ async fn invalid_sources_and_unwritable_volumes_are_named() {
     assert_eq!(result.reason, Some(StageReason::StorageUnavailable), "{result:?}");
     assert!(progress.is_empty());
 }
+
+#[tokio::test]
+async fn progress_is_reported_while_a_file_downloads() {
+    let mut s = hub();
+    s.pause = Some((BIG.into(), 60_000, std::time::Duration::from_millis(600)));
+    let (endpoint, _) = start(s).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&format!("hf://{REPO}"), &endpoint, dir.path());
+    opts.concurrency = 1;
+    opts.progress_interval = std::time::Duration::from_millis(100);
+    let mut progress = Vec::new();
+    let result = flotilla_stage::run(&opts, &mut |p| progress.push(p)).await;
+    assert_eq!(result.phase, CachePhase::Ready, "{result:?}");
+    let mid: Vec<_> = progress
+        .iter()
+        .filter(|p| p.file.is_none() && p.phase == CachePhase::Downloading && p.received_bytes > 0)
+        .collect();
+    assert!(!mid.is_empty(), "{progress:?}");
+    assert!(mid.iter().any(|p| p.received_bytes > p.bytes), "bytes of the unfinished file are counted: {mid:?}");
+    let last = progress.last().unwrap();
+    assert_eq!(
+        (last.phase, last.bytes, last.received_bytes),
+        (CachePhase::Verifying, last.total_bytes, last.total_bytes)
+    );
+}

@@ -54,6 +54,8 @@ pub struct State {
     pub cut_once: Option<(String, usize)>,
     /// Never send bytes of this file past this offset (Content-Length still promises all).
     pub short: Option<(String, usize)>,
+    /// Send this many bytes of this file, then pause this long before the rest.
+    pub pause: Option<(String, usize, Duration)>,
     /// Tree entries per page.
     pub page_size: usize,
     /// The OCI registry demands a token from its /token endpoint.
@@ -224,15 +226,22 @@ fn serve_bytes(st: &mut State, path: &str, bytes: Vec<u8>, headers: &HeaderMap) 
     let status = if range.is_some() { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
     st.served.push(Served { path: path.into(), range: range.clone(), auth, status: status.as_u16(), bytes: send });
     let chunk = bytes::Bytes::copy_from_slice(&bytes[start..start + send]);
-    let mut items: Vec<Result<bytes::Bytes, std::io::Error>> = vec![Ok(chunk)];
-    if cut {
-        items.push(Err(std::io::Error::other("connection cut by the test")));
+    let mut items: Vec<(Duration, Result<bytes::Bytes, std::io::Error>)> = vec![(Duration::ZERO, Ok(chunk))];
+    if let Some((p, n, pause)) = st.pause.clone()
+        && p == path
+        && n > start
+        && n < start + send
+    {
+        let all = items.remove(0).1.unwrap();
+        items.push((Duration::ZERO, Ok(all.slice(..n - start))));
+        items.push((pause, Ok(all.slice(n - start..))));
     }
-    // The pause lets hyper flush the headers and the first bytes before the connection is cut.
-    let stream = futures_util::StreamExt::then(futures_util::stream::iter(items), |item| async move {
-        if item.is_err() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    if cut {
+        // The pause lets hyper flush the headers and the first bytes before the connection is cut.
+        items.push((Duration::from_millis(100), Err(std::io::Error::other("connection cut by the test"))));
+    }
+    let stream = futures_util::StreamExt::then(futures_util::stream::iter(items), |(pause, item)| async move {
+        tokio::time::sleep(pause).await;
         item
     });
     let body = Body::from_stream(stream);
@@ -317,6 +326,7 @@ pub fn options(source: &str, endpoint: &str, dest: &Path) -> Options {
         },
         policy: RetryPolicy { retries: 2, backoff: Duration::from_millis(10), read_timeout: Duration::from_secs(10) },
         concurrency: 3,
+        progress_interval: Duration::from_secs(3600),
     }
 }
 
