@@ -122,9 +122,12 @@ async fn attempt(
     let mut written = if append { start } else { 0 };
     let mut body = response.into_body();
     loop {
-        let frame = tokio::time::timeout(http.policy.read_timeout, body.frame())
-            .await
-            .map_err(|_| StageError::unavailable(&url, format!("stalled after {written} bytes")))?;
+        // Every exit flushes first: the next attempt resumes from the file's length, so no write
+        // may still be in flight when it looks.
+        let Ok(frame) = tokio::time::timeout(http.policy.read_timeout, body.frame()).await else {
+            flush(&mut out, partial).await?;
+            return Err(StageError::unavailable(&url, format!("stalled after {written} bytes")));
+        };
         let Some(frame) = frame else { break };
         let frame = match frame {
             Ok(f) => f,

@@ -261,3 +261,19 @@ async fn progress_is_reported_while_a_file_downloads() {
         (CachePhase::Verifying, last.total_bytes, last.total_bytes)
     );
 }
+
+#[tokio::test]
+async fn a_stalled_download_times_out_and_resumes() {
+    let mut s = hub();
+    s.pause = Some((BIG.into(), 80_000, std::time::Duration::from_secs(5)));
+    let (endpoint, shared) = start(s).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&format!("hf://{REPO}"), &endpoint, dir.path());
+    opts.policy.read_timeout = std::time::Duration::from_millis(500);
+    let result = run(&opts).await;
+    assert_eq!(result.phase, CachePhase::Ready, "{result:?}");
+    assert_eq!(result.digest, Some(expected_digest()));
+    let ranges: Vec<Option<String>> =
+        shared.lock().unwrap().served.iter().filter(|s| s.path == BIG).map(|s| s.range.clone()).collect();
+    assert_eq!(ranges, vec![None, Some("bytes=80000-".into())], "the bytes before the stall are kept");
+}
