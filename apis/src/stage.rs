@@ -222,6 +222,42 @@ impl StageResult {
     }
 }
 
+impl StageResult {
+    /// Reads the result from a termination message: either the result JSON itself (what
+    /// `--termination-log` writes) or, with `FallbackToLogsOnError`, a log tail whose last
+    /// non-empty line is a `{"kind":"Result",…}` event. `None` when there is no result to read.
+    pub fn from_termination_message(message: &str) -> Option<StageResult> {
+        let last = message.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+        match serde_json::from_str::<StageEvent>(last) {
+            Ok(StageEvent::Result(r)) => Some(r),
+            Ok(StageEvent::Progress(_)) => None,
+            Err(_) => serde_json::from_str(last).ok(),
+        }
+    }
+
+    /// What the controller may conclude for one cluster from this result, given the spec it
+    /// staged for: `(phase, reason, message)`. Ready only when the result says Ready, was
+    /// staged from `source`, carries a digest, and that digest equals `expected_digest` when
+    /// one is given; anything else is Failed with a reason from `constants::reason`.
+    pub fn verdict(&self, source: &str, expected_digest: Option<&str>) -> (CachePhase, &'static str, String) {
+        let failed = |reason: &'static str, message: String| (CachePhase::Failed, reason, message);
+        if self.source != source {
+            return failed(reason::JOB_FAILED, format!("the staging result is for {}, not {source}", self.source));
+        }
+        match (self.phase, self.reason, self.digest.as_deref()) {
+            (CachePhase::Ready, None, Some(digest)) => match expected_digest {
+                Some(expected) if expected != digest => failed(
+                    reason::DIGEST_MISMATCH,
+                    format!("staged manifest digest {digest} does not match spec.digest {expected}"),
+                ),
+                _ => (CachePhase::Ready, reason::AS_EXPECTED, self.message.clone()),
+            },
+            (CachePhase::Failed, Some(r), _) => failed(r.as_str(), self.message.clone()),
+            _ => failed(reason::JOB_FAILED, format!("inconsistent staging result: {}", self.message)),
+        }
+    }
+}
+
 /// Progress while staging runs: `Downloading` (after listing, after each file, and every few
 /// seconds while a download runs) and `Verifying`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

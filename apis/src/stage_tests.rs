@@ -119,3 +119,61 @@ fn events_are_tagged_by_kind() {
     assert_eq!(v["phase"], "Downloading");
     assert_eq!(v["totalBytes"], 2);
 }
+
+fn ready(source: &str, digest: &str) -> StageResult {
+    StageResult {
+        phase: CachePhase::Ready,
+        reason: None,
+        message: "ok".into(),
+        source: source.into(),
+        file: None,
+        digest: Some(digest.into()),
+        expected_digest: None,
+        resolved: None,
+        files: 1,
+        bytes: 3,
+    }
+}
+
+#[test]
+fn the_verdict_is_ready_only_for_this_source_and_the_expected_digest() {
+    let d = format!("sha256:{}", "a".repeat(64));
+    let other = format!("sha256:{}", "b".repeat(64));
+    let r = ready("hf://a/b", &d);
+    assert_eq!(r.verdict("hf://a/b", None).0, CachePhase::Ready);
+    assert_eq!(r.verdict("hf://a/b", Some(&d)).0, CachePhase::Ready);
+    assert_eq!(r.verdict("hf://a/b", Some(&other)).1, "DigestMismatch");
+    assert_eq!(
+        r.verdict("hf://a/c", None),
+        (CachePhase::Failed, "JobFailed", "the staging result is for hf://a/b, not hf://a/c".into())
+    );
+    let no_digest = StageResult { digest: None, ..r.clone() };
+    assert_eq!(no_digest.verdict("hf://a/b", None).1, "JobFailed", "Ready without a digest is not evidence");
+    let failed =
+        StageResult { phase: CachePhase::Failed, reason: Some(StageReason::SourceNotFound), digest: None, ..r };
+    assert_eq!(failed.verdict("hf://a/b", None).1, "SourceNotFound");
+}
+
+#[test]
+fn results_are_read_from_termination_messages_and_log_tails() {
+    let r = ready("hf://a/b", &format!("sha256:{}", "a".repeat(64)));
+    assert_eq!(StageResult::from_termination_message(&r.to_line()), Some(r.clone()));
+    let progress = StageEvent::Progress(StageProgress {
+        phase: CachePhase::Downloading,
+        bytes: 0,
+        received_bytes: 0,
+        total_bytes: 3,
+        files: 0,
+        total_files: 1,
+        file: None,
+    });
+    let log = format!(
+        "{}\nretrying\n{}\n\n",
+        serde_json::to_string(&progress).unwrap(),
+        serde_json::to_string(&StageEvent::Result(r.clone())).unwrap()
+    );
+    assert_eq!(StageResult::from_termination_message(&log), Some(r));
+    assert_eq!(StageResult::from_termination_message(&serde_json::to_string(&progress).unwrap()), None);
+    assert_eq!(StageResult::from_termination_message("killed\n"), None);
+    assert_eq!(StageResult::from_termination_message(""), None);
+}
