@@ -277,3 +277,22 @@ async fn a_stalled_download_times_out_and_resumes() {
         shared.lock().unwrap().served.iter().filter(|s| s.path == BIG).map(|s| s.range.clone()).collect();
     assert_eq!(ranges, vec![None, Some("bytes=80000-".into())], "the bytes before the stall are kept");
 }
+
+#[tokio::test]
+async fn a_server_that_ignores_range_restarts_the_file_from_zero() {
+    let mut s = hub();
+    s.cut_once = Some((BIG.into(), 70_000));
+    s.ignore_range = true;
+    let (endpoint, shared) = start(s).await;
+    let dir = tempfile::tempdir().unwrap();
+    let result = run(&options(&format!("hf://{REPO}"), &endpoint, dir.path())).await;
+    assert_eq!(result.phase, CachePhase::Ready, "{result:?}");
+    assert_eq!(
+        result.digest,
+        Some(expected_digest()),
+        "the 200 body replaced the partial file instead of being appended"
+    );
+    let big: Vec<Served> = shared.lock().unwrap().served.iter().filter(|s| s.path == BIG).cloned().collect();
+    assert_eq!(big.len(), 2);
+    assert_eq!((big[1].range.as_deref(), big[1].status, big[1].bytes), (Some("bytes=70000-"), 200, 200_000));
+}

@@ -56,6 +56,8 @@ pub struct State {
     pub short: Option<(String, usize)>,
     /// Send this many bytes of this file, then pause this long before the rest.
     pub pause: Option<(String, usize, Duration)>,
+    /// Ignore `Range` headers (answer 200 with the whole file), as some servers do.
+    pub ignore_range: bool,
     /// Tree entries per page.
     pub page_size: usize,
     /// The OCI registry demands a token from its /token endpoint.
@@ -199,7 +201,8 @@ fn serve_file(st: &mut State, path: &str, headers: &HeaderMap) -> Response<Body>
 }
 
 fn serve_bytes(st: &mut State, path: &str, bytes: Vec<u8>, headers: &HeaderMap) -> Response<Body> {
-    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let asked = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let range = if st.ignore_range { None } else { asked.clone() };
     let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let start: usize =
         range.as_deref().and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok()).unwrap_or(0);
@@ -224,7 +227,7 @@ fn serve_bytes(st: &mut State, path: &str, bytes: Vec<u8>, headers: &HeaderMap) 
         send = send.min(n.saturating_sub(start));
     }
     let status = if range.is_some() { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
-    st.served.push(Served { path: path.into(), range: range.clone(), auth, status: status.as_u16(), bytes: send });
+    st.served.push(Served { path: path.into(), range: asked, auth, status: status.as_u16(), bytes: send });
     let chunk = bytes::Bytes::copy_from_slice(&bytes[start..start + send]);
     let mut items: Vec<(Duration, Result<bytes::Bytes, std::io::Error>)> = vec![(Duration::ZERO, Ok(chunk))];
     if let Some((p, n, pause)) = st.pause.clone()
