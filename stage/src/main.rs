@@ -17,8 +17,8 @@ use flotilla_stage::{Credentials, Options, RetryPolicy, SourceConfig, run, write
 ///
 /// Examples:
 ///   flotilla-stage --source hf://Qwen/Qwen2.5-0.5B@main --dest /models/qwen
-///   flotilla-stage --source s3://weights/llama-70b --dest /models/llama --expected-digest sha256:…
-///   flotilla-stage --source oci://ghcr.io/org/llama-weights:v1 --dest /models/llama
+///   flotilla-stage --source s3://my-bucket/llama-70b --dest /models/llama --s3-region eu-central-1
+///   flotilla-stage --source oci://ghcr.io/my-org/llama-weights:v1 --dest /models/llama --termination-log /dev/termination-log
 #[derive(Parser, Debug)]
 #[command(name = "flotilla-stage", version, verbatim_doc_comment)]
 pub struct Cli {
