@@ -136,8 +136,14 @@ pub mod reason {
     pub const SOURCE_NOT_FOUND: &str = "SourceNotFound";
     /// The staged files do not match the expected digest.
     pub const DIGEST_MISMATCH: &str = "DigestMismatch";
-    /// No volume could be provisioned.
+    /// No volume could be provisioned, or the staging program cannot write to it (read-only, full).
     pub const STORAGE_UNAVAILABLE: &str = "StorageUnavailable";
+    /// The source did not answer, or answered 5xx/429, after every retry.
+    pub const SOURCE_UNAVAILABLE: &str = "SourceUnavailable";
+    /// The source URL, or a file name it lists, is not one the staging program accepts.
+    pub const INVALID_SOURCE: &str = "InvalidSource";
+    /// A staged file's size differs from the size the source listed (a truncated download).
+    pub const SIZE_MISMATCH: &str = "SizeMismatch";
     /// The staging job failed for another reason; the message carries its log tail.
     pub const JOB_FAILED: &str = "JobFailed";
     /// Deletion waits because deployments still mount the cache.

@@ -19,6 +19,7 @@ pub mod crd;
 pub mod deployment;
 pub mod document;
 pub mod schema_check;
+pub mod stage;
 pub mod validate;
 
 pub use cache::{ModelCache, ModelCacheSpec, ModelCacheStatus};

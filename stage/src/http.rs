@@ -1,0 +1,266 @@
+//! The HTTP client every source uses: hyper over rustls (native roots, ring), plain HTTP for
+//! loopback endpoints. It follows redirects (dropping `Authorization` when the host changes, as
+//! Hugging Face's CDN and registry blob stores expect), maps statuses to [`StageError`]s, and
+//! retries what is retryable with capped exponential backoff.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+
+use crate::error::StageError;
+
+/// Redirects followed before giving up.
+const MAX_REDIRECTS: usize = 10;
+/// Largest listing or manifest body read into memory.
+const MAX_SMALL_BODY: usize = 64 << 20;
+
+/// How often and how patiently to retry.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts after the first.
+    pub retries: u32,
+    /// Backoff before the first retry; doubles per retry up to 30 s.
+    pub backoff: Duration,
+    /// Longest wait for response headers or for the next piece of a body.
+    pub read_timeout: Duration,
+}
+
+/// One GET to send: a URI and headers (the body is always empty).
+#[derive(Clone, Debug)]
+pub struct Req {
+    /// Where.
+    pub uri: Uri,
+    /// With what.
+    pub headers: HeaderMap,
+}
+
+impl Req {
+    /// A GET of `uri` with no headers.
+    pub fn get(uri: &str) -> Result<Req, StageError> {
+        let uri: Uri = uri.parse().map_err(|e| StageError::InvalidSource(format!("{uri}: {e}")))?;
+        Ok(Req { uri, headers: HeaderMap::new() })
+    }
+
+    /// Adds a header; values that are not valid header text are an invalid source.
+    pub fn header(mut self, name: header::HeaderName, value: &str) -> Result<Req, StageError> {
+        let v = value.parse().map_err(|_| StageError::InvalidSource(format!("unusable {name} header value")))?;
+        self.headers.insert(name, v);
+        Ok(self)
+    }
+}
+
+/// The shared client.
+#[derive(Clone)]
+pub struct Http {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// Retry and timeout settings.
+    pub policy: RetryPolicy,
+}
+
+impl Http {
+    /// A client trusting the system's root certificates (none needed for plain-HTTP endpoints).
+    pub fn new(policy: RetryPolicy) -> Result<Http, StageError> {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(rustls_native_certs_load());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| StageError::unavailable("TLS setup", e))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(policy.read_timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Http { client: Client::builder(TokioExecutor::new()).build(connector), policy })
+    }
+
+    /// Sends one GET, following redirects; returns whatever final response arrived.
+    pub async fn send(&self, req: &Req) -> Result<Response<Incoming>, StageError> {
+        let mut uri = req.uri.clone();
+        let mut headers = req.headers.clone();
+        for _ in 0..=MAX_REDIRECTS {
+            let mut builder = Request::builder().method(Method::GET).uri(uri.clone());
+            if let Some(h) = builder.headers_mut() {
+                h.extend(headers.clone());
+            }
+            let request = builder.body(Empty::new()).map_err(|e| StageError::InvalidSource(format!("{uri}: {e}")))?;
+            let response = tokio::time::timeout(self.policy.read_timeout, self.client.request(request))
+                .await
+                .map_err(|_| StageError::unavailable(redact(&uri), "no response within the read timeout"))?
+                .map_err(|e| StageError::unavailable(redact(&uri), error_chain(&e)))?;
+            if !response.status().is_redirection() || response.status() == StatusCode::NOT_MODIFIED {
+                return Ok(response);
+            }
+            // A redirect without a Location (S3's PermanentRedirect for another region) is an answer.
+            let Some(location) = response.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()) else {
+                return Ok(response);
+            };
+            let next = resolve_location(&uri, location)?;
+            if next.authority() != uri.authority() {
+                headers.remove(header::AUTHORIZATION);
+                headers.remove(header::HOST);
+            }
+            uri = next;
+        }
+        Err(StageError::unavailable(redact(&req.uri), "too many redirects"))
+    }
+
+    /// Sends `make()` until it succeeds with a 2xx or fails for good; returns the whole (small) body.
+    pub async fn get_bytes<F>(&self, make: F) -> Result<(HeaderMap, Bytes), StageError>
+    where
+        F: Fn() -> Result<Req, StageError>,
+    {
+        self.retry(|| async {
+            let req = make()?;
+            let response = self.send(&req).await?;
+            let response = check_status(response, &req.uri).await?;
+            let headers = response.headers().clone();
+            let body = self.read_small(response, &req.uri).await?;
+            Ok((headers, body))
+        })
+        .await
+    }
+
+    /// Reads a small body whole, with the read timeout and a size bound.
+    pub async fn read_small(&self, response: Response<Incoming>, uri: &Uri) -> Result<Bytes, StageError> {
+        let limited = http_body_util::Limited::new(response.into_body(), MAX_SMALL_BODY);
+        let collected = tokio::time::timeout(self.policy.read_timeout, limited.collect())
+            .await
+            .map_err(|_| StageError::unavailable(redact(uri), "body not received within the read timeout"))?
+            .map_err(|e| StageError::unavailable(redact(uri), e))?;
+        Ok(collected.to_bytes())
+    }
+
+    /// Runs `attempt` until it succeeds, fails with a non-retryable error, or the retries run out.
+    pub async fn retry<T, F, Fut>(&self, mut attempt: F) -> Result<T, StageError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StageError>>,
+    {
+        let mut backoff = self.policy.backoff;
+        let mut left = self.policy.retries;
+        loop {
+            match attempt().await {
+                Err(e) if e.is_retryable() && left > 0 => {
+                    eprintln!("flotilla-stage: {e}; retrying in {backoff:?} ({left} retries left)");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    left -= 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Maps a non-2xx response to its error (reading a little of the body for the message); 2xx passes.
+pub async fn check_status(response: Response<Incoming>, uri: &Uri) -> Result<Response<Incoming>, StageError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let url = redact(uri);
+    // Hugging Face answers 401 for a repository that does not exist or is private, and says which.
+    let hf_code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let region_hint = response.headers().get("x-amz-bucket-region").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = tokio::time::timeout(
+        Duration::from_secs(5),
+        http_body_util::Limited::new(response.into_body(), 4096).collect(),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .map(|c| String::from_utf8_lossy(&c.to_bytes()).trim().chars().take(300).collect::<String>())
+    .unwrap_or_default();
+    let mut detail = if body.is_empty() { String::new() } else { format!(": {body}") };
+    if let Some(region) = region_hint {
+        detail.push_str(&format!("; the bucket is in region {region}: set --s3-region"));
+    }
+    Err(match (status.as_u16(), hf_code.as_deref()) {
+        (_, Some("RepoNotFound" | "RevisionNotFound" | "EntryNotFound")) => {
+            StageError::NotFound { what: format!("{url} (or it is private and the token has no access)") }
+        }
+        (_, Some("GatedRepo")) | (401 | 403, _) => StageError::Unauthorized { url, status: status.as_u16() },
+        (404, _) => StageError::NotFound { what: url },
+        (408 | 429, _) | (500..=599, _) => StageError::unavailable(url, format!("HTTP {}{detail}", status.as_u16())),
+        (s, _) => StageError::Rejected { url, status: s, detail },
+    })
+}
+
+/// The URI without its query (which may carry presigned credentials), for messages.
+pub fn redact(uri: &Uri) -> String {
+    match (uri.scheme_str(), uri.authority()) {
+        (Some(s), Some(a)) => format!("{s}://{a}{}", uri.path()),
+        _ => uri.path().to_string(),
+    }
+}
+
+/// Resolves a `Location` header against the URI that answered with it.
+fn resolve_location(base: &Uri, location: &str) -> Result<Uri, StageError> {
+    let bad = |e: String| StageError::unavailable(redact(base), format!("unusable redirect Location: {e}"));
+    if location.starts_with("http://") || location.starts_with("https://") {
+        return location.parse().map_err(|e: http::uri::InvalidUri| bad(e.to_string()));
+    }
+    let scheme = base.scheme_str().unwrap_or("https");
+    let authority = base.authority().map(|a| a.as_str()).unwrap_or_default();
+    let path = if location.starts_with('/') {
+        location.to_string()
+    } else {
+        let dir = base.path().rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
+        format!("{dir}/{location}")
+    };
+    format!("{scheme}://{authority}{path}").parse().map_err(|e: http::uri::InvalidUri| bad(e.to_string()))
+}
+
+/// The error and its causes on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The system's root certificates; none (with a warning) when the system has none.
+fn rustls_native_certs_load() -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    let result = rustls_native_certs::load_native_certs();
+    if result.certs.is_empty() {
+        eprintln!("flotilla-stage: no system root certificates found; https sources will fail verification");
+    }
+    result.certs
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn locations_resolve_against_the_answering_uri() {
+        let base: Uri = "http://127.0.0.1:8080/org/m/resolve/abc/dir/f.bin?x=1".parse().unwrap();
+        assert_eq!(resolve_location(&base, "/cdn/f?sig=2").unwrap().to_string(), "http://127.0.0.1:8080/cdn/f?sig=2");
+        assert_eq!(
+            resolve_location(&base, "g.bin").unwrap().to_string(),
+            "http://127.0.0.1:8080/org/m/resolve/abc/dir/g.bin"
+        );
+        assert_eq!(resolve_location(&base, "https://cdn.example/x").unwrap().to_string(), "https://cdn.example/x");
+        assert_eq!(redact(&base), "http://127.0.0.1:8080/org/m/resolve/abc/dir/f.bin");
+    }
+}
