@@ -227,7 +227,8 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             .map(|p| (p.cluster.clone(), p.pool.clone(), p.desired))
             .collect();
         let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({"status": next_status});
+        let patch =
+            crate::status_patch::status_patch(md.status.as_ref(), &next_status).map_err(kube::Error::SerdeError)?;
         api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
         ctx.metrics.status_write(Kind::ModelDeployment);
         tracing::info!(
