@@ -99,7 +99,7 @@ pub enum Command {
     ///
     /// Exit code: 0 when no errors (warnings allowed), 1 when any error was found.
     #[command(
-        after_help = "Examples:\n  fleetctl validate -f examples/fleet\n  fleetctl validate -f examples/fleet -f tests/fixtures/invalid/05-negative-replicas.yaml -o json"
+        after_help = "Examples:\n  fleetctl validate -f examples/fleet\n  fleetctl validate -f examples/fleet -o json --strict"
     )]
     Validate {
         /// Files or directories (read recursively: *.yaml, *.yml, *.json).

@@ -30,10 +30,11 @@ impl Progress {
         if !std::io::stderr().is_terminal() {
             return Self { tx: None, thread: None };
         }
-        Self::start_on(message.into(), DELAY)
+        Self::start_to(message.into(), DELAY, Box::new(std::io::stderr()))
     }
 
-    fn start_on(message: String, delay: Duration) -> Self {
+    /// Starts an indicator that draws on `out` once `delay` has passed.
+    pub fn start_to(message: String, delay: Duration, mut out: Box<dyn Write + Send>) -> Self {
         let (tx, rx) = mpsc::channel::<Msg>();
         let thread = std::thread::spawn(move || {
             let started = Instant::now();
@@ -50,16 +51,14 @@ impl Progress {
                 if started.elapsed() >= delay {
                     shown = true;
                     frame = (frame + 1) % FRAMES.len();
-                    let mut err = std::io::stderr().lock();
                     let _ =
-                        write!(err, "\r\x1b[2K{} {message} ({:.1}s)", FRAMES[frame], started.elapsed().as_secs_f64());
-                    let _ = err.flush();
+                        write!(out, "\r\x1b[2K{} {message} ({:.1}s)", FRAMES[frame], started.elapsed().as_secs_f64());
+                    let _ = out.flush();
                 }
             }
             if shown {
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[2K");
-                let _ = err.flush();
+                let _ = write!(out, "\r\x1b[2K");
+                let _ = out.flush();
             }
         });
         Self { tx: Some(tx), thread: Some(thread) }
@@ -90,5 +89,56 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::Progress;
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).to_string()
+        }
+    }
+
+    #[test]
+    fn quick_work_draws_nothing() {
+        let out = Shared::default();
+        let p = Progress::start_to("reading".into(), Duration::from_secs(60), Box::new(out.clone()));
+        p.finish();
+        assert_eq!(out.text(), "");
+    }
+
+    #[test]
+    fn slow_work_draws_then_erases_itself() {
+        let out = Shared::default();
+        let p = Progress::start_to("reading the live fleet".into(), Duration::from_millis(10), Box::new(out.clone()));
+        std::thread::sleep(Duration::from_millis(300));
+        p.set("solving");
+        std::thread::sleep(Duration::from_millis(300));
+        p.finish();
+        let text = out.text();
+        assert!(text.contains("reading the live fleet ("), "{text:?}");
+        assert!(text.contains("solving ("), "{text:?}");
+        assert!(text.ends_with("\r\x1b[2K"), "the line is erased at the end: {text:?}");
+        assert!(!text.contains('\n'), "never a new line: {text:?}");
     }
 }

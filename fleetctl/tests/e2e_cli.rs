@@ -192,6 +192,34 @@ async fn fleetctl_against_a_live_fleet() {
     assert!(t.starts_with("ml/eu-model (model eu-model): 2 of 2 replicas placed"), "{t}");
     assert!(t.lines().any(|l| l.contains("JurisdictionNotAllowed")), "{t}");
 
+    // The live examples of --help, verbatim, from a directory with control.kubeconfig and a
+    // fleet/ directory, KUBECONFIG naming the control cluster (explain's names a deployment of
+    // examples/fleet, which this fleet does not have: the same command ran above on eu-model).
+    std::fs::create_dir_all(fleet.dir.join("fleet")).unwrap();
+    std::fs::copy(same.join("eu-model.yaml"), fleet.dir.join("fleet/eu-model.yaml")).unwrap();
+    for sub in ["get", "plan"] {
+        let help = String::from_utf8(
+            Command::new(env!("CARGO_BIN_EXE_fleetctl")).args([sub, "--help"]).output().unwrap().stdout,
+        )
+        .unwrap();
+        let live: Vec<&str> = help
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("fleetctl ") && (l.contains("--live") || l.starts_with("fleetctl get")))
+            .collect();
+        assert!(!live.is_empty(), "{help}");
+        for example in live {
+            let out = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+                .args(example.split_whitespace().skip(1))
+                .current_dir(&fleet.dir)
+                .env("KUBECONFIG", fleet.kubeconfig("control"))
+                .output()
+                .unwrap();
+            assert!(matches!(out.status.code(), Some(0 | 2)), "{example}: {}", text(&out));
+            assert!(!out.stdout.is_empty(), "{example}: {}", text(&out));
+        }
+    }
+
     // Nothing above wrote to the control cluster: eu-model still wants 2 replicas.
     assert_eq!(api.get("eu-model").await.unwrap().spec.replicas, 2);
 }
