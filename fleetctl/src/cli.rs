@@ -233,6 +233,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { files, output, strict } => commands::validate(&files, output, strict),
         Command::Crds { write } => commands::crds(write),
+        Command::Plan { live: false, cluster, .. } | Command::Explain { live: false, cluster, .. }
+            if cluster.kubeconfig.is_some() || cluster.context.is_some() =>
+        {
+            anyhow::bail!(
+                "--kubeconfig and --context choose the control cluster of --live: add --live, or leave them out"
+            )
+        }
         Command::Plan { files, output, live: false, .. } => commands::plan(&files, output),
         Command::Plan { files, output, live: true, cluster } => commands::plan_live(&files, output, &cluster),
         Command::Explain { files, target, namespace, output, live, cluster } => {
@@ -294,5 +301,12 @@ mod tests {
         assert!(Cli::try_parse_from(["fleetctl", "plan", "--live"]).is_ok());
         assert!(Cli::try_parse_from(["fleetctl", "explain", "md/x", "-n", "ml"]).is_err());
         assert!(Cli::try_parse_from(["fleetctl", "explain", "--live", "md/x", "-n", "ml"]).is_ok());
+    }
+
+    #[test]
+    fn cluster_flags_without_live_are_refused() {
+        let cli = Cli::try_parse_from(["fleetctl", "plan", "-f", "x", "--kubeconfig", "k"]).unwrap();
+        let err = super::run(cli).unwrap_err().to_string();
+        assert!(err.contains("add --live"), "{err}");
     }
 }
