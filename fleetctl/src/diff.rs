@@ -1,8 +1,9 @@
 //! What `plan --live` shows: the difference between a plan and what runs now. "Now" is each
 //! live ModelDeployment's status — its replicas per (cluster, pool) as the controller last
-//! placed them, and how many it could not place. Per deployment and pool: current replicas →
-//! planned, clusters added and removed, and replicas newly left unplaced with every cluster's
-//! reason. Deployments whose placement would not change are only counted. Pure.
+//! placed them (and how many of those are ready), and how many it could not place. Per
+//! deployment and pool: current replicas → planned, clusters added and removed, and replicas
+//! newly left unplaced with every cluster's reason. Deployments whose placement would not
+//! change are only counted. Pure.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -57,8 +58,11 @@ pub struct PoolChange {
     pub pool: String,
     /// The class the plan uses there (the live one's when the plan drops the pool).
     pub class: String,
-    /// Replicas there now.
+    /// Replicas there now (where the controller placed them).
     pub current: u32,
+    /// Of those, replicas the member reports ready (a draining pool may have ready replicas
+    /// and none placed).
+    pub ready: u32,
     /// Replicas the plan puts there.
     pub planned: u32,
     /// `added` / `removed` when the whole cluster gains its first / loses its last replica.
@@ -79,13 +83,17 @@ pub struct Reason {
 
 type Replicas = BTreeMap<(String, String), (String, u32)>;
 
-fn current_of(md: &ModelDeployment) -> Replicas {
-    let mut out = Replicas::new();
+/// Placed and ready replicas per (cluster, pool) in a live deployment's status.
+fn current_of(md: &ModelDeployment) -> (Replicas, BTreeMap<(String, String), u32>) {
+    let mut placed = Replicas::new();
+    let mut ready = BTreeMap::new();
     for p in md.status.iter().flat_map(|s| &s.placements) {
-        let e = out.entry((p.cluster.clone(), p.pool.clone())).or_insert_with(|| (p.class.clone(), 0));
+        let key = (p.cluster.clone(), p.pool.clone());
+        let e = placed.entry(key.clone()).or_insert_with(|| (p.class.clone(), 0));
         e.1 += p.desired.max(0) as u32;
+        *ready.entry(key).or_insert(0) += p.ready.max(0) as u32;
     }
-    out
+    (placed, ready)
 }
 
 fn planned_of(plan: &DeploymentPlan) -> Replicas {
@@ -109,7 +117,7 @@ pub fn diff(live: &[ModelDeployment], plan: &Plan) -> PlanDiff {
             m.metadata.namespace.as_deref().unwrap_or("default") == d.namespace
                 && m.metadata.name.as_deref() == Some(d.name.as_str())
         });
-        let current = md.map(current_of).unwrap_or_default();
+        let (current, ready) = md.map(current_of).unwrap_or_default();
         let planned = planned_of(d);
         let mut keys: Vec<&(String, String)> = current.keys().chain(planned.keys()).collect();
         keys.sort();
@@ -130,6 +138,7 @@ pub fn diff(live: &[ModelDeployment], plan: &Plan) -> PlanDiff {
                     pool: k.1.clone(),
                     class: if plan_class.is_empty() { now_class } else { plan_class },
                     current: now,
+                    ready: ready.get(k).copied().unwrap_or(0),
                     planned: then,
                     cluster_change,
                 }
@@ -197,7 +206,8 @@ pub fn render(diff: &PlanDiff) -> String {
             format!("replicas {}", d.planned_desired)
         };
         let _ = writeln!(out, "{}/{}: {replicas}", d.namespace, d.name);
-        let mut rows = vec![["  CLUSTER", "POOL", "CLASS", "CURRENT", "PLANNED", "CHANGE"].map(String::from).to_vec()];
+        let mut rows =
+            vec![["  CLUSTER", "POOL", "CLASS", "CURRENT", "READY", "PLANNED", "CHANGE"].map(String::from).to_vec()];
         for p in &d.pools {
             let mut what = change(p.current, p.planned);
             if let Some(c) = p.cluster_change {
@@ -208,6 +218,7 @@ pub fn render(diff: &PlanDiff) -> String {
                 p.pool.clone(),
                 p.class.clone(),
                 p.current.to_string(),
+                p.ready.to_string(),
                 p.planned.to_string(),
                 what,
             ]);
@@ -218,6 +229,7 @@ pub fn render(diff: &PlanDiff) -> String {
                 "-".into(),
                 "-".into(),
                 d.current_unplaced.to_string(),
+                "-".into(),
                 d.planned_unplaced.to_string(),
                 change(d.current_unplaced, d.planned_unplaced),
             ]);

@@ -162,7 +162,7 @@ async fn fleetctl_against_a_live_fleet() {
     let t = text(&out);
     assert!(t.contains("ml/eu-model: replicas 2 -> 4"), "{t}");
     let eu1 = row(&t, "eu1");
-    assert_eq!(eu1.split_whitespace().collect::<Vec<_>>(), ["eu1", "h100", "h100", "2", "4", "+2"], "{t}");
+    assert_eq!(eu1.split_whitespace().collect::<Vec<_>>(), ["eu1", "h100", "h100", "2", "2", "4", "+2"], "{t}");
     assert!(t.contains("1 deployment(s) change, 2 unchanged: 2 replica(s) added, 0 removed, 0 newly unplaced"), "{t}");
     assert!(!t.contains("us-model") && !t.contains("stuck-model"), "{t}");
     let out = plan_live(&fleet, &four, "json");
@@ -172,7 +172,7 @@ async fn fleetctl_against_a_live_fleet() {
     assert_eq!(changed.len(), 1, "{doc:#}");
     assert_eq!(
         changed[0]["pools"],
-        json!([{"cluster": "eu1", "pool": "h100", "class": "h100", "current": 2, "planned": 4}])
+        json!([{"cluster": "eu1", "pool": "h100", "class": "h100", "current": 2, "ready": 2, "planned": 4}])
     );
 
     // replicas 2 -> 5: eu1 is full at 4; one replica is newly unplaced, us1 refuses it (EU only).
