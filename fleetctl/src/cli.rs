@@ -186,7 +186,9 @@ pub enum Command {
     /// control cluster cannot be read.
     #[command(after_help = GET_EXAMPLES)]
     Get {
-        /// What to list.
+        /// What to list. The kinds' names and short names work too: icl, md, mc, cc, icls,
+        /// inferencecluster(s), modeldeployment(s), modelcache(s), capacityclaim(s),
+        /// inferenceclass(es).
         #[arg(value_enum)]
         kind: Kind,
         /// Only this object.
