@@ -167,7 +167,7 @@ pub async fn reconcile(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<A
     );
     let outcome = if ic.status.as_ref() != Some(&next) {
         let api: Api<InferenceCluster> = Api::all(ctx.client.clone());
-        let patch = serde_json::json!({"status": next});
+        let patch = crate::status_patch::status_patch(ic.status.as_ref(), &next).map_err(kube::Error::SerdeError)?;
         api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
         ctx.metrics.status_write(Kind::InferenceCluster);
         match &observed {

@@ -9,6 +9,7 @@ pub mod member;
 pub mod metrics;
 pub mod render;
 pub mod server;
+pub mod status_patch;
 
 use std::sync::Arc;
 use std::time::Duration;

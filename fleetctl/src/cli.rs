@@ -1,18 +1,21 @@
-//! The command tree (clap derive) and what each command does with the loaded fleet.
+//! The command tree (clap derive): what each command takes, its `--help` examples (real
+//! commands: the offline ones run in this crate's tests, the live ones in its e2e test), and
+//! the dispatch to the code that does the work.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use flotilla_apis::document::Severity;
 
-use crate::load;
+use crate::live::ClusterArgs;
 
 /// Flotilla's CLI: validate, plan and inspect a multi-cluster inference fleet.
+///
+/// Exit codes: 0 success (every replica placed); 1 invalid input or other error; 2 some
+/// replicas could not be placed; 3 the live fleet could not be read (control cluster
+/// unreachable, no kubeconfig, access denied, CRDs not installed).
 #[derive(Debug, Parser)]
-#[command(name = "fleetctl", version, about, long_about = None)]
+#[command(name = "fleetctl", version, about, long_about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -30,6 +33,64 @@ pub enum Output {
     Yaml,
 }
 
+/// Output formats of `get`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum GetOutput {
+    /// One row per object, with readiness and the conditions that need attention.
+    #[default]
+    Table,
+    /// More columns, and every condition with its reason and message under the table.
+    Wide,
+    /// The objects as the API server returns them (without managedFields).
+    Json,
+    /// The same, as YAML.
+    Yaml,
+}
+
+/// The kinds `get` lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// InferenceClusters (member clusters).
+    #[value(aliases = ["cluster", "inferenceclusters", "inferencecluster", "icl"])]
+    Clusters,
+    /// ModelDeployments.
+    #[value(aliases = ["deployment", "modeldeployments", "modeldeployment", "md"])]
+    Deployments,
+    /// ModelCaches.
+    #[value(aliases = ["cache", "modelcaches", "modelcache", "mc"])]
+    Caches,
+    /// CapacityClaims.
+    #[value(aliases = ["claim", "capacityclaims", "capacityclaim", "cc"])]
+    Claims,
+    /// InferenceClasses.
+    #[value(aliases = ["class", "inferenceclasses", "inferenceclass", "icls"])]
+    Classes,
+}
+
+impl Kind {
+    /// Whether objects of the kind live in a namespace.
+    pub fn namespaced(self) -> bool {
+        matches!(self, Self::Deployments | Self::Caches | Self::Claims)
+    }
+}
+
+const GET_EXAMPLES: &str = "Examples:
+  fleetctl get deployments -n ml
+  fleetctl get md -A -o wide
+  fleetctl get clusters
+  fleetctl get clusters eu1 -o yaml --kubeconfig control.kubeconfig --context kwok-control";
+
+const PLAN_EXAMPLES: &str = "Examples:
+  fleetctl plan -f examples/fleet
+  fleetctl plan -f examples/fleet -o json
+  fleetctl plan -f fleet/ --live --kubeconfig control.kubeconfig
+  fleetctl plan --live";
+
+const EXPLAIN_EXAMPLES: &str = "Examples:
+  fleetctl explain -f examples/fleet modeldeployment/ml/llama-3.3-70b-eu
+  fleetctl explain -f examples/fleet md/gpt-oss-120b -n ml -o yaml
+  fleetctl explain --live md/llama-3.3-70b-eu -n ml";
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -38,7 +99,7 @@ pub enum Command {
     ///
     /// Exit code: 0 when no errors (warnings allowed), 1 when any error was found.
     #[command(
-        after_help = "Examples:\n  fleetctl validate -f examples/fleet\n  fleetctl validate -f fleet/ -f extra.yaml -o json"
+        after_help = "Examples:\n  fleetctl validate -f examples/fleet\n  fleetctl validate -f examples/fleet -o json --strict"
     )]
     Validate {
         /// Files or directories (read recursively: *.yaml, *.yml, *.json).
@@ -51,32 +112,99 @@ pub enum Command {
         #[arg(long)]
         strict: bool,
     },
-    /// Show where every ModelDeployment replica would run, and why — no cluster needed.
+    /// Show where every ModelDeployment replica would run, and why.
+    ///
+    /// Offline (no cluster needed): plans the files alone. With --live: reads the fleet from
+    /// the control cluster (clusters with their observed capacity, classes, deployments with
+    /// their current placements), lays the files over it (an object in the files replaces the
+    /// live one of the same kind, namespace and name), solves as the controller does, and shows
+    /// what would change against what runs now: per deployment and cluster, current replicas →
+    /// planned, clusters added and removed, replicas newly left unplaced and why.
     ///
     /// Exit code: 0 when every replica is placed, 2 when some could not be (the UNPLACED
-    /// section says why, per cluster), 1 when the input is invalid (nothing is planned).
-    #[command(after_help = "Examples:\n  fleetctl plan -f examples/fleet\n  fleetctl plan -f examples/fleet -o json")]
+    /// section says why, per cluster), 1 when the input is invalid (nothing is planned), 3 when
+    /// the live fleet cannot be read.
+    #[command(after_help = PLAN_EXAMPLES)]
     Plan {
-        /// Files or directories (read recursively: *.yaml, *.yml, *.json).
-        #[arg(short = 'f', long = "filename", required = true, env = "FLEETCTL_FILES", value_delimiter = ',')]
+        /// Files or directories (read recursively: *.yaml, *.yml, *.json). Optional with
+        /// --live: without files, the live fleet is planned as it is (drift from its status).
+        #[arg(
+            short = 'f',
+            long = "filename",
+            required_unless_present = "live",
+            env = "FLEETCTL_FILES",
+            value_delimiter = ','
+        )]
         files: Vec<PathBuf>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Plan over the live fleet of the control cluster and show the difference.
+        #[arg(long)]
+        live: bool,
+        /// The control cluster (with --live).
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Explain one deployment's placement: each cluster's filter verdicts and candidate scores.
-    #[command(
-        after_help = "Examples:\n  fleetctl explain -f examples/fleet modeldeployment/ml/llama-3.3-70b-eu\n  fleetctl explain -f examples/fleet md/ml/gpt-oss-120b -o yaml"
-    )]
+    ///
+    /// Offline from files, or with --live over the live fleet (files, if any, laid over it).
+    /// Exit code: 0 explained, 1 invalid input or unknown deployment, 3 the live fleet cannot
+    /// be read.
+    #[command(after_help = EXPLAIN_EXAMPLES)]
     Explain {
-        /// Files or directories (read recursively).
-        #[arg(short = 'f', long = "filename", required = true, env = "FLEETCTL_FILES", value_delimiter = ',')]
+        /// Files or directories (read recursively). Optional with --live.
+        #[arg(
+            short = 'f',
+            long = "filename",
+            required_unless_present = "live",
+            env = "FLEETCTL_FILES",
+            value_delimiter = ','
+        )]
         files: Vec<PathBuf>,
-        /// `modeldeployment/<namespace>/<name>` (also `md/<ns>/<name>` or `<ns>/<name>`).
+        /// `modeldeployment/<namespace>/<name>`, `md/<name>` with -n, or `<namespace>/<name>`.
         target: String,
+        /// The deployment's namespace [default: offline, the one deployment of that name, else
+        /// `default`; live, the context's namespace].
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Explain over the live fleet of the control cluster.
+        #[arg(long)]
+        live: bool,
+        /// The control cluster (with --live).
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// List Flotilla objects of the control cluster with their readiness and conditions.
+    ///
+    /// The CONDITIONS column shows Ready first, then every condition that needs attention, as
+    /// Type=Status(Reason); -o wide shows every condition, with its message, under the table.
+    /// Exit code: 0 listed (also when there is nothing), 1 a named object does not exist, 3 the
+    /// control cluster cannot be read.
+    #[command(after_help = GET_EXAMPLES)]
+    Get {
+        /// What to list. The kinds' names and short names work too: icl, md, mc, cc, icls,
+        /// inferencecluster(s), modeldeployment(s), modelcache(s), capacityclaim(s),
+        /// inferenceclass(es).
+        #[arg(value_enum)]
+        kind: Kind,
+        /// Only this object.
+        name: Option<String>,
+        /// Namespace of deployments, caches and claims [default: the context's namespace].
+        #[arg(short = 'n', long, conflicts_with = "all_namespaces")]
+        namespace: Option<String>,
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: GetOutput,
+        /// The control cluster.
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Print the CustomResourceDefinitions of every Flotilla kind as YAML.
     #[command(
@@ -87,17 +215,51 @@ pub enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:
+  fleetctl completion bash > ~/.local/share/bash-completion/completions/fleetctl
+  fleetctl completion zsh > \"${fpath[1]}/_fleetctl\"
+  fleetctl completion fish > ~/.config/fish/completions/fleetctl.fish")]
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Print the version.
     Version,
 }
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    use crate::commands;
     match cli.command {
-        Command::Validate { files, output, strict } => validate(&files, output, strict),
-        Command::Crds { write } => crds(write),
-        Command::Plan { files, output } => plan(&files, output),
-        Command::Explain { files, target, output } => explain(&files, &target, output),
+        Command::Validate { files, output, strict } => commands::validate(&files, output, strict),
+        Command::Crds { write } => commands::crds(write),
+        Command::Plan { live: false, cluster, .. } | Command::Explain { live: false, cluster, .. }
+            if cluster.kubeconfig.is_some() || cluster.context.is_some() =>
+        {
+            anyhow::bail!(
+                "--kubeconfig and --context choose the control cluster of --live: add --live, or leave them out"
+            )
+        }
+        Command::Plan { files, output, live: false, .. } => commands::plan(&files, output),
+        Command::Plan { files, output, live: true, cluster } => commands::plan_live(&files, output, &cluster),
+        Command::Explain { files, target, namespace, output, live, cluster } => {
+            let live = live.then_some(&cluster);
+            commands::explain(&files, &target, namespace.as_deref(), output, live)
+        }
+        Command::Get { kind, name, namespace, all_namespaces, output, cluster } => {
+            let scope = if all_namespaces { crate::get::Scope::All } else { crate::get::Scope::Namespace(namespace) };
+            crate::get::get(kind, name.as_deref(), scope, output, &cluster)
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            // Into a buffer first: a closed pipe is an error to report, not a panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "fleetctl", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Version => {
             println!("fleetctl {} (API {})", env!("CARGO_PKG_VERSION"), flotilla_apis::constants::API_VERSION);
             Ok(ExitCode::SUCCESS)
@@ -105,133 +267,48 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Result<ExitCode> {
-    let fleet = load::load(files)?;
-    let problems = fleet.problems();
-    let errors = problems
-        .iter()
-        .filter(|p| p.severity == Severity::Error || (strict && p.severity == Severity::Warning))
-        .count();
-    let warnings = problems.iter().filter(|p| p.severity == Severity::Warning).count();
-    match output {
-        Output::Table => {
-            for p in &problems {
-                eprintln!("{p}");
-            }
-            println!(
-                "{} file(s), {} Flotilla object(s), {} other document(s) skipped: {} error(s), {} warning(s)",
-                fleet.files,
-                fleet.parsed.objects.len(),
-                fleet.parsed.skipped.len(),
-                problems.iter().filter(|p| p.severity == Severity::Error).count(),
-                warnings
-            );
-        }
-        Output::Json | Output::Yaml => {
-            let report = load::report(&fleet, &problems);
-            let text = if output == Output::Json {
-                serde_json::to_string_pretty(&report)?
-            } else {
-                serde_yaml_ng::to_string(&report)?
-            };
-            println!("{text}");
-        }
-    }
-    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
-}
-
-/// Loads and validates; on errors prints them and returns `None` (exit 1 follows).
-fn load_valid(files: &[PathBuf]) -> anyhow::Result<Option<load::Fleet>> {
-    let fleet = load::load(files)?;
-    let problems = fleet.problems();
-    let errors: Vec<_> = problems.iter().filter(|p| p.severity == Severity::Error).collect();
-    if !errors.is_empty() {
-        for p in &errors {
-            eprintln!("{p}");
-        }
-        eprintln!("{} error(s): fix them before planning (`fleetctl validate` shows warnings too)", errors.len());
-        return Ok(None);
-    }
-    Ok(Some(fleet))
-}
-
-fn print_structured<T: serde::Serialize>(value: &T, output: Output) -> anyhow::Result<()> {
-    let text = match output {
-        Output::Yaml => serde_yaml_ng::to_string(value)?,
-        _ => serde_json::to_string_pretty(value)? + "\n",
-    };
-    std::io::stdout().write_all(text.as_bytes())?;
-    Ok(())
-}
-
-fn plan(files: &[PathBuf], output: Output) -> anyhow::Result<ExitCode> {
-    let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
-    let snapshot = fleet.snapshot();
-    let plan = flotilla_placement::solve(&snapshot, &flotilla_placement::SolveOptions::default());
-    match output {
-        Output::Table => std::io::stdout().write_all(crate::render::plan_table(&plan).as_bytes())?,
-        _ => print_structured(&plan, output)?,
-    }
-    Ok(if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) })
-}
-
-fn parse_target(target: &str) -> anyhow::Result<(String, String)> {
-    let parts: Vec<&str> = target.split('/').collect();
-    let (ns, name) = match parts.as_slice() {
-        [kind, ns, name]
-            if matches!(kind.to_ascii_lowercase().as_str(), "modeldeployment" | "modeldeployments" | "md") =>
-        {
-            (*ns, *name)
-        }
-        [ns, name] => (*ns, *name),
-        _ => anyhow::bail!("target {target:?}: write modeldeployment/<namespace>/<name>"),
-    };
-    Ok((ns.to_string(), name.to_string()))
-}
-
-fn explain(files: &[PathBuf], target: &str, output: Output) -> anyhow::Result<ExitCode> {
-    let (ns, name) = parse_target(target)?;
-    let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
-    let snapshot = fleet.snapshot();
-    if !snapshot.deployments.iter().any(|d| d.namespace == ns && d.name == name) {
-        let known: Vec<String> = snapshot.deployments.iter().map(|d| format!("{}/{}", d.namespace, d.name)).collect();
-        anyhow::bail!("no ModelDeployment {ns}/{name} in the given files; there are: {}", known.join(", "));
-    }
-    let options = flotilla_placement::SolveOptions { explain: Some((ns.clone(), name.clone())), ..Default::default() };
-    let plan = flotilla_placement::solve(&snapshot, &options);
-    let Some(d) = plan.get(&ns, &name) else { anyhow::bail!("the solver returned no plan for {ns}/{name}") };
-    match output {
-        Output::Table => std::io::stdout().write_all(crate::render::explain_text(d).as_bytes())?,
-        _ => print_structured(d, output)?,
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn crds(write: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    match write {
-        None => {
-            let text = flotilla_apis::crd::all_yaml()?;
-            std::io::stdout().write_all(text.as_bytes())?;
-        }
-        Some(dir) => {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            for crd in flotilla_apis::crd::all() {
-                let path = dir.join(flotilla_apis::crd::file_name(&crd));
-                std::fs::write(&path, flotilla_apis::crd::to_yaml(&crd)?)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                println!("wrote {}", path.display());
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command, Kind};
 
     #[test]
     fn cli_is_well_formed() {
-        super::Cli::command().debug_assert();
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn kinds_take_kubectl_names() {
+        for (word, kind) in [
+            ("md", Kind::Deployments),
+            ("inferenceclusters", Kind::Clusters),
+            ("cc", Kind::Claims),
+            ("icls", Kind::Classes),
+        ] {
+            let cli = Cli::try_parse_from(["fleetctl", "get", word]).unwrap();
+            assert!(matches!(cli.command, Command::Get { kind: k, .. } if k == kind), "{word}");
+        }
+        assert!(Cli::try_parse_from(["fleetctl", "get", "pods"]).is_err());
+    }
+
+    #[test]
+    fn namespace_and_all_namespaces_conflict() {
+        assert!(Cli::try_parse_from(["fleetctl", "get", "md", "-n", "ml", "-A"]).is_err());
+    }
+
+    #[test]
+    fn files_are_optional_only_with_live() {
+        assert!(Cli::try_parse_from(["fleetctl", "plan"]).is_err());
+        assert!(Cli::try_parse_from(["fleetctl", "plan", "--live"]).is_ok());
+        assert!(Cli::try_parse_from(["fleetctl", "explain", "md/x", "-n", "ml"]).is_err());
+        assert!(Cli::try_parse_from(["fleetctl", "explain", "--live", "md/x", "-n", "ml"]).is_ok());
+    }
+
+    #[test]
+    fn cluster_flags_without_live_are_refused() {
+        let cli = Cli::try_parse_from(["fleetctl", "plan", "-f", "x", "--kubeconfig", "k"]).unwrap();
+        let err = super::run(cli).unwrap_err().to_string();
+        assert!(err.contains("add --live"), "{err}");
     }
 }

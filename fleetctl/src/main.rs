@@ -1,13 +1,12 @@
-//! `fleetctl`: the Flotilla CLI. Reads fleet YAML (files and directories) and validates it,
-//! prints the CRDs, and — without any cluster — shows where replicas would run and why.
+//! `fleetctl`: the Flotilla CLI's entry point. Parses the command line, runs the command and
+//! turns its outcome into an exit code: the command's own (0, 2), 3 when the live fleet could
+//! not be read, 1 for any other error (printed on stderr).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-
-mod cli;
-mod load;
-mod render;
+use fleetctl::cli;
+use fleetctl::live::{EXIT_UNREACHABLE, LiveError};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
@@ -15,7 +14,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(1)
+            if e.downcast_ref::<LiveError>().is_some() { ExitCode::from(EXIT_UNREACHABLE) } else { ExitCode::from(1) }
         }
     }
 }

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use flotilla_apis::common::format_price_micros;
 use flotilla_placement::plan::{DeploymentPlan, Plan};
 
-fn table(rows: &[Vec<String>]) -> String {
+/// Aligned columns separated by two spaces; the last cell of a row is not padded.
+pub fn table(rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = Vec::new();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {

@@ -1,7 +1,8 @@
 //! The solver's input: a fleet snapshot of clusters (labels, region, jurisdiction, readiness,
 //! taints, per-pool node capacity), classes (device descriptions, prices) and deployments
-//! (spec, current placements). Built by the controller from its caches, or offline from YAML
-//! by [`FleetSnapshot::from_objects`].
+//! (spec, current placements). Built by the controller from its caches and by `fleetctl --live`
+//! from the same objects read from the control cluster ([`FleetSnapshot::from_live`]), or
+//! offline from YAML by [`FleetSnapshot::from_objects`].
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,7 @@ use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
 use flotilla_apis::constants::condition;
 use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
-use flotilla_apis::{CapacityType, FleetObject, InferenceCluster};
+use flotilla_apis::{CapacityType, FleetObject, InferenceClass, InferenceCluster, ModelDeployment};
 
 /// Everything the solver looks at.
 #[derive(Clone, Debug, Default)]
@@ -156,6 +157,37 @@ impl FleetSnapshot {
     }
 }
 
+impl FleetSnapshot {
+    /// A snapshot of a live fleet as read from the control cluster — what the ModelDeployment
+    /// controller solves on every reconcile, and what `fleetctl plan --live` solves, so that
+    /// both agree: every class and cluster (with its observed status), and every
+    /// ModelDeployment not being deleted, in (namespace, name) order, with the placements its
+    /// status records.
+    pub fn from_live(
+        classes: impl IntoIterator<Item = InferenceClass>,
+        clusters: impl IntoIterator<Item = InferenceCluster>,
+        deployments: impl IntoIterator<Item = ModelDeployment>,
+    ) -> Self {
+        FleetSnapshot::from_objects(live_objects(classes, clusters, deployments).iter())
+    }
+}
+
+/// The objects [`FleetSnapshot::from_live`] solves, in its order: classes, clusters, then the
+/// ModelDeployments not being deleted, sorted by namespace and name.
+pub fn live_objects(
+    classes: impl IntoIterator<Item = InferenceClass>,
+    clusters: impl IntoIterator<Item = InferenceCluster>,
+    deployments: impl IntoIterator<Item = ModelDeployment>,
+) -> Vec<FleetObject> {
+    let mut objects: Vec<FleetObject> = classes.into_iter().map(FleetObject::Class).collect();
+    objects.extend(clusters.into_iter().map(FleetObject::Cluster));
+    let mut deps: Vec<ModelDeployment> =
+        deployments.into_iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect();
+    deps.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
+    objects.extend(deps.into_iter().map(FleetObject::Deployment));
+    objects
+}
+
 fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
     let name = c.metadata.name.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
@@ -213,7 +245,46 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::free_per_node;
+    use flotilla_apis::{FleetObject, ModelDeployment};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::{free_per_node, live_objects};
+
+    fn deployment(ns: &str, name: &str, deleting: bool) -> ModelDeployment {
+        let mut md: ModelDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"model": {"name": name, "source": "hf://org/model"}, "replicas": 1,
+                     "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+                     "topology": {"type": "Standalone", "devicesPerReplica": 1},
+                     "devices": {"alternatives": [{"class": "h100"}]}, "placement": {}}
+        }))
+        .unwrap();
+        if deleting {
+            md.metadata.deletion_timestamp = Some(Time(Default::default()));
+        }
+        md
+    }
+
+    #[test]
+    fn live_objects_drop_deleting_deployments_and_sort_the_rest() {
+        let deps = [
+            deployment("ml", "b", false),
+            deployment("a", "z", false),
+            deployment("ml", "gone", true),
+            deployment("ml", "a", false),
+        ];
+        let names: Vec<String> = live_objects([], [], deps)
+            .iter()
+            .map(|o| match o {
+                FleetObject::Deployment(d) => {
+                    format!("{}/{}", o.namespace().unwrap_or(""), d.metadata.name.clone().unwrap_or_default())
+                }
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(names, ["a/z", "ml/a", "ml/b"]);
+    }
 
     #[test]
     fn allocation_fills_whole_nodes_first() {

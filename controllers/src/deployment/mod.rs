@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::{FINALIZER_MEMBER_CLEANUP, event};
-use flotilla_apis::{FleetObject, InferenceClass, InferenceCluster};
+use flotilla_apis::{InferenceClass, InferenceCluster};
 use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -67,15 +67,13 @@ impl DeploymentContext {
         Self { client, clusters, classes, deployments, members, metrics, config, recorder }
     }
 
+    /// The same snapshot `fleetctl plan --live` builds from the same objects.
     fn snapshot(&self) -> FleetSnapshot {
-        let mut objects: Vec<FleetObject> = Vec::new();
-        objects.extend(self.classes.state().iter().map(|c| FleetObject::Class(c.as_ref().clone())));
-        objects.extend(self.clusters.state().iter().map(|c| FleetObject::Cluster(c.as_ref().clone())));
-        let mut deps: Vec<Arc<ModelDeployment>> =
-            self.deployments.state().into_iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect();
-        deps.sort_by_key(|d| (d.namespace(), d.name_any()));
-        objects.extend(deps.iter().map(|d| FleetObject::Deployment(d.as_ref().clone())));
-        FleetSnapshot::from_objects(objects.iter())
+        FleetSnapshot::from_live(
+            self.classes.state().iter().map(|c| c.as_ref().clone()),
+            self.clusters.state().iter().map(|c| c.as_ref().clone()),
+            self.deployments.state().iter().map(|d| d.as_ref().clone()),
+        )
     }
 
     fn cluster(&self, name: &str) -> Option<Arc<InferenceCluster>> {
@@ -232,7 +230,9 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         // The resourceVersion makes the write conditional: a merge patch replaces the whole
         // conditions list, so a write based on a stale copy would drop a condition another
         // writer (the gateway's `Serving`) added since. A conflict requeues with fresh data.
-        let patch = serde_json::json!({"metadata": {"resourceVersion": md.resource_version()}, "status": next_status});
+        let mut patch =
+            crate::status_patch::status_patch(md.status.as_ref(), &next_status).map_err(kube::Error::SerdeError)?;
+        patch["metadata"] = serde_json::json!({"resourceVersion": md.resource_version()});
         api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
         ctx.metrics.status_write(Kind::ModelDeployment);
         tracing::info!(

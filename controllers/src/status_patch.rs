@@ -1,0 +1,57 @@
+//! The JSON merge patch that writes a status. Status types leave empty fields out when
+//! serialized (`skip_serializing_if`), and a merge patch that leaves a field out keeps the
+//! server's value: a deployment that became fully placed kept its old `unplaced`, and the
+//! reconcile that compared it with the fresh status wrote again every time. The patch
+//! therefore names every top-level field the current status has and the new one lacks, with
+//! `null`, which deletes it.
+
+use serde::Serialize;
+
+/// `{"status": new}`, with `null` for each field of `current` that `new` no longer has (in
+/// nested objects too; lists are replaced whole by a merge patch anyway).
+pub fn status_patch<T: Serialize>(current: Option<&T>, new: &T) -> Result<serde_json::Value, serde_json::Error> {
+    let mut status = serde_json::to_value(new)?;
+    if let Some(current) = current {
+        null_missing(&serde_json::to_value(current)?, &mut status);
+    }
+    Ok(serde_json::json!({ "status": status }))
+}
+
+fn null_missing(old: &serde_json::Value, new: &mut serde_json::Value) {
+    let (serde_json::Value::Object(old), serde_json::Value::Object(new)) = (old, new) else { return };
+    for (key, was) in old {
+        match new.get_mut(key) {
+            Some(now) => null_missing(was, now),
+            None => {
+                new.insert(key.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_apis::ModelDeploymentStatus;
+    use flotilla_apis::deployment::Unplaced;
+    use serde_json::json;
+
+    use super::status_patch;
+
+    #[test]
+    fn fields_that_went_away_are_deleted() {
+        let old = ModelDeploymentStatus {
+            unplaced: Some(Unplaced { replicas: 2, reasons: vec![] }),
+            clusters: Some("eu1:0/2".into()),
+            ..Default::default()
+        };
+        let new = ModelDeploymentStatus { replicas: 2, ..Default::default() };
+        let patch = status_patch(Some(&old), &new).unwrap();
+        assert_eq!(patch["status"]["unplaced"], json!(null));
+        assert_eq!(patch["status"]["clusters"], json!(null));
+        assert_eq!(patch["status"]["replicas"], json!(2));
+        // What only the new status has is written as is; nothing else is nulled.
+        let patch = status_patch(None, &old).unwrap();
+        assert_eq!(patch["status"]["unplaced"]["replicas"], json!(2));
+        assert!(patch["status"].as_object().unwrap().values().all(|v| !v.is_null()));
+    }
+}

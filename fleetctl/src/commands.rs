@@ -1,0 +1,315 @@
+//! What `validate`, `plan`, `explain` and `crds` do: load the files (and, with `--live`, the
+//! live fleet with the files laid over it), validate, solve, and print the result. Tables and
+//! documents go to stdout, problems and progress to stderr.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use flotilla_apis::document::Severity;
+use flotilla_apis::{FleetObject, Located};
+use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::cli::Output;
+use crate::live::{self, ClusterArgs, Control, LiveError};
+use crate::overlay::{self, LiveFleet, Overlaid};
+use crate::progress::Progress;
+use crate::{diff, load, render};
+
+/// `fleetctl validate`.
+pub fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Result<ExitCode> {
+    let fleet = load::load(files)?;
+    let problems = fleet.problems();
+    let errors = problems
+        .iter()
+        .filter(|p| p.severity == Severity::Error || (strict && p.severity == Severity::Warning))
+        .count();
+    let warnings = problems.iter().filter(|p| p.severity == Severity::Warning).count();
+    match output {
+        Output::Table => {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            println!(
+                "{} file(s), {} Flotilla object(s), {} other document(s) skipped: {} error(s), {} warning(s)",
+                fleet.files,
+                fleet.parsed.objects.len(),
+                fleet.parsed.skipped.len(),
+                problems.iter().filter(|p| p.severity == Severity::Error).count(),
+                warnings
+            );
+        }
+        Output::Json | Output::Yaml => print_structured(&load::report(&fleet, &problems), output)?,
+    }
+    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// Prints error problems; returns whether there were any.
+fn report_errors(problems: &[flotilla_apis::document::Problem], what: &str) -> bool {
+    let errors: Vec<_> = problems.iter().filter(|p| p.severity == Severity::Error).collect();
+    for p in &errors {
+        eprintln!("{p}");
+    }
+    if !errors.is_empty() {
+        eprintln!("{} error(s): fix them before {what} (`fleetctl validate` shows warnings too)", errors.len());
+    }
+    !errors.is_empty()
+}
+
+/// Loads and validates; on errors prints them and returns `None` (exit 1 follows).
+fn load_valid(files: &[PathBuf]) -> anyhow::Result<Option<load::Fleet>> {
+    let fleet = load::load(files)?;
+    Ok(if report_errors(&fleet.problems(), "planning") { None } else { Some(fleet) })
+}
+
+fn print_structured<T: Serialize>(value: &T, output: Output) -> anyhow::Result<()> {
+    let text = match output {
+        Output::Yaml => serde_yaml_ng::to_string(value)?,
+        _ => serde_json::to_string_pretty(value)? + "\n",
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn solve_with_progress(snapshot: &FleetSnapshot, options: &SolveOptions) -> flotilla_placement::Plan {
+    let progress = Progress::start(format!(
+        "solving {} deployment(s) over {} cluster(s)",
+        snapshot.deployments.len(),
+        snapshot.clusters.len()
+    ));
+    let plan = solve(snapshot, options);
+    progress.finish();
+    plan
+}
+
+/// `fleetctl plan` (offline).
+pub fn plan(files: &[PathBuf], output: Output) -> anyhow::Result<ExitCode> {
+    let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
+    let plan = solve_with_progress(&fleet.snapshot(), &SolveOptions::default());
+    match output {
+        Output::Table => std::io::stdout().write_all(render::plan_table(&plan).as_bytes())?,
+        _ => print_structured(&plan, output)?,
+    }
+    Ok(if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+/// The files of a live command, checked one document at a time (references are checked once
+/// the live objects are known). `None`: errors were printed.
+fn load_documents(files: &[PathBuf]) -> anyhow::Result<Option<load::Fleet>> {
+    let fleet = load::load(files)?;
+    Ok(if report_errors(&fleet.parsed.problems, "planning") { None } else { Some(fleet) })
+}
+
+/// Reads the live fleet, with a progress indicator.
+fn read_live(cluster: &ClusterArgs) -> anyhow::Result<(Control, LiveFleet)> {
+    let progress = Progress::start("reading the live fleet");
+    let result = live::block_on(async {
+        let control = live::connect(cluster).await?;
+        progress.set(format!("reading the live fleet from {}", control.server));
+        let fleet = control.fleet().await?;
+        Ok::<_, LiveError>((control, fleet))
+    })?;
+    progress.finish();
+    Ok(result?)
+}
+
+/// The live fleet with the files over it, or `None` when the files are invalid over it.
+fn overlaid(files: &[PathBuf], cluster: &ClusterArgs) -> anyhow::Result<Option<(Control, LiveFleet, Overlaid)>> {
+    let loaded = if files.is_empty() {
+        None
+    } else {
+        match load_documents(files)? {
+            Some(f) => Some(f),
+            None => return Ok(None),
+        }
+    };
+    let (control, live) = read_live(cluster)?;
+    let (objects, refused): (&[Located<FleetObject>], &[_]) =
+        loaded.as_ref().map_or((&[], &[]), |f| (&f.parsed.objects[..], &f.parsed.refused[..]));
+    if report_errors(&overlay::validate_over(&live, objects, refused), "planning") {
+        return Ok(None);
+    }
+    let over = overlay::overlay(&live, objects, Timestamp::now());
+    Ok(Some((control, live, over)))
+}
+
+/// What `plan --live -o json|yaml` prints.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LivePlan<'a> {
+    server: &'a str,
+    replaced: Vec<String>,
+    added: Vec<String>,
+    diff: &'a diff::PlanDiff,
+    plan: &'a flotilla_placement::Plan,
+}
+
+fn key_names(keys: &std::collections::BTreeSet<overlay::Key>) -> Vec<String> {
+    keys.iter()
+        .map(|(kind, ns, name)| match ns {
+            Some(ns) => format!("{}/{ns}/{name}", kind.as_str()),
+            None => format!("{}/{name}", kind.as_str()),
+        })
+        .collect()
+}
+
+/// `fleetctl plan --live`.
+pub fn plan_live(files: &[PathBuf], output: Output, cluster: &ClusterArgs) -> anyhow::Result<ExitCode> {
+    let Some((control, live, over)) = overlaid(files, cluster)? else { return Ok(ExitCode::from(1)) };
+    let plan = solve_with_progress(&over.fleet.snapshot(), &SolveOptions::default());
+    let changes = diff::diff(&live.deployments, &plan);
+    match output {
+        Output::Table => {
+            let mut out = format!(
+                "Plan over the live fleet at {}: {} object(s) from files replace live ones, {} are new.\n\n",
+                control.server,
+                over.replaced.len(),
+                over.added.len()
+            );
+            out.push_str(&diff::render(&changes));
+            let placed: u32 = plan.deployments.iter().map(|d| d.desired - d.unplaced).sum();
+            let desired: u32 = plan.deployments.iter().map(|d| d.desired).sum();
+            let cost: u64 = plan.deployments.iter().map(|d| d.cost_micros_per_hour).sum();
+            out.push_str(&format!(
+                "Planned fleet: {placed} of {desired} replicas placed, ${}/h.\n",
+                flotilla_apis::common::format_price_micros(cost)
+            ));
+            std::io::stdout().write_all(out.as_bytes())?;
+        }
+        _ => {
+            let doc = LivePlan {
+                server: &control.server,
+                replaced: key_names(&over.replaced),
+                added: key_names(&over.added),
+                diff: &changes,
+                plan: &plan,
+            };
+            print_structured(&doc, output)?;
+        }
+    }
+    Ok(if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+const KINDS: [&str; 4] = ["modeldeployment", "modeldeployments", "md", "deployment"];
+
+/// Splits an explain target into an optional namespace and a name.
+pub fn parse_target(target: &str, namespace: Option<&str>) -> anyhow::Result<(Option<String>, String)> {
+    let parts: Vec<&str> = target.split('/').collect();
+    let is_kind = |k: &str| KINDS.contains(&k.to_ascii_lowercase().as_str());
+    let (ns, name) = match parts.as_slice() {
+        [kind, ns, name] if is_kind(kind) => (Some(*ns), *name),
+        [kind, name] if is_kind(kind) => (None, *name),
+        [ns, name] => (Some(*ns), *name),
+        [name] => (None, *name),
+        _ => anyhow::bail!("target {target:?}: write modeldeployment/<namespace>/<name>, or md/<name> with -n"),
+    };
+    if name.is_empty() || ns.is_some_and(str::is_empty) {
+        anyhow::bail!("target {target:?}: write modeldeployment/<namespace>/<name>, or md/<name> with -n");
+    }
+    match (ns, namespace) {
+        (Some(a), Some(b)) if a != b => anyhow::bail!("target {target:?} is in namespace {a}, but -n says {b}"),
+        (Some(a), _) | (None, Some(a)) => Ok((Some(a.to_string()), name.to_string())),
+        (None, None) => Ok((None, name.to_string())),
+    }
+}
+
+/// `fleetctl explain`, offline or over the live fleet.
+pub fn explain(
+    files: &[PathBuf],
+    target: &str,
+    namespace: Option<&str>,
+    output: Output,
+    live: Option<&ClusterArgs>,
+) -> anyhow::Result<ExitCode> {
+    let (ns, name) = parse_target(target, namespace)?;
+    let (snapshot, ns, source) = match live {
+        None => {
+            let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
+            let snapshot = fleet.snapshot();
+            let ns = ns.unwrap_or_else(|| {
+                let mut of_name = snapshot.deployments.iter().filter(|d| d.name == name);
+                match (of_name.next(), of_name.next()) {
+                    (Some(d), None) => d.namespace.clone(),
+                    _ => "default".to_string(),
+                }
+            });
+            (snapshot, ns, "the given files".to_string())
+        }
+        Some(cluster) => {
+            let Some((control, _, over)) = overlaid(files, cluster)? else { return Ok(ExitCode::from(1)) };
+            let ns = ns.unwrap_or_else(|| control.namespace.clone());
+            (over.fleet.snapshot(), ns, format!("the live fleet at {}", control.server))
+        }
+    };
+    explain_in(&snapshot, &ns, &name, &source, output)
+}
+
+fn explain_in(
+    snapshot: &FleetSnapshot,
+    ns: &str,
+    name: &str,
+    source: &str,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    if !snapshot.deployments.iter().any(|d| d.namespace == ns && d.name == name) {
+        let known: Vec<String> = snapshot.deployments.iter().map(|d| format!("{}/{}", d.namespace, d.name)).collect();
+        anyhow::bail!(
+            "no ModelDeployment {ns}/{name} in {source}; there are: {}",
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        );
+    }
+    let options = SolveOptions { explain: Some((ns.to_string(), name.to_string())), ..Default::default() };
+    let plan = solve_with_progress(snapshot, &options);
+    let Some(d) = plan.get(ns, name) else { anyhow::bail!("the solver returned no plan for {ns}/{name}") };
+    match output {
+        Output::Table => std::io::stdout().write_all(render::explain_text(d).as_bytes())?,
+        _ => print_structured(d, output)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fleetctl crds`.
+pub fn crds(write: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    match write {
+        None => {
+            let text = flotilla_apis::crd::all_yaml()?;
+            std::io::stdout().write_all(text.as_bytes())?;
+        }
+        Some(dir) => write_crds(&dir)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_crds(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for crd in flotilla_apis::crd::all() {
+        let path = dir.join(flotilla_apis::crd::file_name(&crd));
+        std::fs::write(&path, flotilla_apis::crd::to_yaml(&crd)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_target;
+
+    #[test]
+    fn targets() {
+        let t = |s: &str, n: Option<&str>| parse_target(s, n).ok();
+        let some = |ns: &str, name: &str| Some((Some(ns.to_string()), name.to_string()));
+        assert_eq!(t("modeldeployment/ml/llama", None), some("ml", "llama"));
+        assert_eq!(t("md/llama", Some("ml")), some("ml", "llama"));
+        assert_eq!(t("ml/llama", None), some("ml", "llama"));
+        assert_eq!(t("md/llama", None), Some((None, "llama".to_string())));
+        assert_eq!(t("llama", Some("ml")), some("ml", "llama"));
+        assert_eq!(t("md/ml/llama", Some("ml")), some("ml", "llama"));
+        assert_eq!(t("md/ml/llama", Some("other")), None);
+        assert_eq!(t("a/b/c/d", None), None);
+        assert_eq!(t("md/", None), None);
+    }
+}
