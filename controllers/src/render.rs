@@ -198,10 +198,30 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
     out.push(json!({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "namespace": ns, "labels": object_labels(md, &[])},
+        "metadata": {"name": service_name(&name), "namespace": ns, "labels": object_labels(md, &[])},
         "spec": {"selector": svc_selector, "ports": [{"name": "http", "port": port, "targetPort": "http"}]}
     }));
     out
+}
+
+/// A Service name (an RFC 1035 label: lower-case letters, digits and `-`, starting with a
+/// letter, at most 63 characters) for a ModelDeployment name, which may hold dots
+/// (`llama-3.3-70b-eu`). A name that had to change gets a short hash of the original, so two
+/// deployments that differ only in a dot never share a Service.
+pub fn service_name(name: &str) -> String {
+    let mut out: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    if !out.starts_with(|c: char| c.is_ascii_lowercase()) {
+        out.insert_str(0, "m-");
+    }
+    if out == name && out.len() <= 63 && !out.ends_with('-') {
+        return out;
+    }
+    // FNV-1a: stable across versions and platforms, unlike `DefaultHasher`.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    out.truncate(54);
+    let out = out.trim_end_matches('-');
+    format!("{out}-{:08x}", hash as u32)
 }
 
 #[cfg(test)]

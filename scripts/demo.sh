@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# A local Flotilla fleet, end to end and unattended (docs/quickstart.md shows its transcript):
+# the e2e harness starts a control cluster and three members (eu-fra-1, eu-par-1, us-iad-1)
+# with kwok GPU nodes; the CRDs go in; flotilla-controller and flotilla-gateway run locally;
+# examples/fleet is applied; engine simulators play each member's inference entry point.
+# Then: `kubectl get` shows placements and conditions, a request goes through the one
+# OpenAI-compatible endpoint, eu-fra-1 is stopped, and the EU-only model fails over to
+# eu-par-1 (never to the US) while the status says so. Everything is torn down at the end
+# (FLOTILLA_DEMO_KEEP=1 keeps it running).
+#
+#   bash scripts/demo.sh            # about 2 minutes on a warm cache
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+export FLOTILLA_E2E_DIR="${FLOTILLA_DEMO_DIR:-${TMPDIR:-/tmp}/flotilla-demo}"
+HARNESS=tests/e2e/harness
+TARGET="${CARGO_TARGET_DIR:-target}/debug"
+MEMBERS=(eu-fra-1 eu-par-1 us-iad-1)
+PIDS=()
+
+say() { printf '\n# %s\n' "$*"; }
+# Show a command as typed, then its output.
+run() {
+  printf '$ %s\n' "$*"
+  "$@" 2>&1 | sed -e "s#${FLOTILLA_E2E_DIR}#\$DEMO#g"
+}
+kc() { "${BIN}/kubectl" --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" "$@"; }
+kubectl() { kc "$@"; }  # what the transcript shows as `kubectl`
+
+cleanup() {
+  local rc=$?
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [[ -z "${FLOTILLA_DEMO_KEEP:-}" ]]; then
+    bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
+  else
+    echo "FLOTILLA_DEMO_KEEP: the fleet is still running (kubeconfigs in ${FLOTILLA_E2E_DIR})"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+# A background process that prints `listening on http://ADDR` first: echo ADDR.
+start_listener() {
+  local log="$1"
+  shift
+  "$@" >"${log}" 2>"${log}.err" &
+  PIDS+=($!)
+  local i
+  for i in $(seq 1 100); do
+    if grep -q '^listening on ' "${log}" 2>/dev/null; then
+      sed -n 's/^listening on //p' "${log}" | head -n1
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "demo: $* did not start; see ${log}.err" >&2
+  return 1
+}
+
+wait_until() {
+  local what="$1" timeout="$2"
+  shift 2
+  local deadline=$(( $(date +%s) + timeout ))
+  until "$@" >/dev/null 2>&1; do
+    (( $(date +%s) < deadline )) || { echo "demo: timed out waiting for ${what}" >&2; return 1; }
+    sleep 1
+  done
+}
+
+cargo build -q --locked -p flotilla-controllers --bin flotilla-controller -p flotilla-gateway -p flotilla-enginesim
+BIN=$(bash "${HARNESS}/build.sh")
+mkdir -p "${FLOTILLA_E2E_DIR}"
+bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
+LOGS="${FLOTILLA_E2E_DIR}/logs"
+mkdir -p "${LOGS}"
+
+say "1. A control cluster and three members (etcd + kube-apiserver + scheduler + kwok each)"
+bash "${HARNESS}/up.sh" control "${MEMBERS[@]}" >/dev/null
+bash "${HARNESS}/gpu-nodes.sh" "${FLOTILLA_E2E_DIR}/eu-fra-1.kubeconfig" h100 --count 2 --pool h100 --region eu-central-1 2>/dev/null
+bash "${HARNESS}/gpu-nodes.sh" "${FLOTILLA_E2E_DIR}/eu-fra-1.kubeconfig" l40s --count 2 --pool l40s --region eu-central-1 --capacity-type spot 2>/dev/null
+bash "${HARNESS}/gpu-nodes.sh" "${FLOTILLA_E2E_DIR}/eu-par-1.kubeconfig" h100 --count 2 --pool h100 --region eu-west-3 2>/dev/null
+bash "${HARNESS}/gpu-nodes.sh" "${FLOTILLA_E2E_DIR}/eu-par-1.kubeconfig" a100 --count 2 --pool a100 --region eu-west-3 2>/dev/null
+bash "${HARNESS}/gpu-nodes.sh" "${FLOTILLA_E2E_DIR}/us-iad-1.kubeconfig" h100 --count 2 --pool h100 --region us-east-1 2>/dev/null
+bash "${HARNESS}/gpu-nodes.sh" "${FLOTILLA_E2E_DIR}/us-iad-1.kubeconfig" l40s --count 2 --pool l40s --region us-east-1 --capacity-type spot 2>/dev/null
+for m in "${MEMBERS[@]}"; do
+  run "${BIN}/kubectl" --kubeconfig "${FLOTILLA_E2E_DIR}/${m}.kubeconfig" get nodes -L flotilla.dev/pool,nvidia.com/gpu.product
+done
+
+say "2. The CRDs, the member credentials, and examples/fleet on the control cluster"
+run kubectl apply --server-side -f charts/flotilla/crds
+wait_until "CRDs established" 60 kc wait --for condition=established --timeout=5s crd/modeldeployments.flotilla.dev
+kc create namespace flotilla-system >/dev/null
+for m in "${MEMBERS[@]}"; do
+  kc -n flotilla-system create secret generic "${m}-kubeconfig" --from-file=kubeconfig="${FLOTILLA_E2E_DIR}/${m}.kubeconfig" >/dev/null
+done
+run kubectl apply --server-side -f examples/fleet/namespace.yaml
+run kubectl apply --server-side -R -f examples/fleet
+
+say "3. Engine simulators as each member's inference entry point (an http:// in-cluster URL in a real fleet)"
+MODELS=(--model llama-3.3-70b-instruct --model llama-3.1-8b-instruct --model gpt-oss-120b --model qwen3-235b-a22b-instruct --model llama-3.1-405b-instruct)
+for m in "${MEMBERS[@]}"; do
+  url=$(start_listener "${LOGS}/sim-${m}.log" "${TARGET}/flotilla-enginesim" --listen 127.0.0.1:0 --name "${m}" "${MODELS[@]}" --ttft-ms 5 --itl-ms 1)
+  declare "SIM_${m//-/_}=${url}"
+  kc patch inferencecluster "${m}" --type merge -p "{\"spec\":{\"endpoint\":\"${url}\"}}" >/dev/null
+  echo "${m}: ${url}"
+done
+
+say "4. flotilla-controller and flotilla-gateway, run locally against the control cluster"
+"${TARGET}/flotilla-controller" --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" --probe-addr 127.0.0.1:0 \
+  --identity demo --poll-seconds 3 --member-timeout-seconds 8 >"${LOGS}/controller.log" 2>&1 &
+PIDS+=($!)
+GW=$(start_listener "${LOGS}/gateway.log" "${TARGET}/flotilla-gateway" --control-cluster \
+  --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" --listen 127.0.0.1:0 --feedback-interval-ms 2000 \
+  --breaker-failures 3 --connect-timeout-ms 300)
+echo "gateway: ${GW}"
+ready_70b() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="Serving")].reason}' | grep -qx Routable; }
+wait_until "llama-3.3-70b-eu routable" 120 ready_70b
+
+say "5. What Flotilla observed and decided"
+run kubectl get inferenceclusters
+run kubectl get modeldeployments -n ml
+run kubectl get modeldeployment llama-3.3-70b-eu -n ml -o jsonpath='{range .status.placements[*]}{.cluster}{" "}{.class}{" ready="}{.ready}{"\n"}{end}'
+
+say "6. One OpenAI-compatible endpoint for the fleet"
+run curl -s "${GW}/v1/models" -o /dev/null -w '%{http_code}\n'
+chat() {
+  curl -s -D - -o "${LOGS}/answer.json" "${GW}/v1/chat/completions" -H 'content-type: application/json' \
+    -d "{\"model\":\"$1\",\"messages\":[{\"role\":\"user\",\"content\":\"Where am I served?\"}],\"max_tokens\":8}" \
+    | grep -i -E '^(HTTP|x-flotilla-cluster)' | tr -d '\r'
+}
+run chat llama-3.3-70b-instruct
+
+say "7. Failover: stop eu-fra-1 (its API server and its entry point); the EU-only model stays in the EU"
+bash "${HARNESS}/stop.sh" eu-fra-1 2>/dev/null
+kill "$(pgrep -f -- "--name eu-fra-1" | head -n1)" 2>/dev/null || true
+for i in 1 2 3 4 5 6; do run chat llama-3.3-70b-instruct; done | tee "${LOGS}/failover.txt"
+moved() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="Serving")].message}' | grep -v eu-fra-1 | grep -q eu-par-1; }
+wait_until "the 70B model re-routed away from eu-fra-1" 120 moved
+run kubectl get inferenceclusters eu-fra-1 eu-par-1 us-iad-1
+run kubectl get modeldeployment llama-3.3-70b-eu -n ml -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}'
+ok=$(grep -c '^HTTP/1.1 200' "${LOGS}/failover.txt" || true)
+us=$(grep -ci '^x-flotilla-cluster: us-' "${LOGS}/failover.txt" || true)
+echo "during the failover: ${ok} of 6 requests answered 200, ${us} served outside the EU"
+[[ "${ok}" == 6 && "${us}" == 0 ]]
+echo "demo finished"
