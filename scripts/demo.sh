@@ -8,7 +8,8 @@
 # eu-par-1 (never to the US) while the status says so. Everything is torn down at the end
 # (FLOTILLA_DEMO_KEEP=1 keeps it running).
 #
-#   bash scripts/demo.sh            # about 2 minutes on a warm cache
+#   bash scripts/demo.sh               # under a minute on a warm cache
+#   bash scripts/demo.sh --write-docs  # and put its transcript into docs/quickstart.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -22,7 +23,7 @@ PIDS=()
 say() { printf '\n# %s\n' "$*"; }
 # Show a command as typed, then its output.
 run() {
-  printf '$ %s\n' "$*"
+  printf '$ %s\n' "$*" | sed -e "s#${BIN}/##g" -e "s#${FLOTILLA_E2E_DIR}#\$DEMO#g"
   "$@" 2>&1 | sed -e "s#${FLOTILLA_E2E_DIR}#\$DEMO#g"
 }
 kc() { "${BIN}/kubectl" --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" "$@"; }
@@ -74,6 +75,9 @@ mkdir -p "${FLOTILLA_E2E_DIR}"
 bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
 LOGS="${FLOTILLA_E2E_DIR}/logs"
 mkdir -p "${LOGS}"
+if [[ "${1:-}" == "--write-docs" ]]; then
+  exec > >(tee "${LOGS}/transcript.txt")
+fi
 
 say "1. A control cluster and three members (etcd + kube-apiserver + scheduler + kwok each)"
 bash "${HARNESS}/up.sh" control "${MEMBERS[@]}" >/dev/null
@@ -144,3 +148,18 @@ us=$(grep -ci '^x-flotilla-cluster: us-' "${LOGS}/failover.txt" || true)
 echo "during the failover: ${ok} of 6 requests answered 200, ${us} served outside the EU"
 [[ "${ok}" == 6 && "${us}" == 0 ]]
 echo "demo finished"
+if [[ "${1:-}" == "--write-docs" ]]; then
+  exec >&2
+  sleep 0.5  # let tee finish
+  python3 - "${LOGS}/transcript.txt" docs/quickstart.md <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+text = re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:PORT", text).strip("\n")
+doc = open(sys.argv[2]).read()
+begin, end = "<!-- demo:begin -->\n", "<!-- demo:end -->"
+head, rest = doc.split(begin, 1)
+tail = rest.split(end, 1)[1]
+open(sys.argv[2], "w").write(head + begin + "```text\n" + text + "\n```\n" + end + tail)
+PY
+  echo "docs/quickstart.md updated" >&2
+fi
