@@ -27,7 +27,7 @@ step "end-to-end tests on real API servers (tests/e2e/harness)"
 bash scripts/test-e2e.sh
 
 step "the local fleet demo, unattended (scripts/demo.sh; transcript in docs/quickstart.md)"
-bash scripts/demo.sh >/dev/null
+bash scripts/demo.sh
 
 step "fleetctl validate + plan on examples/fleet (the README's main command)"
 cargo run -q --locked -p fleetctl -- validate -f examples/fleet
