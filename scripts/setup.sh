@@ -14,3 +14,4 @@ need_component() {
 }
 need_component fmt rustfmt
 need_component clippy clippy
+"$(dirname "$0")/setup-moto.sh"

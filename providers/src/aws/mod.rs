@@ -1,0 +1,1 @@
+//! AWS adapter (EKS managed node groups + EC2 discovery).

@@ -1,0 +1,238 @@
+//! Turns the outcome of a step into the claim's status: allocations, bounded attempts,
+//! device totals and the `Fulfilled`, `Provisioning` and `Ready` conditions with a reason from
+//! `apis::constants::reason` and a message saying what was tried and what to change. Only
+//! inputs go into the text (no wall clock, no map iteration order), so an unchanged claim
+//! gets byte-identical status and the controller writes nothing.
+
+use std::time::Duration;
+
+use flotilla_apis::claim::CapacityClaimStatus;
+use flotilla_apis::conditions::{Desired, Status, merge};
+use flotilla_apis::constants::{condition, reason};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::run::Run;
+use super::{ClaimEngine, ClaimInput, ClaimStep};
+use crate::error::ProviderError;
+
+/// How a step ended.
+pub(super) enum Outcome {
+    Invalid(String),
+    Interrupted,
+    Expired { latency: Duration, waited: Duration },
+    Transient(ProviderError),
+    Fatal(ProviderError),
+    Short,
+    Provisioning,
+    Fulfilled,
+}
+
+const OBTAINED: [&str; 2] = ["Fulfilled", "PartiallyFulfilled"];
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, 0) => format!("{m}m"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
+/// The failures behind the current state: this step's failed attempts, else the newest
+/// failure of each offering still cooling down.
+fn failures(run: &Run) -> Vec<(String, String)> {
+    let fresh = &run.attempts[run.attempts.len().saturating_sub(run.new_attempts)..];
+    let mut out: Vec<(String, String)> = fresh
+        .iter()
+        .filter(|a| !OBTAINED.contains(&a.result.as_str()))
+        .map(|a| {
+            let ct = a.capacity_type.map(|c| c.as_str()).unwrap_or("-");
+            (a.result.clone(), format!("{ct} {} in {}: {} ({})", a.class, a.region, a.result, a.message))
+        })
+        .collect();
+    for (key, until) in &run.cooling {
+        let last = run
+            .attempts
+            .iter()
+            .rev()
+            .find(|a| a.region == key.region && a.class == key.class && a.capacity_type == Some(key.capacity_type));
+        if let Some(a) = last {
+            out.push((
+                a.result.clone(),
+                format!(
+                    "{} {} in {}: {} earlier, not asked again until {until}",
+                    key.capacity_type, key.class, key.region, a.result
+                ),
+            ));
+        }
+    }
+    out
+}
+
+fn short_reason(failures: &[(String, String)]) -> &'static str {
+    let has = |r: &str| failures.iter().any(|(x, _)| x == r);
+    if has("Unauthorized") {
+        reason::PROVIDER_UNAUTHORIZED
+    } else if has("ReservationMismatch") && !has("InsufficientCapacity") {
+        reason::RESERVATION_MISMATCH
+    } else if has("QuotaExceeded") && !has("InsufficientCapacity") {
+        reason::QUOTA_EXCEEDED
+    } else if has("InvalidRequest") && failures.iter().all(|(x, _)| x == "InvalidRequest") {
+        reason::PROVIDER_REJECTED
+    } else {
+        reason::CAPACITY_UNAVAILABLE
+    }
+}
+
+pub(super) fn finish(
+    engine: &ClaimEngine,
+    input: &ClaimInput<'_>,
+    mut run: Run,
+    outcome: Outcome,
+    requeue_after: Duration,
+) -> ClaimStep {
+    let spec = input.spec;
+    let dpp =
+        |pod_set: &str| i64::from(spec.pod_sets.iter().find(|p| p.name == pod_set).map_or(0, |p| p.devices_per_pod));
+    let requested: i64 = spec.pod_sets.iter().map(|p| i64::from(p.count) * i64::from(p.devices_per_pod)).sum();
+    let obtained: i64 = run.allocations.iter().map(|a| i64::from(a.pods) * dpp(&a.pod_set)).sum();
+    let per_set = spec
+        .pod_sets
+        .iter()
+        .map(|p| format!("{} {} of {} pods", p.name, run.pods(&p.name), p.count))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let holding = run
+        .allocations
+        .iter()
+        .map(|a| {
+            let ct = a.capacity_type.map(|c| c.as_str()).unwrap_or("-");
+            format!("{} node(s) {ct} {} in {} ({}) for {}", a.nodes, a.class, a.cluster, a.pool, a.pod_set)
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let fails = failures(&run);
+    let tried = if fails.is_empty() {
+        "nothing was refused".to_string()
+    } else {
+        fails.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join("; ")
+    };
+    let unoffered = if run.unoffered.is_empty() {
+        String::new()
+    } else {
+        format!(" No offering for {}.", run.unoffered.join(", "))
+    };
+    let widen = "To get the rest: allow more regions or jurisdictions (spec.capacity.sovereignty), capacity types \
+                 or device classes, ask the provider for more quota, or lower the pod count.";
+    let got = format!("Obtained {obtained} of {requested} devices ({per_set}).");
+
+    let first_ct = spec.capacity.capacity_types.first().copied();
+    let first_class = spec.capacity.device_classes.first().and_then(|c| c.class.clone());
+    let fallback = run
+        .allocations
+        .iter()
+        .any(|a| a.capacity_type != first_ct || first_class.as_ref().is_some_and(|c| *c != a.class));
+
+    let (fulfilled, why, message) = match &outcome {
+        Outcome::Invalid(m) => (false, reason::INVALID_SPEC, format!("{m}. Nothing was requested from the provider.")),
+        Outcome::Interrupted => (
+            false,
+            reason::INTERRUPTED,
+            format!(
+                "The provider took capacity back: {}. Released it and re-acquiring; the interrupted offering is \
+                 skipped for {}. To avoid this, prefer on-demand or reserved in spec.capacity.capacityTypes.",
+                run.interrupted.join("; "),
+                secs(engine.settings.unavailable_for)
+            ),
+        ),
+        Outcome::Expired { latency, waited } => (
+            false,
+            reason::EXPIRED,
+            format!(
+                "Not fulfilled within maxProvisioningLatency {} (waited {}). {got} Last refusals: {tried}. No more \
+                 capacity is requested; raise spec.latency.maxProvisioningLatency or widen the claim and recreate it.",
+                secs(*latency),
+                secs(*waited)
+            ),
+        ),
+        Outcome::Transient(e) => (
+            false,
+            reason::PROVIDER_UNAVAILABLE,
+            format!(
+                "Provider {} did not answer ({}: {}); retrying in {}. {got}",
+                run.provider,
+                e.code(),
+                e.message(),
+                secs(requeue_after)
+            ),
+        ),
+        Outcome::Fatal(e) => (
+            false,
+            e.kind().claim_reason(),
+            format!(
+                "Provider {} refused the request ({}: {}). Fix the controller's provider credentials or \
+                 permissions; {got}",
+                run.provider,
+                e.code(),
+                e.message()
+            ),
+        ),
+        Outcome::Short if obtained > 0 => (
+            false,
+            reason::PARTIALLY_FULFILLED,
+            format!("{got} Holding: {holding}. Refused: {tried}.{unoffered} {widen}"),
+        ),
+        Outcome::Short => (false, short_reason(&fails), format!("{got} Refused: {tried}.{unoffered} {widen}")),
+        Outcome::Provisioning => (
+            false,
+            reason::PROVISIONING,
+            format!("Every pod set has nodes coming; waiting for them to be ready: {holding}."),
+        ),
+        Outcome::Fulfilled if fallback => (
+            true,
+            reason::CLAIM_FALLBACK_SELECTED,
+            format!(
+                "Fulfilled with a fallback: {holding}. The first choice ({} {}) was not obtained: {tried}.",
+                first_ct.map(|c| c.as_str()).unwrap_or("-"),
+                first_class.as_deref().unwrap_or("alternative-1")
+            ),
+        ),
+        Outcome::Fulfilled => (true, reason::FULFILLED, format!("Fulfilled: {holding}.")),
+    };
+    if !run.released.is_empty() {
+        run.released.sort();
+    }
+    let provisioning = if run.provisioning {
+        Desired::new(
+            condition::PROVISIONING,
+            Status::True,
+            reason::PROVISIONING,
+            format!("Nodes are coming: {holding}."),
+        )
+    } else {
+        Desired::new(condition::PROVISIONING, Status::False, why, "No provider request is in flight.")
+    };
+    let desired = [
+        Desired::new(condition::FULFILLED, Status::from_bool(fulfilled), why, message.clone()),
+        provisioning,
+        Desired::new(condition::READY, Status::from_bool(fulfilled), why, message),
+    ];
+    let excess = run.attempts.len().saturating_sub(engine.settings.max_attempts);
+    run.attempts.drain(..excess);
+    let status = CapacityClaimStatus {
+        observed_generation: input.generation,
+        conditions: flotilla_apis::Conditions(merge(
+            &input.status.conditions.0,
+            &desired,
+            input.generation,
+            &Time(input.now),
+        )),
+        devices_requested: requested,
+        devices_obtained: obtained,
+        allocations: run.allocations,
+        attempts: run.attempts,
+    };
+    let changed = status != *input.status;
+    ClaimStep { status, changed, requeue_after, acquisitions: run.acquisitions }
+}
