@@ -14,8 +14,16 @@ use crate::clock::add;
 use crate::error::ErrorKind;
 
 /// Results that mean "this offering gave nothing; don't ask again for a while".
-const UNAVAILABLE: [&str; 5] =
-    ["InsufficientCapacity", "CapacityTypeUnavailable", "QuotaExceeded", "ReservationMismatch", "Interrupted"];
+const UNAVAILABLE: [&str; 6] = [
+    "InsufficientCapacity",
+    "CapacityTypeUnavailable",
+    "QuotaExceeded",
+    "ReservationMismatch",
+    "Interrupted",
+    NO_OFFERING,
+];
+/// Result recorded when a region lists no offering for a (class, capacity type).
+pub const NO_OFFERING: &str = "NoOffering";
 /// Results that mean the offering worked.
 const OBTAINED: [&str; 2] = ["Fulfilled", "PartiallyFulfilled"];
 
@@ -54,6 +62,29 @@ pub fn cooling_until(attempts: &[ClaimAttempt], key: &OfferingKey, base: Duratio
     let last = last?;
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
     Some(add(last, base.saturating_mul(factor).min(cap)))
+}
+
+/// Every key cooling down at `now`, in order of first appearance in `attempts`, with when it
+/// may be tried again and its newest failure.
+pub fn cooling<'a>(
+    attempts: &'a [ClaimAttempt],
+    now: Timestamp,
+    base: Duration,
+    cap: Duration,
+) -> Vec<(OfferingKey, Timestamp, &'a ClaimAttempt)> {
+    let mut out: Vec<(OfferingKey, Timestamp, &ClaimAttempt)> = Vec::new();
+    for a in attempts {
+        let Some(capacity_type) = a.capacity_type else { continue };
+        let key = OfferingKey { region: a.region.clone(), class: a.class.clone(), capacity_type };
+        if out.iter().any(|(k, _, _)| *k == key) {
+            continue;
+        }
+        let Some(until) = cooling_until(attempts, &key, base, cap).filter(|u| *u > now) else { continue };
+        if let Some(last) = attempts.iter().rev().find(|x| key.matches(x) && UNAVAILABLE.contains(&x.result.as_str())) {
+            out.push((key, until, last));
+        }
+    }
+    out
 }
 
 /// How long to wait after the newest run of transient failures (throttling, outages), if the

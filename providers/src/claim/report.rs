@@ -11,6 +11,7 @@ use flotilla_apis::conditions::{Desired, Status, merge};
 use flotilla_apis::constants::{condition, reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::memory::cooling;
 use super::run::Run;
 use super::{ClaimEngine, ClaimInput, ClaimStep};
 use crate::error::ProviderError;
@@ -27,7 +28,6 @@ pub(super) enum Outcome {
     Fulfilled,
 }
 
-const OBTAINED: [&str; 2] = ["Fulfilled", "PartiallyFulfilled"];
 
 fn secs(d: Duration) -> String {
     let s = d.as_secs();
@@ -39,46 +39,34 @@ fn secs(d: Duration) -> String {
     }
 }
 
-/// The failures behind the current state: this step's failed attempts, else the newest
-/// failure of each offering still cooling down.
-fn failures(run: &Run) -> Vec<(String, String)> {
-    let fresh = &run.attempts[run.attempts.len().saturating_sub(run.new_attempts)..];
-    let mut out: Vec<(String, String)> = fresh
-        .iter()
-        .filter(|a| !OBTAINED.contains(&a.result.as_str()))
-        .map(|a| {
-            let ct = a.capacity_type.map(|c| c.as_str()).unwrap_or("-");
-            (a.result.clone(), format!("{ct} {} in {}: {} ({})", a.class, a.region, a.result, a.message))
-        })
-        .collect();
-    for (key, until) in &run.cooling {
-        let last = run
-            .attempts
-            .iter()
-            .rev()
-            .find(|a| a.region == key.region && a.class == key.class && a.capacity_type == Some(key.capacity_type));
-        if let Some(a) = last {
-            out.push((
+/// The failures behind the current state: the newest failure of each offering still cooling
+/// down. Derived from the attempts alone, so a step that asked nothing says the same as the
+/// step that asked.
+fn failures(run: &Run, settings: &super::EngineSettings) -> Vec<(String, String)> {
+    cooling(&run.attempts, run.now, settings.unavailable_for, settings.unavailable_cap)
+        .into_iter()
+        .map(|(key, until, a)| {
+            (
                 a.result.clone(),
                 format!(
-                    "{} {} in {}: {} earlier, not asked again until {until}",
-                    key.capacity_type, key.class, key.region, a.result
+                    "{} {} in {}: {} ({}), not asked again before {until}",
+                    key.capacity_type, key.class, key.region, a.result, a.message
                 ),
-            ));
-        }
-    }
-    out
+            )
+        })
+        .collect()
 }
 
 fn short_reason(failures: &[(String, String)]) -> &'static str {
     let has = |r: &str| failures.iter().any(|(x, _)| x == r);
+    let only = |r: &str| failures.iter().all(|(x, _)| x == r || x == super::memory::NO_OFFERING);
     if has("Unauthorized") {
         reason::PROVIDER_UNAUTHORIZED
-    } else if has("ReservationMismatch") && !has("InsufficientCapacity") {
+    } else if has("ReservationMismatch") && only("ReservationMismatch") {
         reason::RESERVATION_MISMATCH
-    } else if has("QuotaExceeded") && !has("InsufficientCapacity") {
+    } else if has("QuotaExceeded") && only("QuotaExceeded") {
         reason::QUOTA_EXCEEDED
-    } else if has("InvalidRequest") && failures.iter().all(|(x, _)| x == "InvalidRequest") {
+    } else if has("InvalidRequest") && only("InvalidRequest") {
         reason::PROVIDER_REJECTED
     } else {
         reason::CAPACITY_UNAVAILABLE
@@ -112,16 +100,11 @@ pub(super) fn finish(
         })
         .collect::<Vec<_>>()
         .join("; ");
-    let fails = failures(&run);
+    let fails = failures(&run, &engine.settings);
     let tried = if fails.is_empty() {
         "nothing was refused".to_string()
     } else {
         fails.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join("; ")
-    };
-    let unoffered = if run.unoffered.is_empty() {
-        String::new()
-    } else {
-        format!(" No offering for {}.", run.unoffered.join(", "))
     };
     let widen = "To get the rest: allow more regions or jurisdictions (spec.capacity.sovereignty), capacity types \
                  or device classes, ask the provider for more quota, or lower the pod count.";
@@ -181,9 +164,9 @@ pub(super) fn finish(
         Outcome::Short if obtained > 0 => (
             false,
             reason::PARTIALLY_FULFILLED,
-            format!("{got} Holding: {holding}. Refused: {tried}.{unoffered} {widen}"),
+            format!("{got} Holding: {holding}. Refused: {tried}. {widen}"),
         ),
-        Outcome::Short => (false, short_reason(&fails), format!("{got} Refused: {tried}.{unoffered} {widen}")),
+        Outcome::Short => (false, short_reason(&fails), format!("{got} Refused: {tried}. {widen}")),
         Outcome::Provisioning => (
             false,
             reason::PROVISIONING,

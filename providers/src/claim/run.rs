@@ -12,7 +12,7 @@ use flotilla_apis::constants::{condition, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::memory::{OfferingKey, cooling_until, transient_backoff};
+use super::memory::{NO_OFFERING, OfferingKey, cooling, cooling_until, transient_backoff};
 use super::report::{self, Outcome};
 use super::search::{Alternative, candidates};
 use super::{ClaimEngine, ClaimInput, ClaimStep, duration};
@@ -36,7 +36,6 @@ pub(super) struct Run {
     pub transient: Option<ProviderError>,
     pub fatal: Option<ProviderError>,
     pub cooling: Vec<(OfferingKey, Timestamp)>,
-    pub unoffered: Vec<String>,
 }
 
 impl Run {
@@ -78,7 +77,6 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
         transient: None,
         fatal: None,
         cooling: Vec::new(),
-        unoffered: Vec::new(),
     };
 
     let alternatives = match super::search::alternatives(input.spec, input.classes, &engine.selectors) {
@@ -117,7 +115,10 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
     } else if let Some(e) = run.fatal.clone() {
         (Outcome::Fatal(e), settings.resync)
     } else if missing(&run) {
-        let next = run.cooling.iter().map(|(_, until)| *until).min();
+        let next = cooling(&run.attempts, input.now, settings.unavailable_for, settings.unavailable_cap)
+            .iter()
+            .map(|(_, until, _)| *until)
+            .min();
         let wait = next.map_or(settings.unavailable_for, |t| elapsed(input.now, t)).min(settings.unavailable_for);
         let wait = if run.provisioning { wait.min(settings.provisioning_poll) } else { wait };
         (Outcome::Short, wait.max(std::time::Duration::from_secs(1)))
@@ -262,7 +263,13 @@ async fn search(
                         &engine.selectors,
                     );
                     if cands.is_empty() {
-                        run.unoffered.push(format!("{ct} {} in {}", alt.label, region.name));
+                        let message = format!(
+                            "{} lists no {ct} offering of {}{} with free nodes",
+                            region.name,
+                            alt.label,
+                            zone.as_deref().map(|z| format!(" in {z} (sameZone)")).unwrap_or_default()
+                        );
+                        run.attempt(&region.name, &alt.label, ct, NO_OFFERING, message);
                         continue;
                     }
                     for offering in cands {
