@@ -180,6 +180,7 @@ impl CapacityProvider for StaticProvider {
             nodes,
             events: Vec::new(),
             message: format!("{grant} declared node(s) of pool {} set aside", pool.name),
+            failure: None,
         };
         held.insert(request.name.clone(), Held { acquisition: acquisition.clone(), pool: pool.name.clone(), indices });
         Ok(acquisition)

@@ -185,4 +185,6 @@ pub struct Acquisition {
     pub events: Vec<CapacityEvent>,
     /// The provider's words on the state.
     pub message: String,
+    /// Why it failed, when `state` is `Failed`.
+    pub failure: Option<crate::error::ProviderError>,
 }

@@ -33,12 +33,14 @@ async fn reserved_refused_falls_back_to_on_demand_and_says_so() {
     )]);
     c.provisioning_delay = Duration::ZERO;
     let mut h = Harness::new(c, claim(2, &[Reserved, OnDemand], &["h100"], &["EU"]));
-    h.sim.add_failure(FailureRule::always(ProviderError::new(
-        ErrorKind::InsufficientCapacity,
-        "InsufficientInstanceCapacity",
-        "reservation has no free instances",
-    ))
-    .for_capacity_type(Reserved));
+    h.sim.add_failure(
+        FailureRule::always(ProviderError::new(
+            ErrorKind::InsufficientCapacity,
+            "InsufficientInstanceCapacity",
+            "reservation has no free instances",
+        ))
+        .for_capacity_type(Reserved),
+    );
     h.step().await;
     let acquired: Vec<_> = h.sim.calls().acquire.iter().map(|r| r.capacity_type).collect();
     assert_eq!(acquired, [Reserved, Reserved, OnDemand], "reserved in both zones first, then on-demand");
@@ -89,10 +91,7 @@ async fn quota_in_one_region_moves_to_the_next_allowed_region() {
     c.regions[0].quota_nodes = Some(0);
     let mut h = Harness::new(c, claim(2, &[OnDemand], &["h100"], &["EU"]));
     h.step().await;
-    assert_eq!(
-        h.results(),
-        ["on-demand h100 eu-central-1 QuotaExceeded", "on-demand h100 eu-west-1 Fulfilled"]
-    );
+    assert_eq!(h.results(), ["on-demand h100 eu-central-1 QuotaExceeded", "on-demand h100 eu-west-1 Fulfilled"]);
     assert!(h.status.attempts[0].message.starts_with("VcpuLimitExceeded:"), "{:?}", h.status.attempts[0]);
     assert_eq!(h.status.allocations[0].cluster, "cl-eu-west-1");
     // Quota is regional: the other zone of eu-central-1 was not tried after the refusal.
@@ -110,7 +109,10 @@ async fn quota_everywhere_allowed_is_reported_as_quota_exceeded() {
     h.step().await;
     let (status, why, message) = h.condition(condition::FULFILLED);
     assert_eq!((status.as_str(), why.as_str()), ("False", reason::QUOTA_EXCEEDED));
-    assert!(message.contains("eu-central-1") && message.contains("eu-west-1") && message.contains("quota"), "{message}");
+    assert!(
+        message.contains("eu-central-1") && message.contains("eu-west-1") && message.contains("quota"),
+        "{message}"
+    );
     assert!(h.status.allocations.is_empty());
 }
 

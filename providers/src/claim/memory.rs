@@ -66,12 +66,12 @@ pub fn cooling_until(attempts: &[ClaimAttempt], key: &OfferingKey, base: Duratio
 
 /// Every key cooling down at `now`, in order of first appearance in `attempts`, with when it
 /// may be tried again and its newest failure.
-pub fn cooling<'a>(
-    attempts: &'a [ClaimAttempt],
+pub fn cooling(
+    attempts: &[ClaimAttempt],
     now: Timestamp,
     base: Duration,
     cap: Duration,
-) -> Vec<(OfferingKey, Timestamp, &'a ClaimAttempt)> {
+) -> Vec<(OfferingKey, Timestamp, &ClaimAttempt)> {
     let mut out: Vec<(OfferingKey, Timestamp, &ClaimAttempt)> = Vec::new();
     for a in attempts {
         let Some(capacity_type) = a.capacity_type else { continue };

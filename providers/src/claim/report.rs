@@ -28,7 +28,6 @@ pub(super) enum Outcome {
     Fulfilled,
 }
 
-
 fn secs(d: Duration) -> String {
     let s = d.as_secs();
     match (s / 3600, (s % 3600) / 60, s % 60) {
@@ -161,11 +160,9 @@ pub(super) fn finish(
                 e.message()
             ),
         ),
-        Outcome::Short if obtained > 0 => (
-            false,
-            reason::PARTIALLY_FULFILLED,
-            format!("{got} Holding: {holding}. Refused: {tried}. {widen}"),
-        ),
+        Outcome::Short if obtained > 0 => {
+            (false, reason::PARTIALLY_FULFILLED, format!("{got} Holding: {holding}. Refused: {tried}. {widen}"))
+        }
         Outcome::Short => (false, short_reason(&fails), format!("{got} Refused: {tried}. {widen}")),
         Outcome::Provisioning => (
             false,

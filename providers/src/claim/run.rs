@@ -176,7 +176,23 @@ async fn check_existing(
                 run.attempt(&region.name, &alloc.class, ct, "Interrupted", format!("{}: {}", alloc.pool, acq.message));
                 run.interrupted.push(what);
             }
-            Ok(acq) if matches!(acq.state, AcquisitionState::Released | AcquisitionState::Failed) => {
+            Ok(acq) if acq.state == AcquisitionState::Failed => {
+                // The provider accepted the request but could not bring the nodes up (EKS
+                // node group CREATE_FAILED): give it back and remember the offering.
+                if let Err(e) = provider.release(&region.name, &alloc.pool).await {
+                    run.transient.get_or_insert(e);
+                }
+                let result = acq.failure.as_ref().map_or(ErrorKind::InsufficientCapacity, ProviderError::kind);
+                run.attempt(
+                    &region.name,
+                    &alloc.class,
+                    ct,
+                    result.as_str(),
+                    format!("{}: {}", alloc.pool, acq.message),
+                );
+                run.released.push(format!("{} in {}: {}", alloc.pool, region.name, acq.message));
+            }
+            Ok(acq) if acq.state == AcquisitionState::Released => {
                 run.released.push(format!("{} in {}: {}", alloc.pool, region.name, acq.message));
             }
             Ok(acq) => {

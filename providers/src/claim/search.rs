@@ -59,11 +59,8 @@ impl Alternative<'_> {
     /// Whether `offering` provides devices of this alternative.
     pub fn matches(&self, offering: &Offering, engine: &SelectorEngine) -> bool {
         if let Some(class) = self.class {
-            let by_type = class
-                .provisioning
-                .aws
-                .as_ref()
-                .is_some_and(|aws| aws.instance_types.iter().any(|t| *t == offering.instance_type));
+            let by_type =
+                class.provisioning.aws.as_ref().is_some_and(|aws| aws.instance_types.contains(&offering.instance_type));
             let by_name = offering.class.as_deref() == Some(self.label.as_str());
             let by_device = class.device.driver == offering.device.driver
                 && class.devices_per_node == offering.devices_per_node

@@ -353,6 +353,7 @@ impl SimProvider {
                 nodes,
                 events: Vec::new(),
                 message: String::new(),
+                failure: None,
             },
             ready_at: add(add(now, self.cloud.provisioning_delay), jitter),
             ends_at: offering.ends_at,

@@ -15,7 +15,9 @@ use flotilla_apis::class::{AwsProvisioning, InferenceClassSpec, Provisioning};
 use flotilla_apis::common::{
     CapacityType, DeviceAttribute, DeviceSpec, JurisdictionCode, PricePerCapacityType, Sovereignty,
 };
-use flotilla_providers::{ClaimEngine, ClaimInput, ClaimStep, ManualClock, SimCloud, SimOffering, SimProvider, SimRegion};
+use flotilla_providers::{
+    ClaimEngine, ClaimInput, ClaimStep, ManualClock, SimCloud, SimOffering, SimProvider, SimRegion,
+};
 use k8s_openapi::jiff::Timestamp;
 
 pub fn t0() -> Timestamp {
@@ -24,12 +26,10 @@ pub fn t0() -> Timestamp {
 
 pub fn device(product: &str, memory: &str) -> DeviceSpec {
     let mut attributes = BTreeMap::new();
-    attributes.insert("productName".to_string(), DeviceAttribute { string: Some(product.into()), ..Default::default() });
+    attributes
+        .insert("productName".to_string(), DeviceAttribute { string: Some(product.into()), ..Default::default() });
     let mut capacity = BTreeMap::new();
-    capacity.insert(
-        "memory".to_string(),
-        k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.to_string()),
-    );
+    capacity.insert("memory".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.to_string()));
     DeviceSpec { driver: "gpu.nvidia.com".into(), attributes, capacity }
 }
 
@@ -127,7 +127,15 @@ impl Harness {
     pub fn new(cloud: SimCloud, spec: CapacityClaimSpec) -> Self {
         let clock = ManualClock::new(t0());
         let sim = Arc::new(SimProvider::new(cloud, Arc::new(clock.clone())));
-        Self { clock, sim, engine: ClaimEngine::default(), classes: classes(), spec, status: Default::default(), last: None }
+        Self {
+            clock,
+            sim,
+            engine: ClaimEngine::default(),
+            classes: classes(),
+            spec,
+            status: Default::default(),
+            last: None,
+        }
     }
 
     /// One reconcile at the clock's time; the new status is kept as the controller would.
@@ -170,7 +178,9 @@ impl Harness {
         self.status
             .attempts
             .iter()
-            .map(|a| format!("{} {} {} {}", a.capacity_type.map(|c| c.as_str()).unwrap_or("-"), a.class, a.region, a.result))
+            .map(|a| {
+                format!("{} {} {} {}", a.capacity_type.map(|c| c.as_str()).unwrap_or("-"), a.class, a.region, a.result)
+            })
             .collect()
     }
 }
