@@ -14,8 +14,9 @@ use crate::clock::add;
 use crate::error::ErrorKind;
 
 /// Results that mean "this offering gave nothing; don't ask again for a while".
-const UNAVAILABLE: [&str; 6] = [
+const UNAVAILABLE: [&str; 7] = [
     "InsufficientCapacity",
+    "InvalidRequest",
     "CapacityTypeUnavailable",
     "QuotaExceeded",
     "ReservationMismatch",
