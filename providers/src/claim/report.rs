@@ -19,6 +19,7 @@ use crate::error::ProviderError;
 /// How a step ended.
 pub(super) enum Outcome {
     Invalid(String),
+    NoAllowedRegion(String),
     Interrupted,
     Expired { latency: Duration, waited: Duration },
     Transient(ProviderError),
@@ -118,6 +119,15 @@ pub(super) fn finish(
 
     let (fulfilled, why, message) = match &outcome {
         Outcome::Invalid(m) => (false, reason::INVALID_SPEC, format!("{m}. Nothing was requested from the provider.")),
+        Outcome::NoAllowedRegion(offered) => (
+            false,
+            reason::NO_ALLOWED_REGION,
+            format!(
+                "Provider {} offers only {offered}, and spec.capacity.sovereignty allows none of them; nothing was \
+                 requested. Allow one of these regions or jurisdictions, or use a provider with an allowed region.",
+                run.provider
+            ),
+        ),
         Outcome::Interrupted => (
             false,
             reason::INTERRUPTED,

@@ -88,6 +88,10 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
     };
 
     check_existing(&input, provider, &regions, &allowed, &mut run).await;
+    if allowed.is_empty() {
+        let offered = regions.iter().map(|r| format!("{} ({})", r.name, r.jurisdiction)).collect::<Vec<_>>().join(", ");
+        return report::finish(engine, &input, run, Outcome::NoAllowedRegion(offered), settings.resync);
+    }
     if !run.interrupted.is_empty() {
         return report::finish(engine, &input, run, Outcome::Interrupted, settings.reacquire_after);
     }
