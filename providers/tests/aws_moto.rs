@@ -22,8 +22,10 @@ const REGION: &str = "us-east-1";
 
 /// The moto server's URL; starts it on first use. Fails (never skips) when moto is missing.
 fn moto() -> &'static str {
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
+    // The watchdog's handle lives as long as the test process; the watchdog reaps moto.
+    static SERVER: OnceLock<(String, std::process::Child)> = OnceLock::new();
+    &SERVER
+        .get_or_init(|| {
         let bin = std::env::var("FLOTILLA_MOTO_SERVER").unwrap_or_else(|_| {
             let cache = std::env::var("FLOTILLA_CACHE")
                 .unwrap_or_else(|_| format!("{}/.cache/flotilla", std::env::var("HOME").unwrap_or_default()));
@@ -39,7 +41,7 @@ fn moto() -> &'static str {
             "\"$0\" -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill $m",
             pid = std::process::id()
         );
-        Command::new("sh")
+        let watchdog = Command::new("sh")
             .arg("-c")
             .arg(script)
             .arg(&bin)
@@ -53,8 +55,9 @@ fn moto() -> &'static str {
             assert!(Instant::now() < deadline, "moto did not listen on port {port} within 60 s");
             std::thread::sleep(Duration::from_millis(100));
         }
-        format!("http://127.0.0.1:{port}")
+        (format!("http://127.0.0.1:{port}"), watchdog)
     })
+    .0
 }
 
 fn target(eks_cluster: &str) -> AwsTarget {
@@ -269,5 +272,5 @@ async fn claim_engine_obtains_an_eks_node_group_through_moto() {
     let alloc = &out.status.allocations[0];
     assert_eq!((alloc.cluster.as_str(), alloc.nodes, alloc.pods), ("us-va-1", 2, 2), "one 8-GPU pod per p5 node");
     let listed = eks().list_nodegroups().cluster_name("claims").send().await.unwrap();
-    assert_eq!(listed.nodegroups(), [alloc.pool.clone()]);
+    assert_eq!(listed.nodegroups(), std::slice::from_ref(&alloc.pool));
 }
