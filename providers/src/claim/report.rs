@@ -190,9 +190,12 @@ pub(super) fn finish(
         ),
         Outcome::Fulfilled => (true, reason::FULFILLED, format!("Fulfilled: {holding}.")),
     };
-    if !run.released.is_empty() {
+    let message = if run.released.is_empty() {
+        message
+    } else {
         run.released.sort();
-    }
+        format!("{message} Gone since the last look: {}.", run.released.join("; "))
+    };
     let provisioning = if run.provisioning {
         Desired::new(
             condition::PROVISIONING,

@@ -131,7 +131,6 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
     } else {
         (Outcome::Fulfilled, settings.resync)
     };
-    let _ = &alternatives;
     report::finish(engine, &input, run, outcome, requeue)
 }
 
@@ -300,6 +299,17 @@ async fn search(
                         let nodes = (missing + per_node - 1) / per_node;
                         match try_offering(engine, input, provider, pod_set, alt, offering, nodes, run).await {
                             Ok(acq) => {
+                                // What this step took is no longer free for later pod sets.
+                                if let Some((_, cached)) = offerings.iter_mut().find(|(r, _)| *r == region.name) {
+                                    for o in cached.iter_mut().filter(|o| {
+                                        o.zone == offering.zone
+                                            && o.instance_type == offering.instance_type
+                                            && o.capacity_type == offering.capacity_type
+                                    }) {
+                                        o.available_nodes =
+                                            o.available_nodes.map(|n| n.saturating_sub(acq.nodes_granted));
+                                    }
+                                }
                                 let pods = missing.min(acq.nodes_granted as i32 * per_node);
                                 missing -= pods;
                                 let result = if missing == 0 { "Fulfilled" } else { "PartiallyFulfilled" };
