@@ -71,8 +71,12 @@ async fn h200_unavailable_everywhere_allowed_falls_back_to_h100_never_leaving_th
     assert_eq!(h.condition(condition::PROVISIONING).0, "True");
     h.clock.advance(first.requeue_after.max(Duration::from_secs(30)));
     h.step().await;
-    let (status, why, _) = h.condition(condition::FULFILLED);
+    let (status, why, message) = h.condition(condition::FULFILLED);
     assert_eq!((status.as_str(), why.as_str()), ("True", reason::CLAIM_FALLBACK_SELECTED));
+    assert!(message.contains("h200 in eu-central-1: NoOffering") && message.contains("h200 in eu-west-1"), "{message}");
+    // A fulfilled claim looked at again later (resync) writes nothing.
+    h.clock.advance(Duration::from_secs(600));
+    assert!(!h.step().await.changed);
     // H200 is cheap and plentiful in us-east-1, but the US is not allowed: never asked.
     let calls = h.sim.calls();
     assert!(!calls.regions().contains(&"us-east-1".to_string()), "provider heard of us-east-1: {calls:?}");
@@ -124,10 +128,11 @@ async fn expires_after_max_provisioning_latency_and_then_stops_asking() {
     h.run_for(Duration::from_secs(2 * 60)).await;
     let (status, why, message) = h.condition(condition::FULFILLED);
     assert_eq!((status.as_str(), why.as_str()), ("False", reason::EXPIRED), "{message}");
-    assert!(message.contains("maxProvisioningLatency 15m"), "{message}");
+    assert!(message.contains("maxProvisioningLatency 15m (counted from"), "{message}");
     let before = h.sim.calls().total();
     h.run_for(Duration::from_secs(3600)).await;
     assert_eq!(h.sim.calls().total(), before, "an expired claim asks the provider nothing");
+    assert!(!h.last.as_ref().unwrap().changed, "and its status stays byte-identical");
     assert_eq!(h.condition(condition::FULFILLED).1, reason::EXPIRED);
 }
 

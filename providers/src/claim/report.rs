@@ -21,7 +21,7 @@ pub(super) enum Outcome {
     Invalid(String),
     NoAllowedRegion(String),
     Interrupted,
-    Expired { latency: Duration, waited: Duration },
+    Expired { latency: Duration, since: k8s_openapi::jiff::Timestamp },
     Transient(ProviderError),
     Fatal(ProviderError),
     Short,
@@ -55,6 +55,24 @@ fn failures(run: &Run, settings: &super::EngineSettings) -> Vec<(String, String)
             )
         })
         .collect()
+}
+
+/// The newest failure of every offering ever refused, without cool-down times (for claims
+/// that stopped asking).
+fn last_failures(run: &Run) -> String {
+    let mut seen: Vec<(&str, &str, Option<flotilla_apis::common::CapacityType>)> = Vec::new();
+    let mut out = Vec::new();
+    for a in run.attempts.iter().rev() {
+        let key = (a.region.as_str(), a.class.as_str(), a.capacity_type);
+        if seen.contains(&key) || ["Fulfilled", "PartiallyFulfilled"].contains(&a.result.as_str()) {
+            continue;
+        }
+        seen.push(key);
+        let ct = a.capacity_type.map(|c| c.as_str()).unwrap_or("-");
+        out.push(format!("{ct} {} in {}: {} ({})", a.class, a.region, a.result, a.message));
+    }
+    out.reverse();
+    if out.is_empty() { "none recorded".to_string() } else { out.join("; ") }
 }
 
 fn short_reason(failures: &[(String, String)]) -> &'static str {
@@ -138,14 +156,14 @@ pub(super) fn finish(
                 secs(engine.settings.unavailable_for)
             ),
         ),
-        Outcome::Expired { latency, waited } => (
+        Outcome::Expired { latency, since } => (
             false,
             reason::EXPIRED,
             format!(
-                "Not fulfilled within maxProvisioningLatency {} (waited {}). {got} Last refusals: {tried}. No more \
+                "Not fulfilled within maxProvisioningLatency {} (counted from {since}). {got} Last refusals: {}. No more \
                  capacity is requested; raise spec.latency.maxProvisioningLatency or widen the claim and recreate it.",
                 secs(*latency),
-                secs(*waited)
+                last_failures(&run)
             ),
         ),
         Outcome::Transient(e) => (
@@ -183,9 +201,10 @@ pub(super) fn finish(
             true,
             reason::CLAIM_FALLBACK_SELECTED,
             format!(
-                "Fulfilled with a fallback: {holding}. The first choice ({} {}) was not obtained: {tried}.",
+                "Fulfilled with a fallback: {holding}. The first choice ({} {}) was not obtained: {}.",
                 first_ct.map(|c| c.as_str()).unwrap_or("-"),
-                first_class.as_deref().unwrap_or("alternative-1")
+                first_class.as_deref().unwrap_or("alternative-1"),
+                last_failures(&run)
             ),
         ),
         Outcome::Fulfilled => (true, reason::FULFILLED, format!("Fulfilled: {holding}.")),

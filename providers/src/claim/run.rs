@@ -105,8 +105,7 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
         .filter(|c| c.status == "False")
         .map_or(input.created, |c| c.last_transition_time.0.max(input.created));
     if let Some(latency) = latency.filter(|l| missing(&run) && input.now >= add(since, *l)) {
-        let waited = elapsed(since, input.now);
-        return report::finish(engine, &input, run, Outcome::Expired { latency, waited }, settings.resync);
+        return report::finish(engine, &input, run, Outcome::Expired { latency, since }, settings.resync);
     }
 
     if run.transient.is_none() && missing(&run) {
