@@ -247,3 +247,29 @@ async fn sim_node_names_follow_the_seed() {
     assert_eq!(names(1).await, names(1).await);
     assert_ne!(names(1).await, names(2).await);
 }
+
+#[tokio::test]
+async fn step_runs_in_a_spawned_task_through_arc_dyn_provider() {
+    // Controllers reconcile in spawned tasks: the step future must be Send, the trait object shareable.
+    let h = Harness::new(eu_us_cloud(), claim(1, &[OnDemand], &["h100"], &["EU"]));
+    let provider: std::sync::Arc<dyn flotilla_providers::CapacityProvider> = h.sim.clone();
+    let engine = std::sync::Arc::new(flotilla_providers::ClaimEngine::default());
+    let (spec, classes) = (h.spec.clone(), h.classes.clone());
+    let out = tokio::spawn(async move {
+        let status = Default::default();
+        let input = flotilla_providers::ClaimInput {
+            namespace: "ml",
+            name: "llama",
+            generation: Some(1),
+            created: t0(),
+            spec: &spec,
+            status: &status,
+            classes: &classes,
+            now: t0(),
+        };
+        engine.step(input, provider.as_ref()).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.allocations.len(), 1);
+}
