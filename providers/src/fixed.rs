@@ -78,6 +78,7 @@ impl CapacityProvider for StaticProvider {
         self.clusters
             .iter()
             .map(|(name, s)| RegionInfo {
+                provider: "static".to_string(),
                 name: s.region.clone(),
                 jurisdiction: s.jurisdiction.0.clone(),
                 cluster: name.clone(),

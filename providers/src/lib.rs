@@ -8,6 +8,7 @@ pub mod clock;
 pub mod error;
 pub mod fixed;
 pub mod provider;
+pub mod set;
 pub mod sim;
 pub mod types;
 
@@ -16,6 +17,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ErrorKind, ProviderError};
 pub use fixed::StaticProvider;
 pub use provider::CapacityProvider;
+pub use set::ProviderSet;
 pub use sim::{SimCloud, SimOffering, SimProvider, SimRegion};
 pub use types::{
     AcquireRequest, Acquisition, AcquisitionState, CapacityEvent, CapacityEventKind, NodeTaint, Offering,

@@ -11,6 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 /// A region a provider can obtain capacity in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionInfo {
+    /// The provider serving the region (`aws`, `sim`, `static`), as recorded in attempts.
+    pub provider: String,
     /// Region name (`eu-central-1`).
     pub name: String,
     /// Jurisdiction code the region is under (`EU`).

@@ -15,7 +15,7 @@ use flotilla_apis::common::CapacityType::{OnDemand, Reserved};
 use flotilla_apis::common::JurisdictionCode;
 use flotilla_apis::constants::{condition, reason};
 use flotilla_apis::deployment::CelExpression;
-use flotilla_providers::{AcquireRequest, CapacityProvider, ErrorKind, StaticProvider};
+use flotilla_providers::{AcquireRequest, CapacityProvider, ErrorKind, ProviderSet, StaticProvider};
 use support::*;
 
 fn split_zones_cloud() -> flotilla_providers::SimCloud {
@@ -155,4 +155,42 @@ async fn static_provider_offers_declared_pools_and_refuses_more() {
     assert_eq!(err.kind(), ErrorKind::InsufficientCapacity, "pool exhausted");
     p.release("onprem-fra", "two").await.unwrap();
     assert!(p.acquire(&request("after-release", 1)).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_provider_set_searches_a_static_site_and_a_cloud_in_one_step() {
+    use std::sync::Arc;
+    let mut c = cloud(vec![region("eu-central-1", "EU", vec![offering("h100", OnDemand, 98, 4)])]);
+    c.provisioning_delay = Duration::ZERO;
+    let h = Harness::new(c, claim(3, &[Reserved, OnDemand], &["h100"], &["EU"]));
+    let set = ProviderSet::new(vec![Arc::new(static_fleet()), h.sim.clone()]).unwrap();
+    let input = flotilla_providers::ClaimInput {
+        namespace: "ml",
+        name: "llama",
+        generation: Some(1),
+        created: t0(),
+        spec: &h.spec,
+        status: &h.status,
+        classes: &h.classes,
+        now: t0(),
+    };
+    let out = h.engine.step(input, &set).await;
+    let got: Vec<_> = out.status.allocations.iter().map(|a| (a.cluster.as_str(), a.capacity_type, a.nodes)).collect();
+    assert_eq!(got, [("fra-dc", Some(Reserved), 2), ("cl-eu-central-1", Some(OnDemand), 1)], "the declared site first");
+    let walk: Vec<_> = out
+        .status
+        .attempts
+        .iter()
+        .map(|a| format!("{} {} {}", a.provider, a.capacity_type.unwrap().as_str(), a.result))
+        .collect();
+    assert_eq!(
+        walk,
+        [
+            "static reserved PartiallyFulfilled",
+            "sim reserved NoOffering",
+            "static on-demand NoOffering",
+            "sim on-demand Fulfilled"
+        ]
+    );
+    assert!(ProviderSet::new(vec![h.sim.clone(), h.sim.clone()]).is_err(), "one provider per region name");
 }

@@ -161,6 +161,7 @@ impl CapacityProvider for AwsProvider {
         self.regions
             .iter()
             .map(|r| RegionInfo {
+                provider: "aws".to_string(),
                 name: r.target.region.clone(),
                 jurisdiction: r.target.jurisdiction.clone(),
                 cluster: r.target.cluster.clone(),

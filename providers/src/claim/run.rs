@@ -27,6 +27,7 @@ pub(super) struct Run {
     pub allocations: Vec<ClaimAllocation>,
     pub acquisitions: Vec<Acquisition>,
     pub provider: String,
+    pub providers: Vec<(String, String)>,
     pub now: Timestamp,
     pub new_attempts: usize,
     pub zone: Option<String>,
@@ -42,7 +43,11 @@ impl Run {
     fn attempt(&mut self, region: &str, class: &str, ct: CapacityType, result: &str, message: String) {
         self.attempts.push(ClaimAttempt {
             time: Some(Time(self.now)),
-            provider: self.provider.clone(),
+            provider: self
+                .providers
+                .iter()
+                .find(|(r, _)| r == region)
+                .map_or_else(|| self.provider.clone(), |(_, p)| p.clone()),
             region: region.to_string(),
             class: class.to_string(),
             capacity_type: Some(ct),
@@ -68,6 +73,7 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
         allocations: Vec::new(),
         acquisitions: Vec::new(),
         provider: provider.name().to_string(),
+        providers: regions.iter().map(|r| (r.name.clone(), r.provider.clone())).collect(),
         now: input.now,
         new_attempts: 0,
         zone: None,

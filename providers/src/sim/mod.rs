@@ -377,6 +377,7 @@ impl CapacityProvider for SimProvider {
             .regions
             .iter()
             .map(|r| RegionInfo {
+                provider: self.cloud.name.clone(),
                 name: r.name.clone(),
                 jurisdiction: r.jurisdiction.clone(),
                 cluster: r.cluster.clone(),
