@@ -273,3 +273,32 @@ async fn step_runs_in_a_spawned_task_through_arc_dyn_provider() {
     .unwrap();
     assert_eq!(out.status.allocations.len(), 1);
 }
+
+#[tokio::test]
+async fn throttling_backs_off_exponentially_then_recovers() {
+    let mut h = Harness::new(eu_us_cloud(), claim(1, &[OnDemand], &["h100"], &["EU"]));
+    h.sim.add_failure(
+        FailureRule::always(ProviderError::new(ErrorKind::Throttled, "RequestLimitExceeded", "slow down")).times(2),
+    );
+    let first = h.step().await;
+    assert_eq!(h.condition(condition::FULFILLED).1, reason::PROVIDER_UNAVAILABLE);
+    assert_eq!(h.sim.calls().acquire.len(), 1, "a throttled step stops at the first refusal");
+    assert_eq!(first.requeue_after, Duration::from_secs(5));
+    h.clock.advance(first.requeue_after);
+    let second = h.step().await;
+    assert_eq!(second.requeue_after, Duration::from_secs(10), "doubles");
+    h.clock.advance(second.requeue_after);
+    h.step().await;
+    assert_eq!(h.status.allocations.len(), 1, "recovers once the provider answers");
+}
+
+#[tokio::test]
+async fn refused_credentials_stop_the_search() {
+    let mut h = Harness::new(eu_us_cloud(), claim(1, &[OnDemand], &["h100"], &["EU"]));
+    h.sim.add_failure(FailureRule::always(ProviderError::new(ErrorKind::Unauthorized, "AuthFailure", "bad keys")));
+    h.step().await;
+    let (_, why, message) = h.condition(condition::FULFILLED);
+    assert_eq!(why, reason::PROVIDER_UNAUTHORIZED);
+    assert!(message.contains("AuthFailure") && message.contains("credentials"), "{message}");
+    assert_eq!(h.sim.calls().acquire.len(), 1, "no other region is tried with refused credentials");
+}

@@ -266,10 +266,11 @@ async fn search(
                             Ok(list) => offerings.push((region.name.clone(), list)),
                             Err(e) => {
                                 run.attempt(&region.name, &alt.label, ct, e.kind().as_str(), describe_error(&e, None));
-                                if e.kind().is_transient() {
-                                    run.transient = Some(e);
-                                } else {
-                                    run.fatal = Some(e);
+                                match e.kind() {
+                                    k if k.is_transient() => run.transient = Some(e),
+                                    ErrorKind::Unauthorized => run.fatal = Some(e),
+                                    // This region's listing failed; the key cools, others go on.
+                                    _ => continue,
                                 }
                                 break 'pod_sets;
                             }
