@@ -26,6 +26,17 @@ pub trait CapacityProvider: Send + Sync {
     /// What an earlier acquisition holds now, including interruptions.
     async fn describe(&self, region: &str, id: &str) -> Result<Acquisition, ProviderError>;
 
+    /// Changes how many nodes an acquisition holds (scale-up or a drained scale-down).
+    /// Providers that cannot resize answer `InvalidRequest` with code `ResizeUnsupported`.
+    async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+        let _ = nodes;
+        Err(ProviderError::new(
+            crate::error::ErrorKind::InvalidRequest,
+            "ResizeUnsupported",
+            format!("{} cannot resize {id} in {region}; release it and acquire anew", self.name()),
+        ))
+    }
+
     /// Gives an acquisition back. Releasing something already gone succeeds.
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError>;
 }

@@ -78,6 +78,10 @@ impl CapacityProvider for ProviderSet {
         self.route(region)?.describe(region, id).await
     }
 
+    async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+        self.route(region)?.resize(region, id, nodes).await
+    }
+
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
         self.route(region)?.release(region, id).await
     }

@@ -176,6 +176,9 @@ async fn node_group_lifecycle_create_describe_repeat_release() {
     let listed = eks().list_nodegroups().cluster_name("lifecycle").send().await.unwrap();
     assert_eq!(listed.nodegroups().len(), 1, "and creates no second one");
 
+    let resized = p.resize(REGION, "ml-llama-spot", 4).await.unwrap();
+    assert_eq!(resized.nodes_granted, 4, "scaled through UpdateNodegroupConfig");
+
     let described = p.describe(REGION, "ml-llama-spot").await.unwrap();
     assert!(matches!(described.state, AcquisitionState::Active | AcquisitionState::Provisioning));
 

@@ -194,3 +194,20 @@ async fn a_provider_set_searches_a_static_site_and_a_cloud_in_one_step() {
     );
     assert!(ProviderSet::new(vec![h.sim.clone(), h.sim.clone()]).is_err(), "one provider per region name");
 }
+
+#[tokio::test]
+async fn sim_resize_grows_within_zone_capacity_and_shrinks() {
+    let mut c = cloud(vec![region("eu-central-1", "EU", vec![offering("h100", OnDemand, 98, 3)])]);
+    c.provisioning_delay = Duration::ZERO;
+    let mut h = Harness::new(c, claim(1, &[OnDemand], &["h100"], &["EU"]));
+    h.step().await;
+    let id = h.status.allocations[0].pool.clone();
+    let grown = h.sim.resize("eu-central-1", &id, 3).await.unwrap();
+    assert_eq!((grown.nodes_granted, grown.nodes.len()), (3, 3));
+    let err = h.sim.resize("eu-central-1", &id, 4).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InsufficientCapacity, "the zone has 3 nodes");
+    let shrunk = h.sim.resize("eu-central-1", &id, 1).await.unwrap();
+    assert_eq!(shrunk.nodes, grown.nodes[..1], "scale-down keeps the oldest node");
+    let unsupported = static_fleet().resize("onprem-fra", "x", 1).await.unwrap_err();
+    assert_eq!(unsupported.code(), "ResizeUnsupported");
+}

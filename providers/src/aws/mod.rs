@@ -182,6 +182,10 @@ impl CapacityProvider for AwsProvider {
         nodegroups::describe(self.clients(region)?, id).await
     }
 
+    async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+        nodegroups::resize(self.clients(region)?, id, nodes).await
+    }
+
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
         nodegroups::release(self.clients(region)?, id).await
     }

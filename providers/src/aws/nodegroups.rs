@@ -4,7 +4,7 @@
 //! adapter reads back in `describe`. Reserved requests are checked against the named
 //! capacity reservation first and target it through a launch template (which also carries a
 //! cluster placement group when asked for). `describe` maps node group status and health to
-//! an acquisition; `release` deletes the node group.
+//! an acquisition; `resize` updates its scaling config; `release` deletes the node group.
 
 use aws_sdk_ec2::types::{
     CapacityReservationTarget, CapacityReservationType, LaunchTemplateCapacityReservationSpecificationRequest,
@@ -209,6 +209,21 @@ pub(super) async fn describe(c: &RegionClients, id: &str) -> Result<Acquisition,
         ProviderError::new(ErrorKind::InvalidRequest, "ResourceNotFoundException", format!("no node group {id}"))
     })?;
     Ok(to_acquisition(&c.target.region, ng, Timestamp::now()))
+}
+
+pub(super) async fn resize(c: &RegionClients, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+    let nodes = i32::try_from(nodes).unwrap_or(i32::MAX);
+    c.eks
+        .update_nodegroup_config()
+        .cluster_name(&c.target.eks_cluster)
+        .nodegroup_name(id)
+        .scaling_config(
+            NodegroupScalingConfig::builder().min_size(0).max_size(nodes.max(1)).desired_size(nodes).build(),
+        )
+        .send()
+        .await
+        .map_err(|e| from_sdk("UpdateNodegroupConfig", &e))?;
+    describe(c, id).await
 }
 
 pub(super) async fn release(c: &RegionClients, id: &str) -> Result<(), ProviderError> {

@@ -6,6 +6,7 @@
 //! "provisioned" for the controller to materialise (e.g. as kwok fake nodes).
 
 mod config;
+mod state;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,90 +16,14 @@ use flotilla_apis::common::CapacityType;
 use k8s_openapi::jiff::Timestamp;
 
 pub use config::{FailureRule, SimCloud, SimOffering, SimRegion};
+pub use state::CallLog;
+
+use state::{SimAcquisition, hash};
 
 use crate::clock::{Clock, add};
 use crate::error::{ErrorKind, ProviderError};
 use crate::provider::CapacityProvider;
-use crate::types::{
-    AcquireRequest, Acquisition, AcquisitionState, CapacityEvent, CapacityEventKind, Offering, ProvisionedNode,
-    RegionInfo,
-};
-
-/// Every call the simulated provider received, in order, so tests can assert what was (and
-/// was not) asked.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CallLog {
-    /// Regions `offerings` was called for.
-    pub offerings: Vec<String>,
-    /// Acquisition requests.
-    pub acquire: Vec<AcquireRequest>,
-    /// `(region, id)` of `describe` calls.
-    pub describe: Vec<(String, String)>,
-    /// `(region, id)` of `release` calls.
-    pub release: Vec<(String, String)>,
-}
-
-impl CallLog {
-    /// Every region any call named.
-    pub fn regions(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.offerings.clone();
-        out.extend(self.acquire.iter().map(|r| r.region.clone()));
-        out.extend(self.describe.iter().chain(&self.release).map(|(r, _)| r.clone()));
-        out.sort();
-        out.dedup();
-        out
-    }
-
-    /// Calls of any kind.
-    pub fn total(&self) -> usize {
-        self.offerings.len() + self.acquire.len() + self.describe.len() + self.release.len()
-    }
-}
-
-#[derive(Clone, Debug)]
-struct SimAcquisition {
-    view: Acquisition,
-    ready_at: Timestamp,
-    ends_at: Option<Timestamp>,
-    interrupt_at: Option<Timestamp>,
-    released: bool,
-}
-
-impl SimAcquisition {
-    /// Whether, at `now`, it still holds its nodes.
-    fn holds(&self, now: Timestamp) -> bool {
-        !self.released && self.lost_at(now).is_none()
-    }
-
-    fn lost_at(&self, now: Timestamp) -> Option<(Timestamp, CapacityEventKind)> {
-        let spot = self.interrupt_at.filter(|at| *at <= now).map(|at| (at, CapacityEventKind::SpotInterruption));
-        let end = self.ends_at.filter(|at| *at <= now).map(|at| (at, CapacityEventKind::CapacityBlockEnd));
-        match (spot, end) {
-            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn at(&self, now: Timestamp) -> Acquisition {
-        let mut view = self.view.clone();
-        if self.released {
-            view.state = AcquisitionState::Released;
-            view.nodes.clear();
-            view.message = "released".to_string();
-        } else if let Some((at, kind)) = self.lost_at(now) {
-            view.state = AcquisitionState::Interrupted;
-            view.events.push(CapacityEvent { kind, at, nodes: view.nodes.iter().map(|n| n.name.clone()).collect() });
-            view.message = format!("{} at {at}: the provider took {} node(s) back", kind.as_str(), view.nodes_granted);
-        } else if now >= self.ready_at {
-            view.state = AcquisitionState::Active;
-            view.nodes.iter_mut().for_each(|n| n.ready = true);
-            view.message = format!("{} node(s) ready", view.nodes_granted);
-        } else {
-            view.message = format!("{} node(s) provisioning, ready at {}", view.nodes_granted, self.ready_at);
-        }
-        view
-    }
-}
+use crate::types::{AcquireRequest, Acquisition, AcquisitionState, Offering, ProvisionedNode, RegionInfo};
 
 #[derive(Debug, Default)]
 struct State {
@@ -118,18 +43,6 @@ impl std::fmt::Debug for SimProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimProvider").field("cloud", &self.cloud.name).finish_non_exhaustive()
     }
-}
-
-/// SplitMix64: a tiny, well-mixed hash for seed-derived names and delays.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn hash(seed: u64, text: &str, index: u64) -> u64 {
-    text.bytes().fold(mix(seed ^ index), |h, b| mix(h ^ u64::from(b)))
 }
 
 impl SimProvider {
@@ -442,6 +355,66 @@ impl CapacityProvider for SimProvider {
                 format!("no acquisition {id} in {region}"),
             )),
         }
+    }
+
+    async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+        let now = self.clock.now();
+        let mut state = self.state();
+        state.calls.resize.push((region.to_string(), id.to_string(), nodes));
+        let not_found = || {
+            ProviderError::new(
+                ErrorKind::InvalidRequest,
+                "ResourceNotFoundException",
+                format!("no acquisition {id} in {region}"),
+            )
+        };
+        let acq =
+            state.acquisitions.get(id).filter(|a| a.view.region == region && a.holds(now)).ok_or_else(not_found)?;
+        let view = acq.view.clone();
+        let current = view.nodes_granted;
+        if nodes > current {
+            let sim_region = self.region(region)?;
+            let zone = view.zone.clone().unwrap_or_default();
+            let per_zone = sim_region
+                .offerings
+                .iter()
+                .find(|o| o.instance_type == view.instance_type && o.capacity_type == view.capacity_type)
+                .map_or(0, |o| o.nodes_per_zone);
+            let taken = Self::used(&state, now, region, |a| {
+                a.instance_type == view.instance_type
+                    && a.capacity_type == view.capacity_type
+                    && a.zone.as_deref() == Some(zone.as_str())
+            });
+            if taken + (nodes - current) > per_zone {
+                return Err(ProviderError::new(
+                    ErrorKind::InsufficientCapacity,
+                    "InsufficientInstanceCapacity",
+                    format!("We currently do not have sufficient {} capacity in {zone}", view.instance_type),
+                ));
+            }
+            let used = Self::used(&state, now, region, |_| true);
+            if sim_region.quota_nodes.is_some_and(|q| used + (nodes - current) > q) {
+                return Err(ProviderError::new(
+                    ErrorKind::QuotaExceeded,
+                    "VcpuLimitExceeded",
+                    format!("growing {id} to {nodes} node(s) exceeds the quota of {region}"),
+                ));
+            }
+        }
+        let seed = self.cloud.seed;
+        let delay = self.cloud.provisioning_delay;
+        let acq = state.acquisitions.get_mut(id).ok_or_else(not_found)?;
+        let template = acq.view.nodes.first().cloned().ok_or_else(not_found)?;
+        acq.view.nodes.truncate(nodes as usize);
+        for i in current..nodes {
+            let name = format!("{id}-{:06x}", hash(seed, id, u64::from(i)) & 0xff_ffff);
+            acq.view.nodes.push(ProvisionedNode { name, ready: false, ..template.clone() });
+        }
+        if nodes > current {
+            acq.ready_at = acq.ready_at.max(add(now, delay));
+        }
+        acq.view.nodes_granted = nodes;
+        Ok(acq.at(now))
     }
 
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
