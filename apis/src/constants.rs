@@ -172,6 +172,14 @@ pub mod reason {
     pub const DRAIN_REQUIRED: &str = "DrainRequired";
     /// Consolidation was wanted but the disruption policy forbids it now.
     pub const CONSOLIDATION_BLOCKED: &str = "ConsolidationBlocked";
+    /// The provider was unreachable or kept throttling; the claim retries with backoff.
+    pub const PROVIDER_UNAVAILABLE: &str = "ProviderUnavailable";
+    /// The provider refused the controller's credentials or a permission is missing.
+    pub const PROVIDER_UNAUTHORIZED: &str = "ProviderUnauthorized";
+    /// The provider rejected the request as invalid (unknown subnet, role, instance type, ...).
+    pub const PROVIDER_REJECTED: &str = "ProviderRejected";
+    /// No region of the provider is allowed by the claim's sovereignty policy.
+    pub const NO_ALLOWED_REGION: &str = "NoAllowedRegion";
 }
 
 /// Event reasons (`Normal` and `Warning` events on Flotilla objects).

@@ -1,0 +1,192 @@
+//! The AWS adapter: EC2 for discovery (GPU instance types, offerings per zone, spot prices,
+//! capacity reservations and capacity blocks) and EKS managed node groups for acquisition.
+//! Settings in (targets: which EKS cluster serves which region and jurisdiction, subnets per
+//! zone, node role; optional endpoint override and static credentials for tests), typed
+//! errors out; the SDK retries throttling with exponential backoff before an error becomes
+//! `Throttled`. No SDK type appears in this module's public API.
+
+mod discover;
+pub mod errors;
+mod nodegroups;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_ec2::config::retry::RetryConfig;
+
+use crate::error::ProviderError;
+use crate::provider::CapacityProvider;
+use crate::types::{AcquireRequest, Acquisition, Offering, RegionInfo};
+
+/// One EKS cluster the adapter may add node groups to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AwsTarget {
+    /// The InferenceCluster name the nodes join.
+    pub cluster: String,
+    /// EKS cluster name.
+    pub eks_cluster: String,
+    /// AWS region.
+    pub region: String,
+    /// Jurisdiction code of the region (`EU`).
+    pub jurisdiction: String,
+    /// Subnet per availability zone for node groups.
+    pub subnets: BTreeMap<String, String>,
+    /// IAM role ARN nodes run as.
+    pub node_role_arn: String,
+    /// Instance types to consider (from the InferenceClasses' `provisioning.aws`).
+    pub instance_types: Vec<String>,
+    /// Look up capacity reservations and capacity blocks (off when the account has none or
+    /// the endpoint does not implement them).
+    pub reservations: bool,
+}
+
+/// How to reach AWS.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AwsSettings {
+    /// The clusters capacity may be added to, one per region.
+    pub targets: Vec<AwsTarget>,
+    /// Send every call here instead of AWS (tests: a moto server).
+    pub endpoint_url: Option<String>,
+    /// Use these credentials (`access key id`, `secret`) instead of the standard chain.
+    pub static_credentials: Option<(String, String)>,
+    /// Attempts per call, retries of throttling and transient errors included.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per retry (with jitter).
+    pub initial_backoff: Duration,
+    /// On-demand USD per node-hour in millionths by instance type (AWS's pricing API is not
+    /// queried; InferenceClass prices go here).
+    pub on_demand_prices: BTreeMap<String, u64>,
+}
+
+impl Default for AwsSettings {
+    fn default() -> Self {
+        Self {
+            targets: Vec::new(),
+            endpoint_url: None,
+            static_credentials: None,
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(500),
+            on_demand_prices: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct RegionClients {
+    target: AwsTarget,
+    ec2: aws_sdk_ec2::Client,
+    eks: aws_sdk_eks::Client,
+}
+
+/// The AWS adapter behind `CapacityProvider`.
+#[derive(Clone, Debug)]
+pub struct AwsProvider {
+    regions: Vec<RegionClients>,
+    on_demand_prices: BTreeMap<String, u64>,
+}
+
+impl AwsProvider {
+    /// Builds clients for every target: region from the target, credentials from the
+    /// standard chain (or `static_credentials`), endpoint from `endpoint_url` if set.
+    pub async fn connect(settings: AwsSettings) -> Self {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest()).retry_config(
+            RetryConfig::standard()
+                .with_max_attempts(settings.max_attempts.max(1))
+                .with_initial_backoff(settings.initial_backoff),
+        );
+        if let Some(url) = &settings.endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        if let Some((id, secret)) = &settings.static_credentials {
+            loader = loader.credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                id.clone(),
+                secret.clone(),
+                None,
+                None,
+                "flotilla-static",
+            ));
+        }
+        if let Some(first) = settings.targets.first() {
+            loader = loader.region(Region::new(first.region.clone()));
+        }
+        let shared = loader.load().await;
+        Self::from_config(&shared, settings)
+    }
+
+    fn from_config(shared: &SdkConfig, settings: AwsSettings) -> Self {
+        let regions = settings
+            .targets
+            .into_iter()
+            .map(|target| {
+                let region = Region::new(target.region.clone());
+                let ec2 = aws_sdk_ec2::Client::from_conf(
+                    aws_sdk_ec2::config::Builder::from(shared).region(region.clone()).build(),
+                );
+                let eks =
+                    aws_sdk_eks::Client::from_conf(aws_sdk_eks::config::Builder::from(shared).region(region).build());
+                RegionClients { target, ec2, eks }
+            })
+            .collect();
+        Self { regions, on_demand_prices: settings.on_demand_prices }
+    }
+
+    /// An adapter over ready-made clients (unit tests with `aws-smithy-mocks`).
+    #[cfg(test)]
+    fn from_clients(target: AwsTarget, ec2: aws_sdk_ec2::Client, eks: aws_sdk_eks::Client) -> Self {
+        Self { regions: vec![RegionClients { target, ec2, eks }], on_demand_prices: BTreeMap::new() }
+    }
+
+    fn clients(&self, region: &str) -> Result<&RegionClients, ProviderError> {
+        self.regions.iter().find(|r| r.target.region == region).ok_or_else(|| {
+            ProviderError::new(
+                crate::error::ErrorKind::InvalidRequest,
+                "UnknownRegion",
+                format!("no EKS cluster is configured for region {region}"),
+            )
+        })
+    }
+}
+
+#[async_trait]
+impl CapacityProvider for AwsProvider {
+    fn name(&self) -> &str {
+        "aws"
+    }
+
+    fn regions(&self) -> Vec<RegionInfo> {
+        self.regions
+            .iter()
+            .map(|r| RegionInfo {
+                provider: "aws".to_string(),
+                name: r.target.region.clone(),
+                jurisdiction: r.target.jurisdiction.clone(),
+                cluster: r.target.cluster.clone(),
+                zones: r.target.subnets.keys().cloned().collect(),
+            })
+            .collect()
+    }
+
+    async fn offerings(&self, region: &str) -> Result<Vec<Offering>, ProviderError> {
+        discover::offerings(self.clients(region)?, &self.on_demand_prices).await
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquisition, ProviderError> {
+        nodegroups::acquire(self.clients(&request.region)?, request).await
+    }
+
+    async fn describe(&self, region: &str, id: &str) -> Result<Acquisition, ProviderError> {
+        nodegroups::describe(self.clients(region)?, id).await
+    }
+
+    async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+        nodegroups::resize(self.clients(region)?, id, nodes).await
+    }
+
+    async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
+        nodegroups::release(self.clients(region)?, id).await
+    }
+}

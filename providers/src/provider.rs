@@ -1,0 +1,42 @@
+//! The `CapacityProvider` trait: the one door through which the claim engine and the
+//! controller ask a cloud (or a simulation of one) for nodes. Requests and answers are the
+//! plain types of `types`; failures are `ProviderError`s.
+
+use async_trait::async_trait;
+
+use crate::error::ProviderError;
+use crate::types::{AcquireRequest, Acquisition, Offering, RegionInfo};
+
+/// A source of accelerator nodes. Usable as `Arc<dyn CapacityProvider>`.
+#[async_trait]
+pub trait CapacityProvider: Send + Sync {
+    /// Short provider name recorded in claim attempts (`aws`, `sim`, `static`).
+    fn name(&self) -> &str;
+
+    /// The regions this provider instance can obtain capacity in, with their jurisdiction.
+    /// From configuration: no call to the cloud.
+    fn regions(&self) -> Vec<RegionInfo>;
+
+    /// Offerings in a region: instance types per zone and capacity type, devices, prices.
+    async fn offerings(&self, region: &str) -> Result<Vec<Offering>, ProviderError>;
+
+    /// Asks for nodes. Repeating a request with the same `name` returns what the first made.
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquisition, ProviderError>;
+
+    /// What an earlier acquisition holds now, including interruptions.
+    async fn describe(&self, region: &str, id: &str) -> Result<Acquisition, ProviderError>;
+
+    /// Changes how many nodes an acquisition holds (scale-up or a drained scale-down).
+    /// Providers that cannot resize answer `InvalidRequest` with code `ResizeUnsupported`.
+    async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
+        let _ = nodes;
+        Err(ProviderError::new(
+            crate::error::ErrorKind::InvalidRequest,
+            "ResizeUnsupported",
+            format!("{} cannot resize {id} in {region}; release it and acquire anew", self.name()),
+        ))
+    }
+
+    /// Gives an acquisition back. Releasing something already gone succeeds.
+    async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError>;
+}
