@@ -281,6 +281,27 @@ async fn search(
                         zone.as_deref(),
                         &engine.selectors,
                     );
+                    let named = &input.spec.capacity.reservation_ids;
+                    if cands.is_empty() && ct == CapacityType::Reserved && !named.is_empty() {
+                        let mut others: Vec<String> =
+                            candidates(&list, alt, ct, &[], zone.as_deref(), &engine.selectors)
+                                .iter()
+                                .filter_map(|o| o.reservation_id.clone())
+                                .collect();
+                        others.sort();
+                        others.dedup();
+                        if !others.is_empty() {
+                            let message = format!(
+                                "{} has reservations {} for {}, none of spec.capacity.reservationIds ({})",
+                                region.name,
+                                others.join(", "),
+                                alt.label,
+                                named.join(", ")
+                            );
+                            run.attempt(&region.name, &alt.label, ct, ErrorKind::ReservationMismatch.as_str(), message);
+                            continue;
+                        }
+                    }
                     if cands.is_empty() {
                         let message = format!(
                             "{} lists no {ct} offering of {}{} with free nodes",
