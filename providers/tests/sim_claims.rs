@@ -302,3 +302,16 @@ async fn refused_credentials_stop_the_search() {
     assert!(message.contains("AuthFailure") && message.contains("credentials"), "{message}");
     assert_eq!(h.sim.calls().acquire.len(), 1, "no other region is tried with refused credentials");
 }
+
+#[tokio::test]
+async fn a_named_reservation_the_provider_does_not_hold_is_a_reservation_mismatch() {
+    let c = cloud(vec![region("eu-central-1", "EU", vec![offering("h100", Reserved, 62, 4)])]);
+    let mut spec = claim(1, &[Reserved], &["h100"], &["EU"]);
+    spec.capacity.reservation_ids = vec!["cr-0ther".into()];
+    let mut h = Harness::new(c, spec);
+    h.step().await;
+    let (_, why, message) = h.condition(condition::FULFILLED);
+    assert_eq!(why, reason::RESERVATION_MISMATCH, "{message}");
+    assert!(message.contains("cr-h100") && message.contains("cr-0ther"), "{message}");
+    assert!(h.sim.calls().acquire.is_empty(), "nothing is acquired against another reservation");
+}

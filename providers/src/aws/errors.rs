@@ -71,7 +71,7 @@ pub fn from_code(code: &str, message: &str) -> ProviderError {
 }
 
 /// A typed error from any SDK error; `operation` names the call in the message.
-pub fn from_sdk<E, R>(operation: &str, err: &SdkError<E, R>) -> ProviderError
+pub(crate) fn from_sdk<E, R>(operation: &str, err: &SdkError<E, R>) -> ProviderError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,

@@ -6,10 +6,12 @@
 //! `Throttled`. No SDK type appears in this module's public API.
 
 mod discover;
-pub mod errors;
+mod errors;
 mod nodegroups;
 #[cfg(test)]
 mod tests;
+
+pub use errors::{from_code, kind_of};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

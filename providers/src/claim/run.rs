@@ -36,7 +36,6 @@ pub(super) struct Run {
     pub released: Vec<String>,
     pub transient: Option<ProviderError>,
     pub fatal: Option<ProviderError>,
-    pub cooling: Vec<(OfferingKey, Timestamp)>,
 }
 
 impl Run {
@@ -82,7 +81,6 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
         released: Vec::new(),
         transient: None,
         fatal: None,
-        cooling: Vec::new(),
     };
 
     let alternatives = match super::search::alternatives(input.spec, input.classes, &engine.selectors) {
@@ -252,13 +250,9 @@ async fn search(
                         continue;
                     }
                     let key = OfferingKey { region: region.name.clone(), class: alt.label.clone(), capacity_type: ct };
-                    if let Some(until) =
-                        cooling_until(&run.attempts, &key, settings.unavailable_for, settings.unavailable_cap)
-                            .filter(|u| *u > run.now)
+                    if cooling_until(&run.attempts, &key, settings.unavailable_for, settings.unavailable_cap)
+                        .is_some_and(|until| until > run.now)
                     {
-                        if !run.cooling.iter().any(|(k, _)| *k == key) {
-                            run.cooling.push((key, until));
-                        }
                         continue;
                     }
                     if !offerings.iter().any(|(r, _)| *r == region.name) {
@@ -287,6 +281,27 @@ async fn search(
                         zone.as_deref(),
                         &engine.selectors,
                     );
+                    let named = &input.spec.capacity.reservation_ids;
+                    if cands.is_empty() && ct == CapacityType::Reserved && !named.is_empty() {
+                        let mut others: Vec<String> =
+                            candidates(&list, alt, ct, &[], zone.as_deref(), &engine.selectors)
+                                .iter()
+                                .filter_map(|o| o.reservation_id.clone())
+                                .collect();
+                        others.sort();
+                        others.dedup();
+                        if !others.is_empty() {
+                            let message = format!(
+                                "{} has reservations {} for {}, none of spec.capacity.reservationIds ({})",
+                                region.name,
+                                others.join(", "),
+                                alt.label,
+                                named.join(", ")
+                            );
+                            run.attempt(&region.name, &alt.label, ct, ErrorKind::ReservationMismatch.as_str(), message);
+                            continue;
+                        }
+                    }
                     if cands.is_empty() {
                         let message = format!(
                             "{} lists no {ct} offering of {}{} with free nodes",
