@@ -26,10 +26,20 @@ if [[ ! -x "${helm}" ]]; then
   # leaves a binary the cache check above would trust.
   tmp=$(mktemp -d "${dir}/.tmp.XXXXXX")
   trap 'rm -rf "${tmp}"' EXIT
-  # The version is normally stamped from VCS info, which a module build lacks.
-  CGO_ENABLED=0 GOBIN="${tmp}" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${FLOTILLA_HELM_VERSION}" \
+  # Helm's Makefile stamps its version and the Kubernetes version `helm template` and `helm
+  # lint` assume (else v1.20) with -X; do the same, taking the Kubernetes minor from the
+  # k8s.io/client-go that this helm release requires (v0.37.0 -> 1.37).
+  gomod=$(go mod download -json "helm.sh/helm/v3@${FLOTILLA_HELM_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+  k8s_minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "${gomod}" | head -n1)
+  [[ -n "${k8s_minor}" ]] || { echo "build-helm: no k8s.io/client-go in ${gomod}" >&2; exit 1; }
+  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${FLOTILLA_HELM_VERSION}"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ldflags+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${k8s_minor}"
+  done
+  CGO_ENABLED=0 GOBIN="${tmp}" go install -trimpath -ldflags "${ldflags}" \
     "helm.sh/helm/v3/cmd/helm@${FLOTILLA_HELM_VERSION}"
+  got=$("${tmp}/helm" version --template '{{.Version}}')
+  [[ "${got}" == "${FLOTILLA_HELM_VERSION}" ]] || { echo "build-helm: built helm says ${got}" >&2; exit 1; }
   mv "${tmp}/helm" "${helm}"
   echo "build-helm: built in $(( $(date +%s) - start ))s" >&2
 fi
