@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# `helm install` of charts/flotilla into a real control cluster (tests/e2e/harness; kwok runs
+# the pods, no image is pulled), then proves the chart's RBAC:
+#   1. the CRDs are established and both Deployments become Available (helm --wait);
+#   2. `kubectl auth can-i --as system:serviceaccount:...` for every verb the controller and the
+#      gateway need, and for what they must not do (Secrets outside their namespaces or not
+#      named, writes to specs and to other kinds, other Leases);
+#   3. the real flotilla-controller binary, authenticated with a token of the chart's
+#      ServiceAccount, leads, reconciles a member cluster and a ModelDeployment to Ready,
+#      records its event, and cannot read a kubeconfig Secret outside the allowed namespace;
+#   4. `helm upgrade` changes the Deployment, `helm uninstall` leaves the CRDs;
+#   5. (before 4) the hand-written tests/argocd/fixtures/*.api-shape.json statuses are accepted,
+#      field for field, by the CRDs' status subresource.
+# Starts its own clusters (control + one member) in a fresh FLOTILLA_E2E_DIR and tears them
+# down on exit (FLOTILLA_E2E_KEEP=1 keeps them).
+#
+# Environment: HELM, FLOTILLA_CONTROLLER_BIN (default target/debug/flotilla-controller, which
+# `cargo test --workspace` builds; step 3 is skipped, loudly, when it does not exist).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "${here}/../.." && pwd)"
+H="${root}/tests/e2e/harness"
+HELM="${HELM:-$(bash "${here}/build-helm.sh")}"
+CONTROLLER_BIN="${FLOTILLA_CONTROLLER_BIN:-${CARGO_TARGET_DIR:-${root}/target}/debug/flotilla-controller}"
+export FLOTILLA_E2E_DIR="${FLOTILLA_E2E_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/flotilla-helm-XXXXXX")}"
+# shellcheck source=../e2e/harness/lib.sh
+source "${H}/lib.sh"
+
+NS=flotilla-system
+fail=0
+ok() { printf 'ok   %s\n' "$*"; }
+bad() { printf 'FAIL %s\n' "$*"; fail=1; }
+
+ctl_pid=""
+cleanup() {
+  local rc=$?
+  if [[ -n "${ctl_pid}" ]] && kill -0 "${ctl_pid}" 2>/dev/null; then
+    kill "${ctl_pid}" 2>/dev/null || true
+    wait "${ctl_pid}" 2>/dev/null || true
+  fi
+  if [[ "${FLOTILLA_E2E_KEEP:-0}" == 1 ]]; then
+    log "keeping clusters in ${FLOTILLA_E2E_DIR}"
+  else
+    bash "${H}/down.sh" >/dev/null 2>&1 || true
+    rm -rf "${FLOTILLA_E2E_DIR}"
+  fi
+  exit "${rc}"
+}
+trap cleanup EXIT
+
+bash "${H}/up.sh" control member >/dev/null
+CKC="${FLOTILLA_E2E_DIR}/control.kubeconfig"
+MKC="${FLOTILLA_E2E_DIR}/member.kubeconfig"
+k() { kubectl --kubeconfig "${CKC}" "$@"; }
+
+# A plain node for the chart's pods (kwok keeps it Ready and "runs" what lands on it).
+k apply -f - >/dev/null <<'EOF'
+apiVersion: v1
+kind: Node
+metadata:
+  name: system-0
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64, kubernetes.io/hostname: system-0, type: kwok}
+status:
+  allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
+  capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+EOF
+for ns in "${NS}" ml other; do k create namespace "${ns}" >/dev/null; done
+# The gateway's API keys, a member kubeconfig where the controller may read it, and one where
+# it may not.
+k -n "${NS}" create secret generic gateway-api-keys --from-literal=api-keys=k1,k2 >/dev/null
+k -n "${NS}" create secret generic member-kubeconfig --from-file=kubeconfig="${MKC}" >/dev/null
+k -n other create secret generic member-kubeconfig --from-file=kubeconfig="${MKC}" >/dev/null
+
+# ---- 1. install -------------------------------------------------------------------------
+start=$(date +%s)
+"${HELM}" install flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" \
+  --set gateway.apiKeys.existingSecret=gateway-api-keys --wait --timeout 120s >/dev/null
+ok "helm install --wait ($(($(date +%s) - start)) s)"
+for crd in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims; do
+  if k wait --for condition=Established "crd/${crd}.flotilla.dev" --timeout 30s >/dev/null; then
+    ok "crd ${crd}.flotilla.dev established"
+  else bad "crd ${crd}.flotilla.dev not established"; fi
+done
+for d in flotilla-controller flotilla-gateway; do
+  avail=$(k -n "${NS}" get deploy "${d}" -o jsonpath='{.status.availableReplicas}')
+  if [[ "${avail}" == 2 ]]; then ok "deployment ${d}: 2/2 available"; else bad "deployment ${d}: ${avail:-0}/2 available"; fi
+done
+# What the pods would run as (kwok does not enforce it; the API server stores it).
+sc=$(k -n "${NS}" get pod -l app.kubernetes.io/component=controller \
+  -o jsonpath='{.items[0].spec.containers[0].securityContext.readOnlyRootFilesystem},{.items[0].spec.containers[0].securityContext.capabilities.drop[0]},{.items[0].spec.securityContext.runAsNonRoot},{.items[0].spec.securityContext.seccompProfile.type}')
+if [[ "${sc}" == "true,ALL,true,RuntimeDefault" ]]; then ok "controller pod: read-only root, drop ALL, non-root, RuntimeDefault"
+else bad "controller pod security context: ${sc}"; fi
+
+# ---- 2. kubectl auth can-i ----------------------------------------------------------------
+# can SA EXPECT VERB RESOURCE [kubectl flags...]
+can() {
+  local sa="$1" want="$2" verb="$3" res="$4"
+  shift 4
+  local got
+  got=$(k auth can-i "${verb}" "${res}" --as "system:serviceaccount:${NS}:${sa}" "$@" 2>/dev/null || true)
+  if [[ "${got}" == "${want}" ]]; then ok "${sa} ${want/no/cannot} ${verb} ${res} $*"
+  else bad "${sa}: can-i ${verb} ${res} $* = ${got:-error}, want ${want}"; fi
+}
+C=flotilla-controller G=flotilla-gateway
+# The controller: what it does ...
+for r in inferenceclasses inferenceclusters modeldeployments; do
+  for v in get list watch; do can "$C" yes "$v" "$r.flotilla.dev" -A; done
+done
+can "$C" yes patch inferenceclusters.flotilla.dev --subresource=status
+can "$C" yes patch modeldeployments.flotilla.dev --subresource=status -n ml
+can "$C" yes patch modeldeployments.flotilla.dev -n ml  # its finalizer
+can "$C" yes create events.events.k8s.io -n ml
+can "$C" yes patch events.events.k8s.io -n ml
+can "$C" yes create leases.coordination.k8s.io -n "${NS}"
+can "$C" yes get lease/flotilla-controller -n "${NS}"
+can "$C" yes patch lease/flotilla-controller -n "${NS}"
+can "$C" yes get secret/member-kubeconfig -n "${NS}"
+# ... and what it must not.
+can "$C" no get secret/member-kubeconfig -n other
+can "$C" no get secret/member-kubeconfig -n ml
+can "$C" no list secrets -n "${NS}"
+can "$C" no watch secrets -n "${NS}"
+can "$C" no update secret/member-kubeconfig -n "${NS}"
+can "$C" no get secrets -n kube-system
+can "$C" no patch lease/kube-scheduler -n kube-system
+can "$C" no patch lease/other-lease -n "${NS}"
+can "$C" no delete lease/flotilla-controller -n "${NS}"
+for v in create update delete; do
+  can "$C" no "$v" inferenceclusters.flotilla.dev
+  can "$C" no "$v" modeldeployments.flotilla.dev -n ml
+done
+can "$C" no patch inferenceclusters.flotilla.dev
+can "$C" no patch inferenceclasses.flotilla.dev --subresource=status
+can "$C" no update modeldeployments.flotilla.dev --subresource=status -n ml
+for r in modelcaches capacityclaims; do
+  can "$C" no patch "$r.flotilla.dev" --subresource=status -n ml
+  can "$C" no create "$r.flotilla.dev" -n ml
+done
+can "$C" no create deployments.apps -n ml
+can "$C" no create configmaps -n "${NS}"
+can "$C" no create events -n ml  # core/v1 events: it uses events.k8s.io only
+# The gateway: what it does ...
+for r in modeldeployments inferenceclusters; do
+  for v in get list watch; do can "$G" yes "$v" "$r.flotilla.dev" -A; done
+done
+can "$G" yes patch modeldeployments.flotilla.dev --subresource=status -n ml
+can "$G" yes get secret/gateway-api-keys -n "${NS}"
+can "$G" yes watch secret/gateway-api-keys -n "${NS}"
+# ... and what it must not: above all the member kubeconfig next to its API keys.
+can "$G" no get secret/member-kubeconfig -n "${NS}"
+can "$G" no list secrets -n "${NS}"
+can "$G" no get secret/gateway-api-keys -n other
+can "$G" no patch modeldeployments.flotilla.dev -n ml
+can "$G" no patch inferenceclusters.flotilla.dev --subresource=status
+can "$G" no list inferenceclasses.flotilla.dev
+can "$G" no create leases.coordination.k8s.io -n "${NS}"
+can "$G" no create events.events.k8s.io -n ml
+
+# ---- 3. the real controller under the chart's ServiceAccount --------------------------------
+if [[ ! -x "${CONTROLLER_BIN}" ]]; then
+  printf 'SKIP the real controller under the chart ServiceAccount: %s does not exist (cargo test --workspace builds it)\n' "${CONTROLLER_BIN}"
+else
+  token=$(k -n "${NS}" create token flotilla-controller --duration 1h)
+  server=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+  ca=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
+  SAKC="${FLOTILLA_E2E_DIR}/controller-sa.kubeconfig"
+  cat >"${SAKC}" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: control, cluster: {server: "${server}", certificate-authority-data: "${ca}"}}]
+users: [{name: flotilla-controller, user: {token: "${token}"}}]
+contexts: [{name: sa, context: {cluster: control, user: flotilla-controller}}]
+current-context: sa
+EOF
+  chmod 600 "${SAKC}"
+  bash "${H}/gpu-nodes.sh" "${MKC}" h100 --count 1 --region eu-central-1 >/dev/null
+  k apply -f - >/dev/null <<'EOF'
+apiVersion: flotilla.dev/v1alpha1
+kind: InferenceClass
+metadata: {name: h100}
+spec:
+  device: {driver: gpu.nvidia.com, attributes: {productName: {string: "NVIDIA H100 80GB HBM3"}}, capacity: {memory: 80Gi}}
+  devicesPerNode: 8
+  pricePerNodeHour: {onDemand: "98.32"}
+---
+apiVersion: flotilla.dev/v1alpha1
+kind: InferenceCluster
+metadata: {name: member}
+spec:
+  provider: {sim: {cloud: helm-test}}
+  region: eu-central-1
+  jurisdiction: EU
+  credentials: {secretRef: {namespace: flotilla-system, name: member-kubeconfig}}
+  endpoint: http://127.0.0.1:1/member
+  pools: [{name: h100, class: h100, maxNodes: 1, capacityTypes: [on-demand]}]
+---
+apiVersion: flotilla.dev/v1alpha1
+kind: InferenceCluster
+metadata: {name: outside}
+spec:
+  provider: {sim: {cloud: helm-test}}
+  region: eu-west-3
+  jurisdiction: EU
+  credentials: {secretRef: {namespace: other, name: member-kubeconfig}}
+  endpoint: http://127.0.0.1:1/outside
+  pools: [{name: h100, class: h100, maxNodes: 1, capacityTypes: [on-demand]}]
+---
+apiVersion: flotilla.dev/v1alpha1
+kind: ModelDeployment
+metadata: {name: llama, namespace: ml}
+spec:
+  model: {name: llama, source: hf://org/llama}
+  replicas: 2
+  engine: {image: vllm/vllm-openai:v0.11.0}
+  topology: {type: TensorParallel, devicesPerReplica: 4}
+  devices: {alternatives: [{class: h100}]}
+  placement: {sovereignty: {allowedJurisdictions: [EU]}}
+EOF
+  port=$((20000 + RANDOM % 20000))
+  log "running ${CONTROLLER_BIN} as system:serviceaccount:${NS}:flotilla-controller"
+  "${CONTROLLER_BIN}" --kubeconfig "${SAKC}" --lease-namespace "${NS}" --identity helm-test-0 \
+    --probe-addr "127.0.0.1:${port}" --poll-seconds 2 --member-timeout-seconds 4 \
+    >"${FLOTILLA_E2E_DIR}/controller.log" 2>&1 &
+  ctl_pid=$!
+  # wait_for DESCRIPTION SECONDS CMD...: retry CMD every second.
+  wait_for() {
+    local what="$1" secs="$2" i
+    shift 2
+    for ((i = 0; i < secs; i++)); do
+      if "$@" >/dev/null 2>&1; then ok "${what}"; return 0; fi
+      sleep 1
+    done
+    bad "${what} (not within ${secs} s)"
+  }
+  jp() { k "$@" 2>/dev/null; }
+  is() { [[ "$(jp "${@:2}")" == "$1" ]]; }
+  wait_for "controller holds the Lease" 30 is helm-test-0 -n "${NS}" get lease flotilla-controller -o 'jsonpath={.spec.holderIdentity}'
+  wait_for "InferenceCluster member Ready=True (status patched, Secret read)" 60 \
+    is True get inferencecluster member -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}'
+  wait_for "ModelDeployment ml/llama Ready=True (finalizer, member apply, status patched)" 90 \
+    is True -n ml get modeldeployment llama -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}'
+  wait_for "PlacementChanged event recorded in ml" 30 \
+    is PlacementChanged -n ml get events.events.k8s.io -o 'jsonpath={.items[0].reason}'
+  if is flotilla.dev/member-cleanup -n ml get modeldeployment llama -o 'jsonpath={.metadata.finalizers[0]}'; then
+    ok "ModelDeployment carries the controller's finalizer"
+  else bad "ModelDeployment has no finalizer"; fi
+  # The Secret outside memberSecrets.namespaces stays unread: the cluster is not Reachable and
+  # the API server said Forbidden.
+  wait_for "InferenceCluster outside: Reachable=False" 30 \
+    is False get inferencecluster outside -o 'jsonpath={.status.conditions[?(@.type=="Reachable")].status}'
+  if grep -q 'secrets \\"member-kubeconfig\\" is forbidden\|Forbidden\|forbidden' "${FLOTILLA_E2E_DIR}/controller.log" \
+     || jp get inferencecluster outside -o 'jsonpath={.status.conditions[?(@.type=="Reachable")].message}' | grep -qi 'forbidden\|403'; then
+    ok "reading Secret other/member-kubeconfig was forbidden"
+  else
+    bad "no sign that Secret other/member-kubeconfig was refused: $(jp get inferencecluster outside -o 'jsonpath={.status.conditions[?(@.type=="Reachable")].message}')"
+  fi
+  # Apart from that Secret, the controller was never refused anything.
+  other_forbidden=$(grep -i 'forbidden' "${FLOTILLA_E2E_DIR}/controller.log" | grep -v 'other/member-kubeconfig' || true)
+  if [[ -z "${other_forbidden}" ]]; then ok "controller log: no other Forbidden"
+  else bad "controller was refused: ${other_forbidden}"; fi
+  kill "${ctl_pid}"
+  wait "${ctl_pid}" 2>/dev/null || true
+  ctl_pid=""
+  if [[ "${fail}" != 0 ]]; then tail -n 40 "${FLOTILLA_E2E_DIR}/controller.log"; fi
+fi
+
+# ---- 5. the hand-written Argo CD fixtures have the API's exact shape ----------------------
+# Each *.api-shape.json status (tests/argocd) goes through the status subresource with
+# server-side apply, whose strict field validation refuses any field the CRD does not define;
+# reading it back must give the same status.
+for f in "${root}"/tests/argocd/fixtures/*.api-shape.json; do
+  name=$(basename "${f}")
+  if ! err=$(k apply --server-side --field-manager=fixtures -f "${f}" 2>&1 >/dev/null) \
+     || ! err=$(k apply --server-side --field-manager=fixtures --subresource=status -f "${f}" 2>&1 >/dev/null); then
+    bad "${name}: refused by the CRD: ${err}"
+    continue
+  fi
+  want=$(k apply --dry-run=client -f "${f}" -o 'jsonpath={.status}')
+  got=$(k get -f "${f}" -o 'jsonpath={.status}')
+  if [[ -n "${want}" && "${want}" == "${got}" ]]; then ok "${name}: status accepted as is by the CRD"
+  else bad "${name}: status read back differs"; diff <(echo "${want}") <(echo "${got}") | head -n 5; fi
+done
+
+# ---- 4. upgrade and uninstall -----------------------------------------------------------
+"${HELM}" upgrade flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" --reuse-values \
+  --set controller.pollSeconds=30 --wait --timeout 120s >/dev/null
+if k -n "${NS}" get deploy flotilla-controller -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- '--poll-seconds=30'; then
+  ok "helm upgrade: controller args changed"
+else bad "helm upgrade did not change the controller args"; fi
+"${HELM}" uninstall flotilla --kubeconfig "${CKC}" -n "${NS}" --wait >/dev/null
+left=$(k get crd -o name | grep -c 'flotilla.dev' || true)
+if [[ "${left}" == 5 ]] && ! k get clusterrole flotilla-controller >/dev/null 2>&1; then
+  ok "helm uninstall: workloads and RBAC gone, the 5 CRDs (and so every fleet object) kept"
+else bad "after uninstall: ${left} CRDs, clusterrole $(k get clusterrole flotilla-controller -o name 2>&1)"; fi
+
+exit "${fail}"
