@@ -10,7 +10,9 @@
 #      records its event, and cannot read a kubeconfig Secret outside the allowed namespace;
 #   4. `helm upgrade` changes the Deployment, `helm uninstall` leaves the CRDs;
 #   5. (before 4) the hand-written tests/argocd/fixtures/*.api-shape.json statuses are accepted,
-#      field for field, by the CRDs' status subresource.
+#      field for field, by the CRDs' status subresource;
+#   6. (before 4) examples/gitops/argocd/*.yaml pass a server-side dry run against Argo CD's
+#      own CRDs (tests/argocd/argocd-crds.sh).
 # Starts its own clusters (control + one member) in a fresh FLOTILLA_E2E_DIR and tears them
 # down on exit (FLOTILLA_E2E_KEEP=1 keeps them).
 #
@@ -280,6 +282,24 @@ for f in "${root}"/tests/argocd/fixtures/*.api-shape.json; do
   got=$(k get -f "${f}" -o 'jsonpath={.status}')
   if [[ -n "${want}" && "${want}" == "${got}" ]]; then ok "${name}: status accepted as is by the CRD"
   else bad "${name}: status read back differs"; diff <(echo "${want}") <(echo "${got}") | head -n 5; fi
+done
+
+# ---- 6. the Argo CD manifests of examples/gitops against Argo CD's own CRDs --------------
+argocrds=$(bash "${root}/tests/argocd/argocd-crds.sh")
+argover=$(basename "$(dirname "$(dirname "${argocrds}")")")
+k apply --server-side -f "${argocrds}/application-crd.yaml" -f "${argocrds}/applicationset-crd.yaml" \
+  -f "${argocrds}/appproject-crd.yaml" >/dev/null
+# (kubectl wait fails at once on a CRD that has no status yet, hence the retries.)
+for _ in $(seq 30); do
+  k wait --for condition=Established crd/applications.argoproj.io crd/applicationsets.argoproj.io \
+    --timeout 10s >/dev/null 2>&1 && break
+  sleep 1
+done
+k create namespace argocd >/dev/null
+for f in "${root}"/examples/gitops/argocd/*.yaml; do
+  if err=$(k apply --dry-run=server --server-side --field-manager=argocd -f "${f}" 2>&1 >/dev/null); then
+    ok "${f#"${root}"/}: valid for Argo CD ${argover#*@} (server-side dry run)"
+  else bad "${f#"${root}"/}: ${err}"; fi
 done
 
 # ---- 4. upgrade and uninstall -----------------------------------------------------------
