@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Shipping checks (issue #10): the Helm chart, the GitOps examples, the Argo CD health checks.
-#   1. helm (built once from its Go module, cached) and lua5.1/lua5.4 (Debian, once);
+#   1. helm and kube-state-metrics (built once from their Go modules, cached) and lua5.1/lua5.4
+#      (Debian, once);
 #   2. helm lint --strict + helm template snapshots for 3 value sets, 4 value files refused
 #      (tests/helm/snapshots.sh);
 #   3. the Argo CD health scripts against real and API-shape status fixtures under Lua 5.1 and
@@ -8,9 +9,9 @@
 #   4. fleetctl validate --strict on each environment of examples/gitops, as its CI workflow does;
 #   5. helm install into a harness control cluster it starts and tears down, kubectl auth can-i
 #      for both ServiceAccounts, the real controller under the chart's ServiceAccount, fixture
-#      shapes against the CRDs, Argo CD manifests against Argo CD's CRDs, upgrade and uninstall
-#      (tests/helm/install-test.sh).
-# Idempotent; about 45 s on a warm cache (docs/operations.md, "Testing the chart").
+#      shapes against the CRDs, Argo CD manifests against Argo CD's CRDs, kube-state-metrics
+#      condition series for the alerts, upgrade and uninstall (tests/helm/install-test.sh).
+# Idempotent; 33-54 s on a warm cache (docs/operations.md, "Testing the chart").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -19,8 +20,9 @@ lap() { local now; now=$(date +%s); printf -- '--- %s: %d s\n' "$1" $((now - t))
 
 HELM=$(bash tests/helm/build-helm.sh)
 export HELM
+bash tests/helm/build-ksm.sh >/dev/null
 bash tests/argocd/setup-lua.sh
-lap "setup (helm $("${HELM}" version --template '{{.Version}}'), lua5.1, lua5.4)"
+lap "setup (helm $("${HELM}" version --template '{{.Version}}'), kube-state-metrics, lua5.1, lua5.4)"
 
 bash tests/helm/snapshots.sh
 lap "chart lint and template snapshots"
@@ -34,6 +36,6 @@ done
 lap "fleetctl validate on examples/gitops"
 
 bash tests/helm/install-test.sh 2>&1 | grep -v 'unrecognized format'
-lap "helm install on a harness control cluster, RBAC, Argo CD manifests"
+lap "helm install on a harness control cluster, RBAC, fixtures, Argo CD manifests, kube-state-metrics"
 
 echo "test-ship: all passed in $(($(date +%s) - start)) s"

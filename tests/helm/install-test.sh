@@ -12,7 +12,9 @@
 #   5. (before 4) the hand-written tests/argocd/fixtures/*.api-shape.json statuses are accepted,
 #      field for field, by the CRDs' status subresource;
 #   6. (before 4) examples/gitops/argocd/*.yaml pass a server-side dry run against Argo CD's
-#      own CRDs (tests/argocd/argocd-crds.sh).
+#      own CRDs (tests/argocd/argocd-crds.sh);
+#   7. (before 4) kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml
+#      exposes the condition series the chart's alerts on reasons read.
 # Starts its own clusters (control + one member) in a fresh FLOTILLA_E2E_DIR and tears them
 # down on exit (FLOTILLA_E2E_KEEP=1 keeps them).
 #
@@ -301,6 +303,46 @@ for f in "${root}"/examples/gitops/argocd/*.yaml; do
     ok "${f#"${root}"/}: valid for Argo CD ${argover#*@} (server-side dry run)"
   else bad "${f#"${root}"/}: ${err}"; fi
 done
+
+# ---- 7. kube-state-metrics turns conditions into the series the alerts use ----------------
+# The objects above (the controller's real statuses, the last API-shape status applied per
+# name) through kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml.
+ksm=$(bash "${here}/build-ksm.sh")
+kport=$((20000 + RANDOM % 20000))
+"${ksm}" --kubeconfig "${CKC}" --custom-resource-state-only \
+  --custom-resource-state-config-file "${root}/docs/monitoring/kube-state-metrics-flotilla.yaml" \
+  --host 127.0.0.1 --port "${kport}" --telemetry-host 127.0.0.1 --telemetry-port $((kport + 1)) \
+  >"${FLOTILLA_E2E_DIR}/ksm.log" 2>&1 &
+ksm_pid=$!
+metrics=""
+for _ in $(seq 30); do
+  metrics=$(curl -sf "http://127.0.0.1:${kport}/metrics" || true)
+  [[ "${metrics}" == *'flotilla_capacityclaim_condition{'* ]] && break
+  sleep 1
+done
+kill "${ksm_pid}" 2>/dev/null || true
+wait "${ksm_pid}" 2>/dev/null || true
+# series NAME VALUE LABEL=VALUE...: some line of NAME has every label and the value.
+series() {
+  local name="$1" value="$2" line l hit=""
+  shift 2
+  while IFS= read -r line; do
+    hit=1
+    for l in "$@"; do [[ "${line}" == *"${l%%=*}=\"${l#*=}\""* ]] || { hit=""; break; }; done
+    [[ -n "${hit}" && "${line##* }" == "${value}" ]] && break
+    hit=""
+  done < <(grep "^${name}{" <<<"${metrics}")
+  if [[ -n "${hit}" ]]; then ok "kube-state-metrics: ${name}{$*} ${value}"
+  else bad "kube-state-metrics: no ${name}{$*} ${value}"; grep "^${name}" <<<"${metrics}" | head -n 5; fi
+}
+series flotilla_modeldeployment_condition 1 name=llama namespace=ml type=Ready reason=AllReplicasReady
+series flotilla_modeldeployment_ready_replicas 2 name=llama namespace=ml
+series flotilla_modeldeployment_condition 0 name=llama-ready type=Serving reason=AllEndpointsEjected
+series flotilla_inferencecluster_condition 1 name=member type=Reachable reason=AsExpected
+series flotilla_inferencecluster_condition 0 name=outside type=Reachable
+series flotilla_inferencecluster_devices_total 8 name=member pool=h100 class=h100
+series flotilla_capacityclaim_condition 0 name=llama-405b-launch type=Fulfilled reason=QuotaExceeded
+series flotilla_modelcache_condition 1 name=llama-3.3-70b type=Ready reason=AsExpected
 
 # ---- 4. upgrade and uninstall -----------------------------------------------------------
 "${HELM}" upgrade flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" --reuse-values \
