@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Shipping checks (issue #10): the Helm chart, the GitOps examples, the Argo CD health checks.
-#   1. helm and kube-state-metrics (built once from their Go modules, cached) and lua5.1/lua5.4
-#      (Debian, once);
+#   1. helm, kube-state-metrics and rulecheck (Prometheus' rule parser) built once from their Go
+#      modules, cached; lua5.1/lua5.4 from Debian, once;
 #   2. helm lint --strict + helm template snapshots for 3 value sets, 4 value files refused
 #      (tests/helm/snapshots.sh);
 #   3. the Argo CD health scripts against real and API-shape status fixtures under Lua 5.1 and
 #      5.4, and the argocd-cm patch in sync with them (tests/argocd/run.sh);
+#   3b. the PrometheusRule and the docs' example rule through Prometheus' rule parser;
 #   4. fleetctl validate --strict on each environment of examples/gitops, as its CI workflow does;
 #   5. helm install into a harness control cluster it starts and tears down, kubectl auth can-i
 #      for both ServiceAccounts, the real controller under the chart's ServiceAccount, fixture
 #      shapes against the CRDs, Argo CD manifests against Argo CD's CRDs, kube-state-metrics
-#      condition series for the alerts, upgrade and uninstall (tests/helm/install-test.sh).
+#      condition series for the alerts, the every-toggle snapshot against real schemas
+#      (ServiceMonitor, PrometheusRule from prometheus-operator's CRDs), upgrade and uninstall
+#      (tests/helm/install-test.sh).
 # Idempotent; 33-54 s on a warm cache (docs/operations.md, "Testing the chart").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +24,18 @@ lap() { local now; now=$(date +%s); printf -- '--- %s: %d s\n' "$1" $((now - t))
 HELM=$(bash tests/helm/build-helm.sh)
 export HELM
 bash tests/helm/build-ksm.sh >/dev/null
+RULECHECK=$(bash tests/helm/build-rulecheck.sh)
 bash tests/argocd/setup-lua.sh
-lap "setup (helm $("${HELM}" version --template '{{.Version}}'), kube-state-metrics, lua5.1, lua5.4)"
+lap "setup (helm $("${HELM}" version --template '{{.Version}}'), kube-state-metrics, rulecheck, lua5.1, lua5.4)"
 
 bash tests/helm/snapshots.sh
 lap "chart lint and template snapshots"
 
 bash tests/argocd/run.sh
 lap "Argo CD health checks"
+
+"${RULECHECK}" charts/flotilla/monitoring/prometheusrule-spec.yaml docs/monitoring/prometheusrule-sovereign-example.yaml
+lap "alert rules through Prometheus' rule parser"
 
 for env in examples/gitops/fleets/*/; do
   cargo run -q --locked -p fleetctl -- validate -f "${env}" --strict

@@ -14,7 +14,9 @@
 #   6. (before 4) examples/gitops/argocd/*.yaml pass a server-side dry run against Argo CD's
 #      own CRDs (tests/argocd/argocd-crds.sh);
 #   7. (before 4) kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml
-#      exposes the condition series the chart's alerts on reasons read.
+#      exposes the condition series the chart's alerts on reasons read;
+#   8. (before 4) the `full` snapshot (every toggle on) passes a server-side dry run, with
+#      prometheus-operator's CRDs for ServiceMonitor and PrometheusRule.
 # Starts its own clusters (control + one member) in a fresh FLOTILLA_E2E_DIR and tears them
 # down on exit (FLOTILLA_E2E_KEEP=1 keeps them).
 #
@@ -343,6 +345,22 @@ series flotilla_inferencecluster_condition 0 name=outside type=Reachable
 series flotilla_inferencecluster_devices_total 8 name=member pool=h100 class=h100
 series flotilla_capacityclaim_condition 0 name=llama-405b-launch type=Fulfilled reason=QuotaExceeded
 series flotilla_modelcache_condition 1 name=llama-3.3-70b type=Ready reason=AsExpected
+
+# ---- 8. every toggle on: the `full` snapshot against the real schemas ------------------------
+# ServiceMonitor and PrometheusRule need prometheus-operator's CRDs; the rest (HPA, PDB,
+# NetworkPolicy, Roles in a second namespace, ...) is checked by the API server itself.
+promcrds=$(bash "${here}/prometheus-operator-crds.sh")
+k apply --server-side -f "${promcrds}/monitoring.coreos.com_servicemonitors.yaml" \
+  -f "${promcrds}/monitoring.coreos.com_prometheusrules.yaml" >/dev/null
+for _ in $(seq 30); do
+  k wait --for condition=Established crd/servicemonitors.monitoring.coreos.com \
+    crd/prometheusrules.monitoring.coreos.com --timeout 10s >/dev/null 2>&1 && break
+  sleep 1
+done
+k create namespace fleet-credentials >/dev/null
+if err=$(k apply --dry-run=server --server-side --field-manager=helm -f "${here}/snapshots/full.yaml" 2>&1 >/dev/null); then
+  ok "snapshots/full.yaml ($(grep -c '^kind:' "${here}/snapshots/full.yaml") objects incl. ServiceMonitor, PrometheusRule, HPA, NetworkPolicy): accepted (server-side dry run)"
+else bad "snapshots/full.yaml refused: ${err}"; fi
 
 # ---- 4. upgrade and uninstall -----------------------------------------------------------
 "${HELM}" upgrade flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" --reuse-values \
