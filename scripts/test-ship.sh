@@ -14,7 +14,7 @@
 #      condition series for the alerts, the every-toggle snapshot against real schemas
 #      (ServiceMonitor, PrometheusRule from prometheus-operator's CRDs), upgrade and uninstall
 #      (tests/helm/install-test.sh).
-# Idempotent; 33-54 s on a warm cache (docs/operations.md, "Testing the chart").
+# Idempotent; 33-59 s on a warm cache (docs/operations.md, "Testing the chart").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)

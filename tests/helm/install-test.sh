@@ -363,6 +363,10 @@ if err=$(k apply --dry-run=server --server-side --field-manager=helm -f "${here}
 else bad "snapshots/full.yaml refused: ${err}"; fi
 
 # ---- 4. upgrade and uninstall -----------------------------------------------------------
+# As docs/operations.md says: the CRDs first, server-side (Helm does not upgrade crds/).
+if err=$(k apply --server-side --force-conflicts -f "${root}/charts/flotilla/crds/" 2>&1 >/dev/null); then
+  ok "CRDs re-applied server-side over Helm's install"
+else bad "kubectl apply --server-side --force-conflicts -f charts/flotilla/crds/: ${err}"; fi
 "${HELM}" upgrade flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" --reuse-values \
   --set controller.pollSeconds=30 --wait --timeout 120s >/dev/null
 if k -n "${NS}" get deploy flotilla-controller -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- '--poll-seconds=30'; then
