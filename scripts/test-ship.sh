@@ -12,9 +12,10 @@
 #      for both ServiceAccounts, the real controller under the chart's ServiceAccount, fixture
 #      shapes against the CRDs, Argo CD manifests against Argo CD's CRDs, kube-state-metrics
 #      condition series for the alerts, the every-toggle snapshot against real schemas
-#      (ServiceMonitor, PrometheusRule from prometheus-operator's CRDs), upgrade and uninstall
-#      (tests/helm/install-test.sh).
-# Idempotent; 33-59 s on a warm cache (docs/operations.md, "Testing the chart").
+#      (ServiceMonitor, PrometheusRule from prometheus-operator's CRDs), dashboard and rule
+#      metric names against what the real binaries export, the chart's routing table loaded by
+#      the real gateway, upgrade and uninstall (tests/helm/install-test.sh).
+# Idempotent; 33-60 s on a warm cache (docs/operations.md, "Testing the chart").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -34,8 +35,9 @@ lap "chart lint and template snapshots"
 bash tests/argocd/run.sh
 lap "Argo CD health checks"
 
-"${RULECHECK}" charts/flotilla/monitoring/prometheusrule-spec.yaml docs/monitoring/prometheusrule-sovereign-example.yaml
-lap "alert rules through Prometheus' rule parser"
+"${RULECHECK}" charts/flotilla/monitoring/prometheusrule-spec.yaml docs/monitoring/prometheusrule-sovereign-example.yaml \
+  charts/flotilla/dashboards/flotilla.json
+lap "alert rules and dashboard queries through Prometheus' parsers"
 
 for env in examples/gitops/fleets/*/; do
   cargo run -q --locked -p fleetctl -- validate -f "${env}" --strict

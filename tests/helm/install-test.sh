@@ -16,7 +16,10 @@
 #   7. (before 4) kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml
 #      exposes the condition series the chart's alerts on reasons read;
 #   8. (before 4) the `full` snapshot (every toggle on) passes a server-side dry run, with
-#      prometheus-operator's CRDs for ServiceMonitor and PrometheusRule.
+#      prometheus-operator's CRDs for ServiceMonitor and PrometheusRule;
+#   9. (before 4) the dashboard and alert rules select only metric names the real controller,
+#      gateway and kube-state-metrics export, and the gateway loads the routing table the chart
+#      renders.
 # Starts its own clusters (control + one member) in a fresh FLOTILLA_E2E_DIR and tears them
 # down on exit (FLOTILLA_E2E_KEEP=1 keeps them).
 #
@@ -265,6 +268,7 @@ EOF
   other_forbidden=$(grep -i 'forbidden' "${FLOTILLA_E2E_DIR}/controller.log" | grep -v 'other/member-kubeconfig' || true)
   if [[ -z "${other_forbidden}" ]]; then ok "controller log: no other Forbidden"
   else bad "controller was refused: ${other_forbidden}"; fi
+  curl -sf "http://127.0.0.1:${port}/metrics" >"${FLOTILLA_E2E_DIR}/controller.metrics" || true
   kill "${ctl_pid}"
   wait "${ctl_pid}" 2>/dev/null || true
   ctl_pid=""
@@ -361,6 +365,60 @@ k create namespace fleet-credentials >/dev/null
 if err=$(k apply --dry-run=server --server-side --field-manager=helm -f "${here}/snapshots/full.yaml" 2>&1 >/dev/null); then
   ok "snapshots/full.yaml ($(grep -c '^kind:' "${here}/snapshots/full.yaml") objects incl. ServiceMonitor, PrometheusRule, HPA, NetworkPolicy): accepted (server-side dry run)"
 else bad "snapshots/full.yaml refused: ${err}"; fi
+
+# ---- 9. dashboard and alerts use only what the binaries export; chart routing loads --------
+# Metric names as the real processes expose them: the controller above, kube-state-metrics
+# above, and the gateway after one streamed request that fails over from a dead cluster to a
+# fallback model served by the engine simulator (which touches all eight gateway families).
+GATEWAY_BIN="${FLOTILLA_GATEWAY_BIN:-$(dirname "${CONTROLLER_BIN}")/flotilla-gateway}"
+ENGINESIM_BIN="${FLOTILLA_ENGINESIM_BIN:-$(dirname "${CONTROLLER_BIN}")/flotilla-enginesim}"
+if [[ ! -s "${FLOTILLA_E2E_DIR}/controller.metrics" || ! -x "${GATEWAY_BIN}" || ! -x "${ENGINESIM_BIN}" ]]; then
+  printf 'SKIP metric names of dashboard and alerts: needs %s, %s and the controller step\n' "${GATEWAY_BIN}" "${ENGINESIM_BIN}"
+else
+  gdir="${FLOTILLA_E2E_DIR}/gateway"
+  mkdir -p "${gdir}"
+  sport=$((kport + 2)) gport=$((kport + 3))
+  printf '%s\n' 'clusters:' \
+    '  - {name: dead, url: "http://127.0.0.1:1", jurisdiction: EU}' \
+    "  - {name: sim, url: \"http://127.0.0.1:${sport}\", jurisdiction: EU}" \
+    'models:' \
+    '  - {name: m, fallbacks: [m2], routes: [{cluster: dead}]}' \
+    '  - {name: m2, routes: [{cluster: sim}]}' >"${gdir}/routing.yaml"
+  "${ENGINESIM_BIN}" --listen "127.0.0.1:${sport}" --name sim --model m2 >"${gdir}/sim.log" 2>&1 &
+  sim_pid=$!
+  "${GATEWAY_BIN}" --config "${gdir}/routing.yaml" --listen "127.0.0.1:${gport}" --breaker-failures 1 >"${gdir}/gw.log" 2>&1 &
+  gw_pid=$!
+  for _ in $(seq 30); do curl -sf "http://127.0.0.1:${gport}/healthz" >/dev/null && break; sleep 0.2; done
+  curl -s -N "http://127.0.0.1:${gport}/v1/chat/completions" -H 'content-type: application/json' \
+    -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}' >/dev/null || true
+  curl -sf "http://127.0.0.1:${gport}/metrics" >"${gdir}/gateway.metrics" || true
+  kill "${sim_pid}" "${gw_pid}" 2>/dev/null || true
+  wait "${sim_pid}" "${gw_pid}" 2>/dev/null || true
+  { cat "${FLOTILLA_E2E_DIR}/controller.metrics" "${gdir}/gateway.metrics"; echo "${metrics}"; } \
+    | grep '^flotilla_' | sed 's/[{ ].*//' | sort -u >"${FLOTILLA_E2E_DIR}/known-metrics.txt"
+  ok "$(wc -l <"${FLOTILLA_E2E_DIR}/known-metrics.txt") flotilla_* series names exported by controller, gateway, kube-state-metrics"
+  if out=$("$(bash "${here}/build-rulecheck.sh")" -metrics "${FLOTILLA_E2E_DIR}/known-metrics.txt" \
+      "${root}/charts/flotilla/dashboards/flotilla.json" "${root}/charts/flotilla/monitoring/prometheusrule-spec.yaml" \
+      "${root}/docs/monitoring/prometheusrule-sovereign-example.yaml" 2>&1); then
+    ok "dashboard and alert rules select only exported metrics"
+  else bad "dashboard/alerts use metrics nobody exports:"; echo "${out}"; fi
+
+  # The routing table of the every-toggle values, as the chart renders it, loads in the gateway.
+  "${HELM}" template flotilla "${root}/charts/flotilla" -f "${here}/values/full.yaml" \
+    --show-only templates/gateway/configmap.yaml \
+    | k create --dry-run=client -f - -o 'jsonpath={.data.routing\.yaml}' >"${gdir}/full-routing.yaml"
+  "${GATEWAY_BIN}" --config "${gdir}/full-routing.yaml" --listen "127.0.0.1:${gport}" >"${gdir}/gw-full.log" 2>&1 &
+  gw_pid=$!
+  loaded=""
+  for _ in $(seq 30); do
+    if curl -sf "http://127.0.0.1:${gport}/v1/models" | grep -q llama-3.3-70b-instruct; then loaded=1; break; fi
+    sleep 0.2
+  done
+  kill "${gw_pid}" 2>/dev/null || true
+  wait "${gw_pid}" 2>/dev/null || true
+  if [[ -n "${loaded}" ]]; then ok "gateway loads the routing table the chart renders from values/full.yaml"
+  else bad "gateway did not load the chart's routing table: $(head -n 3 "${gdir}/gw-full.log")"; fi
+fi
 
 # ---- 4. upgrade and uninstall -----------------------------------------------------------
 # As docs/operations.md says: the CRDs first, server-side (Helm does not upgrade crds/).
