@@ -14,8 +14,9 @@
 #      condition series for the alerts, the every-toggle snapshot against real schemas
 #      (ServiceMonitor, PrometheusRule from prometheus-operator's CRDs), dashboard and rule
 #      metric names against what the real binaries export, the chart's routing table loaded by
-#      the real gateway, upgrade and uninstall (tests/helm/install-test.sh).
-# Idempotent; 33-60 s on a warm cache (docs/operations.md, "Testing the chart").
+#      the real gateway, a member reached only through examples/member-rbac/, upgrade and
+#      uninstall (tests/helm/install-test.sh).
+# Idempotent; 35-85 s on a warm cache (docs/operations.md, "Testing the chart").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)

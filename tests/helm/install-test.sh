@@ -7,7 +7,9 @@
 #      named, writes to specs and to other kinds, other Leases);
 #   3. the real flotilla-controller binary, authenticated with a token of the chart's
 #      ServiceAccount, leads, reconciles a member cluster and a ModelDeployment to Ready,
-#      records its event, and cannot read a kubeconfig Secret outside the allowed namespace;
+#      records its event, and cannot read a kubeconfig Secret outside the allowed namespace; in
+#      the member it acts only as examples/member-rbac/flotilla-member.yaml allows, which is
+#      enough to apply the workloads and, on deletion, remove them all;
 #   4. `helm upgrade` changes the Deployment, `helm uninstall` leaves the CRDs;
 #   5. (before 4) the hand-written tests/argocd/fixtures/*.api-shape.json statuses are accepted,
 #      field for field, by the CRDs' status subresource;
@@ -78,8 +80,28 @@ for ns in "${NS}" ml other; do k create namespace "${ns}" >/dev/null; done
 # The gateway's API keys, a member kubeconfig where the controller may read it, and one where
 # it may not.
 k -n "${NS}" create secret generic gateway-api-keys --from-literal=api-keys=k1,k2 >/dev/null
-k -n "${NS}" create secret generic member-kubeconfig --from-file=kubeconfig="${MKC}" >/dev/null
-k -n other create secret generic member-kubeconfig --from-file=kubeconfig="${MKC}" >/dev/null
+# The member side of least privilege: examples/member-rbac/flotilla-member.yaml applied to the
+# member, and a kubeconfig for its ServiceAccount (long-lived token Secret) is what the
+# controller gets.
+kubectl --kubeconfig "${MKC}" apply -f "${root}/examples/member-rbac/flotilla-member.yaml" >/dev/null
+member_token=""
+for _ in $(seq 30); do
+  member_token=$(kubectl --kubeconfig "${MKC}" -n flotilla-system get secret flotilla-member-token -o 'jsonpath={.data.token}' 2>/dev/null | base64 -d)
+  [[ -n "${member_token}" ]] && break
+  sleep 1
+done
+[[ -n "${member_token}" ]] || die "the member's token controller did not fill flotilla-member-token"
+RKC="${FLOTILLA_E2E_DIR}/member-restricted.kubeconfig"
+cat >"${RKC}" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: member, cluster: {server: "$(kubectl --kubeconfig "${MKC}" config view --raw --minify -o 'jsonpath={.clusters[0].cluster.server}')", certificate-authority-data: "$(kubectl --kubeconfig "${MKC}" config view --raw --minify -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')"}}]
+users: [{name: flotilla-member, user: {token: "${member_token}"}}]
+contexts: [{name: member, context: {cluster: member, user: flotilla-member}}]
+current-context: member
+EOF
+k -n "${NS}" create secret generic member-kubeconfig --from-file=kubeconfig="${RKC}" >/dev/null
+k -n other create secret generic member-kubeconfig --from-file=kubeconfig="${RKC}" >/dev/null
 
 # ---- 1. install -------------------------------------------------------------------------
 start=$(date +%s)
@@ -254,6 +276,10 @@ EOF
   if is flotilla.dev/member-cleanup -n ml get modeldeployment llama -o 'jsonpath={.metadata.finalizers[0]}'; then
     ok "ModelDeployment carries the controller's finalizer"
   else bad "ModelDeployment has no finalizer"; fi
+  mk() { kubectl --kubeconfig "${MKC}" "$@"; }
+  if [[ "$(mk -n ml get deployments,services,resourceclaimtemplates -l flotilla.dev/deployment=ml.llama -o name | wc -l)" -ge 3 ]]; then
+    ok "member: Deployment, Service and ResourceClaimTemplate applied with the member-rbac identity"
+  else bad "member objects: $(mk -n ml get deployments,services,resourceclaimtemplates -o name 2>&1)"; fi
   # The Secret outside memberSecrets.namespaces stays unread: the cluster is not Reachable and
   # the API server said Forbidden.
   wait_for "InferenceCluster outside: Reachable=False" 30 \
@@ -264,11 +290,19 @@ EOF
   else
     bad "no sign that Secret other/member-kubeconfig was refused: $(jp get inferencecluster outside -o 'jsonpath={.status.conditions[?(@.type=="Reachable")].message}')"
   fi
+  curl -sf "http://127.0.0.1:${port}/metrics" >"${FLOTILLA_E2E_DIR}/controller.metrics" || true
+  # Deletion runs the finalizer: every member object is removed with the member-rbac identity.
+  # (A member that cannot be reached keeps the finalizer, by design: remove "outside" first.)
+  k delete inferencecluster outside >/dev/null
+  k -n ml delete modeldeployment llama --wait=false >/dev/null
+  gone() { ! k -n ml get modeldeployment llama >/dev/null 2>&1; }
+  wait_for "ModelDeployment deleted: finalizer cleaned the member and removed itself" 60 gone
+  left=$(mk -n ml get deployments,services,resourceclaimtemplates -l flotilla.dev/deployment=ml.llama -o name 2>&1 | wc -l)
+  if [[ "${left}" == 0 ]]; then ok "member: nothing of ml/llama left"; else bad "member still has ${left} objects of ml/llama"; fi
   # Apart from that Secret, the controller was never refused anything.
   other_forbidden=$(grep -i 'forbidden' "${FLOTILLA_E2E_DIR}/controller.log" | grep -v 'other/member-kubeconfig' || true)
   if [[ -z "${other_forbidden}" ]]; then ok "controller log: no other Forbidden"
   else bad "controller was refused: ${other_forbidden}"; fi
-  curl -sf "http://127.0.0.1:${port}/metrics" >"${FLOTILLA_E2E_DIR}/controller.metrics" || true
   kill "${ctl_pid}"
   wait "${ctl_pid}" 2>/dev/null || true
   ctl_pid=""
@@ -311,8 +345,8 @@ for f in "${root}"/examples/gitops/argocd/*.yaml; do
 done
 
 # ---- 7. kube-state-metrics turns conditions into the series the alerts use ----------------
-# The objects above (the controller's real statuses, the last API-shape status applied per
-# name) through kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml.
+# The objects left above (the member's real status, the last API-shape status applied per
+# name; ml/llama and "outside" were deleted in step 3) through kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml.
 ksm=$(bash "${here}/build-ksm.sh")
 kport=$((20000 + RANDOM % 20000))
 "${ksm}" --kubeconfig "${CKC}" --custom-resource-state-only \
@@ -341,11 +375,11 @@ series() {
   if [[ -n "${hit}" ]]; then ok "kube-state-metrics: ${name}{$*} ${value}"
   else bad "kube-state-metrics: no ${name}{$*} ${value}"; grep "^${name}" <<<"${metrics}" | head -n 5; fi
 }
-series flotilla_modeldeployment_condition 1 name=llama namespace=ml type=Ready reason=AllReplicasReady
-series flotilla_modeldeployment_ready_replicas 2 name=llama namespace=ml
+series flotilla_modeldeployment_condition 1 name=llama-ready namespace=ml type=Ready reason=AllReplicasReady
+series flotilla_modeldeployment_ready_replicas 1 name=llama-ready namespace=ml
 series flotilla_modeldeployment_condition 0 name=llama-ready type=Serving reason=AllEndpointsEjected
 series flotilla_inferencecluster_condition 1 name=member type=Reachable reason=AsExpected
-series flotilla_inferencecluster_condition 0 name=outside type=Reachable
+series flotilla_inferencecluster_condition 1 name=member type=CapacityKnown reason=AsExpected
 series flotilla_inferencecluster_devices_total 8 name=member pool=h100 class=h100
 series flotilla_capacityclaim_condition 0 name=llama-405b-launch type=Fulfilled reason=QuotaExceeded
 series flotilla_modelcache_condition 1 name=llama-3.3-70b type=Ready reason=AsExpected
