@@ -39,8 +39,9 @@ source "${H}/lib.sh"
 
 NS=flotilla-system
 fail=0
-ok() { printf 'ok   %s\n' "$*"; }
-bad() { printf 'FAIL %s\n' "$*"; fail=1; }
+t0=$(date +%s)
+ok() { printf 'ok   %s [%ds]\n' "$*" $(($(date +%s) - t0)); }
+bad() { printf 'FAIL %s [%ds]\n' "$*" $(($(date +%s) - t0)); fail=1; }
 
 ctl_pid=""
 cleanup() {
