@@ -23,6 +23,7 @@ cargo test --workspace --locked
 step "gateway: the official openai Python client against the gateway"
 bash scripts/gateway-pytest.sh
 
+bash scripts/test-ship.sh  # Helm chart, Argo CD health checks, GitOps examples, chart RBAC on a harness cluster
 step "end-to-end tests on real API servers (tests/e2e/harness)"
 bash scripts/test-e2e.sh
 

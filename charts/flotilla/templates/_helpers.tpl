@@ -1,0 +1,102 @@
+{{/*
+Names, labels and images shared by every template.
+*/}}
+
+{{- define "flotilla.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-flotilla, or the release name when it already says flotilla; max 50 characters so
+that "-controller" / "-gateway" suffixes stay within 63. */}}
+{{- define "flotilla.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flotilla.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "flotilla.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: flotilla
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "controller"). */}}
+{{- define "flotilla.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flotilla.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "flotilla.componentLabels" -}}
+{{ include "flotilla.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* repository:tag (tag defaults to appVersion), or repository@digest. */}}
+{{- define "flotilla.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flotilla.controller.fullname" -}}
+{{- printf "%s-controller" (include "flotilla.fullname" .) -}}
+{{- end -}}
+
+{{- define "flotilla.gateway.fullname" -}}
+{{- printf "%s-gateway" (include "flotilla.fullname" .) -}}
+{{- end -}}
+
+{{- define "flotilla.controller.serviceAccountName" -}}
+{{- if .Values.controller.serviceAccount.create -}}
+{{- default (include "flotilla.controller.fullname" .) .Values.controller.serviceAccount.name -}}
+{{- else -}}
+{{- required "controller.serviceAccount.name is required when controller.serviceAccount.create is false" .Values.controller.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flotilla.gateway.serviceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create -}}
+{{- default (include "flotilla.gateway.fullname" .) .Values.gateway.serviceAccount.name -}}
+{{- else -}}
+{{- required "gateway.serviceAccount.name is required when gateway.serviceAccount.create is false" .Values.gateway.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces whose Secrets the controller may get: the configured list, else the release namespace. */}}
+{{- define "flotilla.controller.secretNamespaces" -}}
+{{- $nss := .Values.controller.memberSecrets.namespaces -}}
+{{- if not $nss -}}{{- $nss = list .Release.Namespace -}}{{- end -}}
+{{- toJson (uniq $nss) -}}
+{{- end -}}
+
+{{/* Default soft anti-affinity: spread a component's replicas over nodes. */}}
+{{- define "flotilla.affinity" -}}
+{{- if .affinity -}}
+{{ toYaml .affinity }}
+{{- else -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "flotilla.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 12 }}
+{{- end -}}
+{{- end -}}
