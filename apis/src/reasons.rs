@@ -186,27 +186,29 @@ pub fn reasons_of(kind: &str) -> impl Iterator<Item = &'static ReasonDoc> + '_ {
     ALL.iter().filter(move |r| r.kind == kind)
 }
 
-/// The `(NAME, "Value")` pairs of every `pub const` in `pub mod <module>` of `constants.rs`.
-pub fn constants_in(module: &str) -> Vec<(String, String)> {
-    let source = include_str!("constants.rs");
-    let header = format!("pub mod {module} {{");
-    let Some(start) = source.find(&header) else { return Vec::new() };
-    let body = &source[start + header.len()..];
-    let body = &body[..body.find("\n}").unwrap_or(body.len())];
-    body.lines()
-        .filter_map(|l| {
-            let rest = l.trim().strip_prefix("pub const ")?;
-            let (name, rest) = rest.split_once(':')?;
-            let value = rest.split_once('"')?.1.split_once('"')?.0;
-            Some((name.trim().to_string(), value.to_string()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::constants::reason;
+
+    /// The `(NAME, "Value")` pairs of every `pub const` in `pub mod <module>` of
+    /// `constants.rs`, read from its source (a declaration may span lines).
+    fn constants_in(module: &str) -> Vec<(String, String)> {
+        let source = include_str!("constants.rs");
+        let header = format!("pub mod {module} {{");
+        let Some(start) = source.find(&header) else { return Vec::new() };
+        let body = &source[start + header.len()..];
+        let body = &body[..body.find("\n}").unwrap_or(body.len())];
+        body.split("pub const ")
+            .skip(1)
+            .filter_map(|decl| {
+                let decl = &decl[..decl.find(';')?];
+                let (name, rest) = decl.split_once(':')?;
+                let value = rest.split_once('"')?.1.split_once('"')?.0;
+                Some((name.trim().to_string(), value.to_string()))
+            })
+            .collect()
+    }
 
     #[test]
     fn every_reason_constant_is_documented() {
