@@ -58,8 +58,9 @@ pub const KINDS: &[KindDoc] = &[
     },
     KindDoc {
         kind: CAPACITY_CLAIM,
-        writer: "The CapacityClaim reconciler is not part of this release yet; the reasons below are the closed \
-                 set it writes, one per outcome of asking the provider adapters.",
+        writer: "No controller writes CapacityClaim status in this release yet. The reasons below are the closed \
+                 set the claim engine of `flotilla-providers` reports, one per outcome of asking the providers; \
+                 `Fulfilled` and `Ready` carry the same status and reason.",
     },
 ];
 
@@ -170,7 +171,8 @@ pub const CONDITIONS: &[ConditionDoc] = &[
     c!(
         CAPACITY_CLAIM,
         PROVISIONING,
-        "True: a provider request is in flight or nodes are not ready yet (reserved: not written yet)."
+        "True: nodes were asked for and are not ready yet. False: no provider request is in flight; carries the \
+         same reason as `Fulfilled` (reserved: not written yet)."
     ),
     c!(CAPACITY_CLAIM, FULFILLED, "True: every pod set has the capacity it asked for (reserved: not written yet)."),
     c!(CAPACITY_CLAIM, READY, "Mirrors `Fulfilled` (reserved: not written yet)."),
