@@ -35,6 +35,7 @@ pub mod labels {
 }
 
 /// Condition types. Every kind has one aggregate `Ready`.
+/// Each one is documented per kind in [`crate::reasons::CONDITIONS`].
 pub mod condition {
     /// Aggregate readiness, on every kind.
     pub const READY: &str = "Ready";
@@ -64,6 +65,8 @@ pub mod condition {
 
 /// Reasons, grouped by the kind whose conditions carry them. Each set is closed: a reason not
 /// listed here is never written.
+/// Each one is documented (meaning, what to do) in [`crate::reasons::ALL`], from which
+/// `docs/api.md` is rendered; a test fails when one is missing there.
 pub mod reason {
     // Shared by every kind.
     /// The spec failed validation; the message names the field.

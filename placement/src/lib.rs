@@ -6,6 +6,7 @@ pub mod devices;
 pub mod filters;
 pub mod generate;
 pub mod plan;
+mod reason_doc;
 pub mod snapshot;
 mod solve;
 

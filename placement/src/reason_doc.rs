@@ -1,0 +1,128 @@
+//! What each solver [`Reason`] means and what to do about it, for `docs/api.md` (the values
+//! of `ModelDeployment` `status.unplaced.reasons[].reason`) and for anyone printing a
+//! rejection. [`Reason::ALL`] lists every variant once, in declaration order.
+
+use crate::plan::Reason;
+
+impl Reason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Reason; 17] = [
+        Self::ClusterSelectorMismatch,
+        Self::JurisdictionNotAllowed,
+        Self::RegionNotAllowed,
+        Self::RegionDenied,
+        Self::ClusterNotReady,
+        Self::ClusterCordoned,
+        Self::TaintNotTolerated,
+        Self::NoMatchingDevices,
+        Self::SelectorError,
+        Self::DoesNotFitNode,
+        Self::CapacityTypeNotAllowed,
+        Self::NoPrice,
+        Self::InsufficientDevices,
+        Self::CostCeilingExceeded,
+        Self::SpreadConstraint,
+        Self::AlternativeMaxReached,
+        Self::BudgetExhausted,
+    ];
+
+    /// What the reason means, in one sentence.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::ClusterSelectorMismatch => "The cluster's labels do not match `spec.placement.clusterSelector`.",
+            Self::JurisdictionNotAllowed => {
+                "The cluster's `spec.jurisdiction` is not in `spec.placement.sovereignty.allowedJurisdictions`."
+            }
+            Self::RegionNotAllowed => {
+                "The cluster's `spec.region` is not in `spec.placement.sovereignty.allowedRegions`."
+            }
+            Self::RegionDenied => "The cluster's `spec.region` is in `spec.placement.sovereignty.deniedRegions`.",
+            Self::ClusterNotReady => "The InferenceCluster is not Ready; the message carries its reason.",
+            Self::ClusterCordoned => {
+                "The InferenceCluster has `spec.cordoned: true`: replicas already there stay, no new ones come."
+            }
+            Self::TaintNotTolerated => {
+                "A `NoSchedule` or `NoExecute` cluster taint is not tolerated by `spec.placement.tolerations`."
+            }
+            Self::NoMatchingDevices => {
+                "No pool's class satisfies any device alternative (the class name differs, a CEL selector is false, or an attribute it reads is missing), or the cluster has no pools, or a pool's class does not exist."
+            }
+            Self::SelectorError => "A CEL selector failed to evaluate on the pool's device, or returned a non-bool.",
+            Self::DoesNotFitNode => "A pod of a replica needs more devices on one node than the class has per node.",
+            Self::CapacityTypeNotAllowed => {
+                "The pool's capacity type (its first `capacityTypes` entry) is not in `spec.placement.capacityTypes` (default `reserved`, `on-demand`), or the pool declares none."
+            }
+            Self::NoPrice => "`maxCostPerHour` is set and the pool's class has no price for its capacity type.",
+            Self::InsufficientDevices => {
+                "Not enough free devices on few enough nodes, or fewer nodes than a `MultiNode` replica spans; the message gives the numbers."
+            }
+            Self::CostCeilingExceeded => {
+                "One more replica here would take the deployment above `spec.placement.maxCostPerHour`."
+            }
+            Self::SpreadConstraint => "One more replica here would exceed `spec.placement.spread.maxSkew`.",
+            Self::AlternativeMaxReached => "The device alternative's `maxReplicas` is reached.",
+            Self::BudgetExhausted => {
+                "The solver's evaluation budget ran out before this deployment; its current placements are kept."
+            }
+        }
+    }
+
+    /// What to do about it, in one or two sentences.
+    pub fn action(self) -> &'static str {
+        match self {
+            Self::ClusterSelectorMismatch => "Label the cluster (`metadata.labels`), or widen the selector.",
+            Self::JurisdictionNotAllowed | Self::RegionNotAllowed | Self::RegionDenied => {
+                "Nothing if the policy is right: sovereignty is never bent. Otherwise change `spec.placement.sovereignty`, or add capacity in an allowed cluster."
+            }
+            Self::ClusterNotReady => "Fix the cluster's `Ready` condition (see the InferenceCluster reasons above).",
+            Self::ClusterCordoned => {
+                "Set `spec.cordoned: false` on the InferenceCluster when it may take replicas again."
+            }
+            Self::TaintNotTolerated => {
+                "Add a matching entry to `spec.placement.tolerations`, or remove the taint from the InferenceCluster."
+            }
+            Self::NoMatchingDevices => {
+                "Check the alternative's `class` and selectors against the InferenceClass's `spec.device` (`fleetctl explain` shows each verdict); add an alternative the fleet has."
+            }
+            Self::SelectorError => {
+                "Fix the selector (`fleetctl validate` compiles it); guard optional attributes with `has(...)`."
+            }
+            Self::DoesNotFitNode => {
+                "Lower `topology.devicesPerReplica` (or a role's `devicesPerPod`), use `MultiNode`, or add an alternative with larger nodes."
+            }
+            Self::CapacityTypeNotAllowed => {
+                "Add the pool's capacity type to `spec.placement.capacityTypes`, or add pools of an allowed type."
+            }
+            Self::NoPrice => {
+                "Set `spec.pricePerNodeHour` for that capacity type on the InferenceClass, or drop `maxCostPerHour`."
+            }
+            Self::InsufficientDevices => {
+                "Add nodes to the pool, free devices, lower `replicas`, raise `placement.priority`, or ask for capacity with a CapacityClaim."
+            }
+            Self::CostCeilingExceeded => "Raise `maxCostPerHour`, or allow cheaper capacity types or alternatives.",
+            Self::SpreadConstraint => {
+                "Add capacity in the emptier domains, raise `maxSkew`, or spread `by` a coarser domain."
+            }
+            Self::AlternativeMaxReached => "Raise the alternative's `maxReplicas`, or add another alternative.",
+            Self::BudgetExhausted => {
+                "Nothing: the next solve tries again. If it repeats, the fleet is larger than the solver's budget (`SolveOptions::max_evaluations`, 200,000,000 evaluations): report it."
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_every_variant_once_in_order() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{r}");
+            assert!(!r.meaning().is_empty() && !r.action().is_empty());
+            assert!(!r.meaning().contains('|') && !r.action().contains('|'));
+        }
+        // A variant added after the last one must be added to ALL too.
+        assert_eq!(Reason::BudgetExhausted as usize + 1, Reason::ALL.len());
+    }
+}
