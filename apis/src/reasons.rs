@@ -58,9 +58,11 @@ pub const KINDS: &[KindDoc] = &[
     },
     KindDoc {
         kind: CAPACITY_CLAIM,
-        writer: "No controller writes CapacityClaim status in this release yet. The reasons below are the closed \
-                 set the claim engine of `flotilla-providers` reports, one per outcome of asking the providers; \
-                 `Fulfilled` and `Ready` carry the same status and reason.",
+        writer: "`flotilla-controller` (`controllers/src/claim/`) when started with a capacity provider \
+                 (`--sim-cloud`); it runs the claim engine of `flotilla-providers`, writes status only when the \
+                 step changed it, and releases the capacity through the `flotilla.dev/capacity-release` \
+                 finalizer. `Fulfilled` and `Ready` carry the same status and reason. See \
+                 [providers.md](providers.md).",
     },
 ];
 

@@ -2,6 +2,7 @@
 //! clients, rendering of member workloads, status writing and leader election. Each
 //! reconciler gathers a snapshot, calls a pure function for the decision, and applies it.
 
+pub mod claim;
 pub mod cluster;
 pub mod deployment;
 pub mod inventory;
@@ -46,6 +47,26 @@ pub struct ControllerConfig {
     pub timeouts: member::Timeouts,
     /// Field manager of status writes (identifies the replica too).
     pub field_manager: String,
+    /// Where CapacityClaims get capacity; without one, claims are left alone.
+    pub capacity: Option<Capacity>,
+}
+
+/// The capacity provider claims are solved against.
+#[derive(Clone)]
+pub struct Capacity {
+    /// The provider.
+    pub provider: Arc<dyn flotilla_providers::CapacityProvider>,
+    /// Whether its acquisitions' nodes are created in members (simulated clouds).
+    pub materialize: bool,
+}
+
+impl std::fmt::Debug for Capacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capacity")
+            .field("provider", &self.provider.name())
+            .field("materialize", &self.materialize)
+            .finish()
+    }
 }
 
 impl Default for ControllerConfig {
@@ -55,6 +76,7 @@ impl Default for ControllerConfig {
             heartbeat_every: Duration::from_secs(300),
             timeouts: member::Timeouts::default(),
             field_manager: "flotilla-controller".into(),
+            capacity: None,
         }
     }
 }
@@ -137,8 +159,17 @@ pub async fn run_controllers(
         return;
     };
     ready();
+    let claims = run_claim_controller(
+        client.clone(),
+        config.clone(),
+        metrics.clone(),
+        members.clone(),
+        (classes.clone(), clusters.clone()),
+        stop(rx.clone()),
+    );
     tokio::join!(
         relay,
+        claims,
         run_cluster_controller(
             client.clone(),
             config.clone(),
@@ -224,6 +255,59 @@ async fn run_deployment_controller(
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!("controller: {e}");
+            }
+        })
+        .await;
+}
+
+/// Runs the CapacityClaim controller until `shutdown` resolves (nothing without a provider).
+async fn run_claim_controller(
+    client: Client,
+    config: ControllerConfig,
+    metrics: metrics::Metrics,
+    members: Arc<member::MemberClients>,
+    (classes, clusters): (Store<InferenceClass>, Store<InferenceCluster>),
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let Some(capacity) = config.capacity.clone() else {
+        tracing::info!("no capacity provider configured: CapacityClaims are not reconciled");
+        return;
+    };
+    let settings = flotilla_providers::EngineSettings {
+        // Claim nodes stay usable by any deployment the solver places there: the solver does
+        // not model per-claim reservations yet, and a tainted node it counts as free would
+        // leave replicas Pending.
+        taint_nodes: false,
+        ..Default::default()
+    };
+    let ctx = Arc::new(claim::ClaimContext {
+        client: client.clone(),
+        provider: capacity.provider,
+        engine: flotilla_providers::ClaimEngine::new(settings),
+        classes,
+        clusters,
+        members,
+        materialize: capacity.materialize,
+        metrics,
+        config,
+    });
+    let failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>> = Default::default();
+    Controller::new(Api::<flotilla_apis::CapacityClaim>::all(client), watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(
+            claim::reconcile,
+            move |obj, err, ctx: Arc<claim::ClaimContext>| {
+                let key = kube::ResourceExt::name_any(obj.as_ref());
+                let wait = backoff(&failures, &key).min(Duration::from_secs(30));
+                ctx.metrics.reconciled(metrics::Kind::CapacityClaim, metrics::Outcome::Error, Duration::ZERO);
+                tracing::warn!(claim = %key, "reconcile failed ({err}); retrying in {wait:?}");
+                Action::requeue(wait)
+            },
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("claim controller: {e}");
             }
         })
         .await;

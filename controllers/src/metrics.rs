@@ -18,6 +18,8 @@ pub enum Kind {
     InferenceCluster,
     /// ModelDeployment.
     ModelDeployment,
+    /// CapacityClaim.
+    CapacityClaim,
 }
 
 /// How a reconcile ended.

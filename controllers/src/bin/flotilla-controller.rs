@@ -45,6 +45,31 @@ struct Args {
     /// Member call timeout in seconds (a member that does not answer within it is Unreachable).
     #[arg(long, default_value_t = 8)]
     member_timeout_seconds: u64,
+    /// Solve CapacityClaims against a simulated cloud described in this YAML file (regions, the
+    /// InferenceCluster each joins, offerings by InferenceClass); its nodes are created as kwok
+    /// nodes in the members. Without a provider, CapacityClaims are left alone.
+    #[arg(long, env = "FLOTILLA_SIM_CLOUD")]
+    sim_cloud: Option<PathBuf>,
+}
+
+/// The capacity provider from the flags, if any.
+async fn capacity(args: &Args, client: &Client) -> anyhow::Result<Option<flotilla_controllers::Capacity>> {
+    let Some(path) = &args.sim_cloud else { return Ok(None) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading --sim-cloud {}", path.display()))?;
+    let classes: std::collections::BTreeMap<String, _> =
+        kube::Api::<flotilla_apis::InferenceClass>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .context("listing InferenceClasses for --sim-cloud")?
+            .items
+            .into_iter()
+            .map(|c| (kube::ResourceExt::name_any(&c), c.spec))
+            .collect();
+    let cloud = flotilla_controllers::claim::simfile::load(&text, &classes)
+        .map_err(|e| anyhow::anyhow!("--sim-cloud {}: {e}", path.display()))?;
+    let clock = std::sync::Arc::new(flotilla_providers::SystemClock);
+    let provider = std::sync::Arc::new(flotilla_providers::SimProvider::new(cloud, clock));
+    Ok(Some(flotilla_controllers::Capacity { provider, materialize: true }))
 }
 
 async fn control_client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
@@ -120,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
             observe: Duration::from_secs(args.member_timeout_seconds),
         },
         field_manager: "flotilla-controller".into(),
+        capacity: capacity(&args, &client).await?,
         ..Default::default()
     };
     let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::{FINALIZER_MEMBER_CLEANUP, event};
-use flotilla_apis::{InferenceClass, InferenceCluster};
+use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster};
+use flotilla_placement::plan::DeploymentPlan;
 use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -25,6 +26,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 
+use crate::claim::sizing::ClaimDecision;
 use crate::member::{MemberClients, brief};
 use crate::metrics::{Kind, Metrics, Outcome};
 use crate::render::{PoolWorkload, render};
@@ -113,13 +115,14 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     };
     let target: BTreeMap<Key, i32> =
         dp.assignments.iter().map(|a| ((a.cluster.clone(), a.pool.clone()), a.replicas as i32)).collect();
+    let claim = sync_claim(&ctx, &md, &dp).await;
 
     // Observe every member that runs or should run something of this deployment.
     let mut involved: BTreeSet<String> = target.keys().map(|k| k.0.clone()).collect();
     if let Some(s) = &md.status {
         involved.extend(s.placements.iter().map(|p| p.cluster.clone()));
     }
-    let mut observed = status::Observed::default();
+    let mut observed = status::Observed { claim, ..Default::default() };
     let mut states: BTreeMap<String, (Client, members::MemberState)> = BTreeMap::new();
     for cluster in &involved {
         let Some(ic) = ctx.cluster(cluster) else {
@@ -265,6 +268,68 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     );
     let settled = next_status.ready_replicas >= desired_total && observed.unreachable.is_empty() && next == target;
     Ok(Action::requeue(if settled { ctx.config.poll * 3 } else { Duration::from_secs(2).min(ctx.config.poll) }))
+}
+
+/// Create, update or delete the CapacityClaim the deployment owns (`claim::sizing` decides).
+/// Returns the claim's `namespace/name` while one exists. A claim of the same name that the
+/// deployment does not own is never touched.
+async fn sync_claim(ctx: &DeploymentContext, md: &ModelDeployment, dp: &DeploymentPlan) -> Option<String> {
+    md.spec.placement.capacity_claim_template.as_ref()?;
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    let name = md.name_any();
+    let who = format!("{ns}/{name}");
+    let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let existing = match api.get_opt(&name).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(deployment = %who, error = %brief(&e), "could not read its CapacityClaim");
+            return None;
+        }
+    };
+    if let Some(c) = &existing
+        && !c.owner_references().iter().any(|o| Some(&o.uid) == md.metadata.uid.as_ref())
+    {
+        tracing::warn!(deployment = %who, "a CapacityClaim of the same name exists and is not this deployment's: left alone");
+        return None;
+    }
+    match crate::claim::sizing::decide(md, dp, existing.as_ref()) {
+        ClaimDecision::None => existing.map(|_| who),
+        ClaimDecision::Apply(claim) => {
+            let pods: i32 = claim.spec.pod_sets.iter().map(|p| p.count).sum();
+            match api.patch(&name, &PatchParams::apply(&ctx.config.field_manager).force(), &Patch::Apply(&*claim)).await
+            {
+                Ok(_) => {
+                    tracing::info!(deployment = %who, pods, "CapacityClaim applied for replicas the fleet cannot place");
+                    let _ = ctx
+                        .recorder
+                        .publish(
+                            &Event {
+                                type_: EventType::Normal,
+                                reason: event::CAPACITY_REQUESTED.into(),
+                                note: Some(format!("CapacityClaim {who} asks for {pods} pod(s) of capacity")),
+                                action: "Claim".into(),
+                                secondary: None,
+                            },
+                            &md.object_ref(&()),
+                        )
+                        .await;
+                    Some(who)
+                }
+                Err(e) => {
+                    tracing::warn!(deployment = %who, error = %brief(&e), "CapacityClaim not applied");
+                    existing.map(|_| who)
+                }
+            }
+        }
+        ClaimDecision::Delete => {
+            if let Err(e) = api.delete(&name, &Default::default()).await {
+                tracing::warn!(deployment = %who, error = %brief(&e), "CapacityClaim not deleted");
+                return Some(who);
+            }
+            tracing::info!(deployment = %who, "CapacityClaim deleted: the deployment needs no extra capacity");
+            None
+        }
+    }
 }
 
 async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {

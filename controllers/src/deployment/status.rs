@@ -24,6 +24,8 @@ pub struct Observed {
     pub unreachable: BTreeMap<String, String>,
     /// Members where applying failed, with why.
     pub apply_failed: BTreeMap<String, String>,
+    /// The CapacityClaim the deployment owns, asking a provider for what does not fit.
+    pub claim: Option<String>,
 }
 
 fn placed_message(plan: &DeploymentPlan) -> String {
@@ -85,14 +87,22 @@ pub fn desired(
         )
     } else {
         let eligible = plan.rejections.iter().any(|r| !r.reason.is_static());
-        let why = if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
+        let why = if observed.claim.is_some() {
+            reason::CLAIM_PENDING
+        } else if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
             reason::COST_CEILING_EXCEEDED
         } else if eligible || plan.desired > plan.unplaced {
             reason::INSUFFICIENT_CAPACITY
         } else {
             reason::NO_ELIGIBLE_CLUSTER
         };
-        Desired::new(condition::PLACED, Status::False, why, placed_message(plan))
+        let mut message = placed_message(plan);
+        if let Some(claim) = &observed.claim {
+            message.push_str(&format!(
+                "; CapacityClaim {claim} asks a provider for the missing capacity (see its Fulfilled condition)"
+            ));
+        }
+        Desired::new(condition::PLACED, Status::False, why, message)
     };
     let capacity = if fully_placed {
         Desired::new(

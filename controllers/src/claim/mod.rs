@@ -1,0 +1,172 @@
+//! The CapacityClaim reconciler. Observe: the claim, its last status, the classes. Decide: the
+//! providers crate's `ClaimEngine::step` (pure apart from calls through the provider), which
+//! walks capacity types × device classes × allowed regions and records every attempt. Apply:
+//! for simulated clouds, the nodes the provider "provisioned" become kwok nodes in the
+//! member; status is written only when the step changed it. The `capacity-release` finalizer
+//! gives everything back (and removes those nodes) before the claim goes.
+//! `sizing` decides, for a ModelDeployment, which claim it should own.
+
+pub mod nodes;
+pub mod simfile;
+pub mod sizing;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_apis::constants::FINALIZER_CAPACITY_RELEASE;
+use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster};
+use flotilla_providers::{Acquisition, CapacityProvider, ClaimEngine, ClaimInput, RegionInfo};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+
+use crate::member::{MemberClients, brief};
+use crate::metrics::{Kind, Metrics};
+use crate::{ControllerConfig, Error};
+
+/// What claim reconciles share.
+pub struct ClaimContext {
+    /// The control cluster.
+    pub client: Client,
+    /// The provider claims are solved against.
+    pub provider: Arc<dyn CapacityProvider>,
+    /// The engine.
+    pub engine: ClaimEngine,
+    /// Classes.
+    pub classes: Store<InferenceClass>,
+    /// Member clusters.
+    pub clusters: Store<InferenceCluster>,
+    /// Member clients.
+    pub members: Arc<MemberClients>,
+    /// Whether acquisitions' nodes are created in members (simulated clouds).
+    pub materialize: bool,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Tunables.
+    pub config: ControllerConfig,
+}
+
+/// Reconciles one CapacityClaim (with its finalizer).
+pub async fn reconcile(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
+    let ns = claim.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER_CAPACITY_RELEASE, claim, |ev| async {
+        match ev {
+            Finalizer::Apply(c) => apply(c, ctx.clone()).await,
+            Finalizer::Cleanup(c) => cleanup(c, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+            Error::Kube(e)
+        }
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+fn key(claim: &CapacityClaim) -> String {
+    format!("{}.{}", claim.namespace().unwrap_or_default(), claim.name_any())
+}
+
+async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
+    let ns = claim.namespace().unwrap_or_else(|| "default".into());
+    let name = claim.name_any();
+    let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
+    let status = claim.status.clone().unwrap_or_default();
+    let created = claim.metadata.creation_timestamp.as_ref().map_or_else(Timestamp::now, |t| t.0);
+    let input = ClaimInput {
+        namespace: &ns,
+        name: &name,
+        generation: claim.metadata.generation,
+        created,
+        spec: &claim.spec,
+        status: &status,
+        classes: &classes,
+        now: Timestamp::now(),
+    };
+    let step = ctx.engine.step(input, ctx.provider.as_ref()).await;
+    let mut requeue = step.requeue_after;
+    if ctx.materialize
+        && let Err(e) = materialize(&ctx, &key(&claim), &step.acquisitions).await
+    {
+        tracing::warn!(claim = %format!("{ns}/{name}"), error = %e, "provisioned nodes not (all) created; retrying");
+        requeue = requeue.min(Duration::from_secs(2));
+    }
+    if step.changed {
+        let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        let mut patch =
+            crate::status_patch::status_patch(claim.status.as_ref(), &step.status).map_err(kube::Error::SerdeError)?;
+        patch["metadata"] = serde_json::json!({"resourceVersion": claim.resource_version()});
+        api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
+        ctx.metrics.status_write(Kind::CapacityClaim);
+        let fulfilled = step.status.conditions.get(flotilla_apis::constants::condition::FULFILLED);
+        tracing::info!(
+            claim = %format!("{ns}/{name}"),
+            reason = fulfilled.map_or("", |c| c.reason.as_str()),
+            message = fulfilled.map_or("", |c| c.message.as_str()),
+            "claim status updated"
+        );
+    }
+    Ok(Action::requeue(requeue.max(Duration::from_millis(500))))
+}
+
+/// The member pool of `class` in `cluster` (the first declared pool of that class).
+fn pool_of(cluster: &InferenceCluster, class: &str) -> Option<String> {
+    cluster.spec.pools.iter().find(|p| p.class == class).map(|p| p.name.clone())
+}
+
+/// Create (and delete) the nodes of `claim` in every member its provider's regions map to.
+async fn materialize(ctx: &ClaimContext, claim: &str, acquisitions: &[Acquisition]) -> Result<(), String> {
+    let regions: Vec<RegionInfo> = ctx.provider.regions();
+    let mut problems = Vec::new();
+    for region in &regions {
+        let Some(ic) = ctx.clusters.state().into_iter().find(|c| c.name_any() == region.cluster) else {
+            continue;
+        };
+        let mine: Vec<Acquisition> = acquisitions.iter().filter(|a| a.region == region.name).cloned().collect();
+        let wanted = nodes::wanted(&mine);
+        let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
+            Ok(c) => c,
+            Err(e) => {
+                problems.push(format!("{}: {e}", region.cluster));
+                continue;
+            }
+        };
+        let result = tokio::time::timeout(
+            ctx.config.timeouts.observe,
+            nodes::sync(&client, claim, &region.name, &wanted, |class| pool_of(&ic, class)),
+        )
+        .await;
+        match result {
+            Ok(Ok(n)) if n > 0 => {
+                tracing::info!(claim, cluster = %region.cluster, writes = n, "provisioned nodes synced")
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => problems.push(format!("{}: {}", region.cluster, brief(&e))),
+            Err(_) => problems.push(format!("{}: did not answer in time", region.cluster)),
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+}
+
+async fn cleanup(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
+    let status = claim.status.clone().unwrap_or_default();
+    let failed = ctx.engine.release_all(&status, ctx.provider.as_ref()).await;
+    if ctx.materialize
+        && let Err(e) = materialize(&ctx, &key(&claim), &[]).await
+    {
+        return Err(Error::Finalizer(format!("removing the claim's nodes: {e}")));
+    }
+    if !failed.is_empty() {
+        let what: Vec<String> = failed.iter().map(|(id, e)| format!("{id}: {e}")).collect();
+        return Err(Error::Finalizer(format!("releasing capacity: {}", what.join("; "))));
+    }
+    tracing::info!(claim = %key(&claim), allocations = status.allocations.len(), "capacity released");
+    Ok(Action::await_change())
+}

@@ -1,0 +1,198 @@
+//! Capacity intent end to end on real API servers: a control cluster and three members (eu1
+//! with one H100 node, eu2 with none yet, us1 with one), `flotilla-controller` solving
+//! CapacityClaims against a simulated cloud (`--sim-cloud`) whose nodes become kwok nodes.
+//! An EU-only deployment that does not fit gets a claim; the simulated provider adds nodes to
+//! eu2 (never the cheaper US region); the replicas become Ready there. A deployment that fits
+//! gets no claim. An impossible claim says why and stops writing. Deleting the deployment
+//! releases the capacity and the nodes go. Run by `scripts/test-e2e.sh`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod harness;
+
+use std::time::Duration;
+
+use flotilla_apis::{CapacityClaim, ModelDeployment};
+use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const MEMBERS: [(&str, &str, &str); 3] =
+    [("eu1", "eu-central-1", "EU"), ("eu2", "eu-west-3", "EU"), ("us1", "us-east-1", "US")];
+
+const SIM_CLOUD: &str = r#"
+name: sim
+seed: 7
+provisioningDelaySeconds: 3
+regions:
+- name: eu-west-3
+  jurisdiction: EU
+  cluster: eu2
+  zones: [eu-west-3a]
+  quotaNodes: 2
+  offerings:
+  - {instanceType: p5.48xlarge, class: h100, capacityType: on-demand, pricePerHour: "98.32", nodesPerZone: 2}
+- name: us-east-1
+  jurisdiction: US
+  cluster: us1
+  zones: [us-east-1a]
+  offerings:
+  - {instanceType: p5.48xlarge, class: h100, capacityType: on-demand, pricePerHour: "40.00", nodesPerZone: 8}
+"#;
+
+async fn setup(fleet: &Fleet, control: &Client) {
+    install_crds(control).await;
+    for ns in ["flotilla-system", "ml"] {
+        let n: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(control.clone()).create(&PostParams::default(), &n).await.unwrap();
+    }
+    apply(
+        control,
+        json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass", "metadata": {"name": "h100"},
+        "spec": {"device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                 "capacity": {"memory": "80Gi"}}, "devicesPerNode": 8, "pricePerNodeHour": {"onDemand": "98.32"}}}),
+    )
+    .await;
+    for (name, region, jurisdiction) in MEMBERS {
+        let secrets: Api<Secret> = Api::namespaced(control.clone(), "flotilla-system");
+        let s: Secret = serde_json::from_value(
+            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.kubeconfig_text(name)}}),
+        )
+        .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+        apply(control, json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": name},
+            "spec": {"provider": {"sim": {"cloud": "e2e"}}, "region": region, "jurisdiction": jurisdiction,
+                     "credentials": {"secretRef": {"namespace": "flotilla-system", "name": format!("{name}-kubeconfig")}},
+                     "pools": [{"name": "h100", "class": "h100", "maxNodes": 8, "capacityTypes": ["on-demand"]}]}}))
+        .await;
+    }
+}
+
+fn model(name: &str, replicas: i32, devices: u32) -> serde_json::Value {
+    json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelDeployment", "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"model": {"name": name, "source": "hf://org/model"}, "replicas": replicas,
+                 "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+                 "topology": {"type": if devices > 1 { "TensorParallel" } else { "Standalone" }, "devicesPerReplica": devices},
+                 "devices": {"alternatives": [{"class": "h100"}]},
+                 "placement": {"sovereignty": {"allowedJurisdictions": ["EU"]},
+                               "capacityClaimTemplate": {"capacityTypes": ["on-demand"], "maxProvisioningLatency": "10m"}}}})
+}
+
+async fn claim_nodes(client: &Client) -> Vec<String> {
+    let lp = ListParams::default().labels("flotilla.dev/claim");
+    Api::<Node>::all(client.clone())
+        .list(&lp)
+        .await
+        .map(|l| l.items.into_iter().filter_map(|n| n.metadata.name).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
+async fn capacity_claims_on_real_api_servers() {
+    let fleet = Fleet::up("claim", &["control", "eu1", "eu2", "us1"]);
+    fleet.gpu_nodes("eu1", "h100", 1, "h100", "eu-central-1");
+    fleet.gpu_nodes("us1", "h100", 1, "h100", "us-east-1");
+    let control = fleet.client("control").await;
+    let (eu2, us1) = (fleet.client("eu2").await, fleet.client("us1").await);
+    setup(&fleet, &control).await;
+    let sim_file = fleet.dir.join("sim-cloud.yaml");
+    std::fs::write(&sim_file, SIM_CLOUD).unwrap();
+    let _ctl = ControllerProcess::start(
+        &fleet,
+        "control",
+        "ctl-1",
+        &["--poll-seconds", "2", "--member-timeout-seconds", "8", "--sim-cloud", sim_file.to_str().unwrap()],
+    );
+    let mds: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
+    let claims: Api<CapacityClaim> = Api::namespaced(control.clone(), "ml");
+
+    // A deployment that fits (one GPU of eu1's eight): no claim.
+    apply(&control, model("small", 1, 1)).await;
+    wait_for("small Ready", Duration::from_secs(60), || async {
+        let s = mds.get("small").await.ok()?.status?;
+        (s.ready_replicas == 1 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    assert!(claims.get_opt("small").await.unwrap().is_none(), "a deployment that fits owns no claim");
+
+    // Three TP8 replicas, EU only: eu1's node holds one (its 7 free GPUs), eu2 has no node.
+    apply(&control, model("big", 3, 8)).await;
+    let claim = wait_for("a claim for big's unplaced replicas", Duration::from_secs(60), || async {
+        claims.get_opt("big").await.ok()?
+    })
+    .await;
+    let ps = &claim.spec.pod_sets[0];
+    assert_eq!(ps.devices_per_pod, 8);
+    assert!(ps.count >= 2, "{ps:?}");
+    assert_eq!(claim.metadata.owner_references.as_ref().unwrap()[0].name, "big");
+    let placed = wait_for("big reports ClaimPending", Duration::from_secs(30), || async {
+        let c = mds.get("big").await.ok()?.status?.conditions.get("Placed")?.clone();
+        (c.reason == "ClaimPending").then_some(c)
+    })
+    .await;
+    assert!(placed.message.contains("CapacityClaim ml/big"), "{}", placed.message);
+
+    // The simulated provider adds two nodes to eu2; the replicas become Ready there.
+    let claim = wait_for("the claim Fulfilled", Duration::from_secs(90), || async {
+        let c = claims.get("big").await.ok()?;
+        c.status.as_ref()?.conditions.is_true("Fulfilled").then_some(c)
+    })
+    .await;
+    let status = claim.status.unwrap();
+    assert!(status.allocations.iter().all(|a| a.cluster == "eu2"), "{:?}", status.allocations);
+    assert!(
+        status.attempts.iter().all(|a| format!("{a:?}").contains("eu-west-3")),
+        "never asked the US: {:?}",
+        status.attempts
+    );
+    wait_for("big Ready 3/3", Duration::from_secs(120), || async {
+        let s = mds.get("big").await.ok()?.status?;
+        (s.ready_replicas == 3 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    let s = mds.get("big").await.unwrap().status.unwrap();
+    assert!(s.placements.iter().any(|p| p.cluster == "eu2" && p.ready >= 1), "{:?}", s.placements);
+    assert!(s.placements.iter().all(|p| p.cluster != "us1"), "{:?}", s.placements);
+    assert_eq!(claim_nodes(&eu2).await.len(), 2);
+    assert!(claim_nodes(&us1).await.is_empty(), "the cheaper US region got nothing");
+
+    // An impossible claim (class a100 does not exist): it says why, and then writes nothing.
+    apply(
+        &control,
+        json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "CapacityClaim",
+        "metadata": {"name": "impossible", "namespace": "ml"},
+        "spec": {"podSets": [{"name": "p", "count": 4, "devicesPerPod": 8}],
+                 "capacity": {"capacityTypes": ["on-demand"], "deviceClasses": [{"class": "a100"}],
+                              "sovereignty": {"allowedJurisdictions": ["EU"]}}}}),
+    )
+    .await;
+    let cond = wait_for("the impossible claim's reason", Duration::from_secs(30), || async {
+        let c = claims.get("impossible").await.ok()?.status?.conditions.get("Fulfilled")?.clone();
+        (c.status == "False").then_some(c)
+    })
+    .await;
+    eprintln!("impossible claim: {} — {}", cond.reason, cond.message);
+    assert!(!cond.message.is_empty());
+    let rv = claims.get("impossible").await.unwrap().metadata.resource_version;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        claims.get("impossible").await.unwrap().metadata.resource_version,
+        rv,
+        "no status writes while nothing changes"
+    );
+    claims.delete("impossible", &DeleteParams::default()).await.unwrap();
+
+    // Deleting the deployment releases the claim's capacity: the claim and its nodes go.
+    mds.delete("big", &DeleteParams::default()).await.unwrap();
+    wait_for("the claim gone", Duration::from_secs(90), || async {
+        claims.get_opt("big").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    wait_for("eu2's claim nodes removed", Duration::from_secs(30), || async {
+        claim_nodes(&eu2).await.is_empty().then_some(())
+    })
+    .await;
+}
