@@ -425,13 +425,21 @@ kport=$((20000 + RANDOM % 20000))
   >"${FLOTILLA_E2E_DIR}/ksm.log" 2>&1 &
 ksm_pid=$!
 metrics=""
-for _ in $(seq 30); do
+# Each kind's store fills on its own: wait for all four (up to 90 s on a loaded machine).
+ksm_has_all() {
+  local kind
+  for kind in capacityclaim modelcache modeldeployment inferencecluster; do
+    [[ "${metrics}" == *"flotilla_${kind}_condition{"* ]] || return 1
+  done
+}
+for _ in $(seq 90); do
   metrics=$(curl -sf "http://127.0.0.1:${kport}/metrics" || true)
-  [[ "${metrics}" == *'flotilla_capacityclaim_condition{'* ]] && break
+  ksm_has_all && break
   sleep 1
 done
 kill "${ksm_pid}" 2>/dev/null || true
 wait "${ksm_pid}" 2>/dev/null || true
+ksm_has_all || { bad "kube-state-metrics exposed not every kind within 90 s"; tail -n 5 "${FLOTILLA_E2E_DIR}/ksm.log"; }
 # series NAME VALUE LABEL=VALUE...: some line of NAME has every label and the value.
 series() {
   local name="$1" value="$2" line l hit=""
@@ -443,7 +451,7 @@ series() {
     hit=""
   done < <(grep "^${name}{" <<<"${metrics}")
   if [[ -n "${hit}" ]]; then ok "kube-state-metrics: ${name}{$*} ${value}"
-  else bad "kube-state-metrics: no ${name}{$*} ${value}"; grep "^${name}" <<<"${metrics}" | head -n 5; fi
+  else bad "kube-state-metrics: no ${name}{$*} ${value}"; grep "^${name}" <<<"${metrics}" | head -n 5 || true; fi
 }
 series flotilla_modeldeployment_condition 1 name=llama-ready namespace=ml type=Ready reason=AllReplicasReady
 series flotilla_modeldeployment_ready_replicas 1 name=llama-ready namespace=ml

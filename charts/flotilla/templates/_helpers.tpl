@@ -119,6 +119,9 @@ podAntiAffinity:
 {{- fail (printf "gateway.apiKeys.namespace %q holds member kubeconfigs (controller.memberSecrets.namespaces; empty means the release namespace): the gateway may list and watch every Secret in its keys namespace, so it must be a namespace of its own" $ns) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $k.existingSecret (ne $k.source "file") -}}
+{{- fail "gateway.apiKeys.existingSecret is read only with gateway.apiKeys.source=file, and holds a keys document of SHA-256 digests (docs/gateway.md), no longer comma-separated plain-text keys: set source=file after converting it, or move the keys to labelled Secrets in gateway.apiKeys.namespace" -}}
+{{- end -}}
 {{- if and (eq $k.source "file") (not $k.existingSecret) -}}
 {{- fail "gateway.apiKeys.source=file needs gateway.apiKeys.existingSecret: the Secret (in the release namespace) whose key gateway.apiKeys.key holds the keys document" -}}
 {{- end -}}
