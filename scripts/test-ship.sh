@@ -2,20 +2,21 @@
 # Shipping checks (issue #10): the Helm chart, the GitOps examples, the Argo CD health checks.
 #   1. helm, kube-state-metrics and rulecheck (Prometheus' rule parser) built once from their Go
 #      modules, cached; lua5.1/lua5.4 from Debian, once;
-#   2. helm lint --strict + helm template snapshots for 3 value sets, 4 value files refused
+#   2. helm lint --strict + helm template snapshots for 4 value sets, 10 value files refused
 #      (tests/helm/snapshots.sh);
 #   3. the Argo CD health scripts against real and API-shape status fixtures under Lua 5.1 and
 #      5.4, and the argocd-cm patch in sync with them (tests/argocd/run.sh);
 #   3b. the PrometheusRule and the docs' example rule through Prometheus' rule parser;
 #   4. fleetctl validate --strict on each environment of examples/gitops, as its CI workflow does;
 #   5. helm install into a harness control cluster it starts and tears down, kubectl auth can-i
-#      for both ServiceAccounts, the real controller under the chart's ServiceAccount, fixture
-#      shapes against the CRDs, Argo CD manifests against Argo CD's CRDs, kube-state-metrics
-#      condition series for the alerts, the every-toggle snapshot against real schemas
-#      (ServiceMonitor, PrometheusRule from prometheus-operator's CRDs), dashboard and rule
-#      metric names against what the real binaries export, the chart's routing table loaded by
-#      the real gateway, a member reached only through examples/member-rbac/, upgrade and
-#      uninstall (tests/helm/install-test.sh).
+#      for both ServiceAccounts, the real controller and the real gateway (control-cluster mode)
+#      under the chart's ServiceAccounts, fixture shapes against the CRDs, Argo CD manifests
+#      against Argo CD's CRDs, kube-state-metrics condition series for the alerts, the
+#      every-toggle snapshot against real schemas (ServiceMonitor, PrometheusRule from
+#      prometheus-operator's CRDs), dashboard and rule metric names against what the real
+#      binaries export, the chart's file-mode routing table loaded by the real gateway, a member
+#      reached only through examples/member-rbac/, upgrade and uninstall
+#      (tests/helm/install-test.sh).
 # Idempotent; 35-85 s on a warm cache (docs/operations.md, "Testing the chart").
 set -euo pipefail
 cd "$(dirname "$0")/.."

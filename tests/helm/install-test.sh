@@ -4,12 +4,17 @@
 #   1. the CRDs are established and both Deployments become Available (helm --wait);
 #   2. `kubectl auth can-i --as system:serviceaccount:...` for every verb the controller and the
 #      gateway need, and for what they must not do (Secrets outside their namespaces or not
-#      named, writes to specs and to other kinds, other Leases);
+#      named, the member kubeconfigs for the gateway, writes to specs and to other kinds, other
+#      Leases);
 #   3. the real flotilla-controller binary, authenticated with a token of the chart's
 #      ServiceAccount, leads, reconciles a member cluster and a ModelDeployment to Ready,
 #      records its event, and cannot read a kubeconfig Secret outside the allowed namespace; in
 #      the member it acts only as examples/member-rbac/flotilla-member.yaml allows, which is
-#      enough to apply the workloads and, on deletion, remove them all;
+#      enough to apply the workloads and, on deletion, remove them all; the real
+#      flotilla-gateway, with a token of its ServiceAccount and the chart's flags
+#      (--control-cluster, --keys-namespace), gets ready, holds its Lease, routes the
+#      ModelDeployment, authenticates with a key from a Secret, writes `Serving`, and is never
+#      refused anything;
 #   4. `helm upgrade` changes the Deployment, `helm uninstall` leaves the CRDs;
 #   5. (before 4) the hand-written tests/argocd/fixtures/*.api-shape.json statuses are accepted,
 #      field for field, by the CRDs' status subresource;
@@ -21,7 +26,7 @@
 #      prometheus-operator's CRDs for ServiceMonitor and PrometheusRule;
 #   9. (before 4) the dashboard and alert rules select only metric names the real controller,
 #      gateway and kube-state-metrics export, and the gateway loads the routing table the chart
-#      renders.
+#      renders in file mode (values/gateway-file.yaml).
 # Starts its own clusters (control + one member) in a fresh FLOTILLA_E2E_DIR and tears them
 # down on exit (FLOTILLA_E2E_KEEP=1 keeps them).
 #
@@ -38,18 +43,21 @@ export FLOTILLA_E2E_DIR="${FLOTILLA_E2E_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/flotil
 source "${H}/lib.sh"
 
 NS=flotilla-system
+KNS=flotilla-system-api-keys  # the chart's default gateway.apiKeys.namespace
 fail=0
 t0=$(date +%s)
 ok() { printf 'ok   %s [%ds]\n' "$*" $(($(date +%s) - t0)); }
 bad() { printf 'FAIL %s [%ds]\n' "$*" $(($(date +%s) - t0)); fail=1; }
 
-ctl_pid=""
+ctl_pid="" gw_pid=""
 cleanup() {
-  local rc=$?
-  if [[ -n "${ctl_pid}" ]] && kill -0 "${ctl_pid}" 2>/dev/null; then
-    kill "${ctl_pid}" 2>/dev/null || true
-    wait "${ctl_pid}" 2>/dev/null || true
-  fi
+  local rc=$? pid
+  for pid in "${ctl_pid}" "${gw_pid}"; do
+    if [[ -n "${pid}" ]] && kill -0 "${pid}" 2>/dev/null; then
+      kill "${pid}" 2>/dev/null || true
+      wait "${pid}" 2>/dev/null || true
+    fi
+  done
   if [[ "${FLOTILLA_E2E_KEEP:-0}" == 1 ]]; then
     log "keeping clusters in ${FLOTILLA_E2E_DIR}"
   else
@@ -77,10 +85,14 @@ status:
   allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
   capacity: {cpu: "8", memory: 32Gi, pods: "110"}
 EOF
-for ns in "${NS}" ml other; do k create namespace "${ns}" >/dev/null; done
-# The gateway's API keys, a member kubeconfig where the controller may read it, and one where
-# it may not.
-k -n "${NS}" create secret generic gateway-api-keys --from-literal=api-keys=k1,k2 >/dev/null
+for ns in "${NS}" "${KNS}" ml other; do k create namespace "${ns}" >/dev/null; done
+# The gateway's API keys (a labelled Secret in the keys namespace, digests only), a member
+# kubeconfig where the controller may read it, and one where it may not.
+API_KEY=helm-test-key-0123456789
+printf 'keys:\n  - {id: helm-test, sha256: %s, models: [llama]}\n' \
+  "$(printf %s "${API_KEY}" | sha256sum | cut -d' ' -f1)" >"${FLOTILLA_E2E_DIR}/keys.yaml"
+k -n "${KNS}" create secret generic gateway-keys --from-file=keys.yaml="${FLOTILLA_E2E_DIR}/keys.yaml" >/dev/null
+k -n "${KNS}" label secret gateway-keys flotilla.dev/api-keys=true >/dev/null
 # The member side of least privilege: examples/member-rbac/flotilla-member.yaml applied to the
 # member, and a kubeconfig for its ServiceAccount (long-lived token Secret) is what the
 # controller gets.
@@ -107,7 +119,7 @@ k -n other create secret generic member-kubeconfig --from-file=kubeconfig="${RKC
 # ---- 1. install -------------------------------------------------------------------------
 start=$(date +%s)
 "${HELM}" install flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" \
-  --set gateway.apiKeys.existingSecret=gateway-api-keys --wait --timeout 120s >/dev/null
+  --wait --timeout 120s >/dev/null
 ok "helm install --wait ($(($(date +%s) - start)) s)"
 for crd in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims; do
   if k wait --for condition=Established "crd/${crd}.flotilla.dev" --timeout 30s >/dev/null; then
@@ -172,21 +184,31 @@ done
 can "$C" no create deployments.apps -n ml
 can "$C" no create configmaps -n "${NS}"
 can "$C" no create events -n ml  # core/v1 events: it uses events.k8s.io only
-# The gateway: what it does ...
+# The gateway (control-cluster mode, keys from Secrets): what it does ...
 for r in modeldeployments inferenceclusters; do
   for v in get list watch; do can "$G" yes "$v" "$r.flotilla.dev" -A; done
 done
 can "$G" yes patch modeldeployments.flotilla.dev --subresource=status -n ml
-can "$G" yes get secret/gateway-api-keys -n "${NS}"
-can "$G" yes watch secret/gateway-api-keys -n "${NS}"
-# ... and what it must not: above all the member kubeconfig next to its API keys.
+can "$G" yes create leases.coordination.k8s.io -n "${NS}"
+can "$G" yes get lease/flotilla-gateway -n "${NS}"
+can "$G" yes patch lease/flotilla-gateway -n "${NS}"
+for v in get list watch; do can "$G" yes "$v" secrets -n "${KNS}"; done
+# ... and what it must not: above all the member kubeconfigs, in the release namespace.
 can "$G" no get secret/member-kubeconfig -n "${NS}"
 can "$G" no list secrets -n "${NS}"
-can "$G" no get secret/gateway-api-keys -n other
-can "$G" no patch modeldeployments.flotilla.dev -n ml
+can "$G" no watch secrets -n "${NS}"
+can "$G" no get secret/member-kubeconfig -n other
+can "$G" no list secrets -A
+can "$G" no create secrets -n "${KNS}"
+can "$G" no update secret/gateway-keys -n "${KNS}"
+for v in patch update; do can "$G" no "$v" modeldeployments.flotilla.dev -n ml; done
+can "$G" no update modeldeployments.flotilla.dev --subresource=status -n ml
+for v in create update patch delete; do can "$G" no "$v" inferenceclusters.flotilla.dev; done
 can "$G" no patch inferenceclusters.flotilla.dev --subresource=status
 can "$G" no list inferenceclasses.flotilla.dev
-can "$G" no create leases.coordination.k8s.io -n "${NS}"
+can "$G" no update lease/flotilla-gateway -n "${NS}"
+can "$G" no delete lease/flotilla-gateway -n "${NS}"
+can "$G" no patch lease/flotilla-controller -n "${NS}"
 can "$G" no create events.events.k8s.io -n ml
 
 # ---- 3. the real controller under the chart's ServiceAccount --------------------------------
@@ -281,6 +303,53 @@ EOF
   if [[ "$(mk -n ml get deployments,services,resourceclaimtemplates -l flotilla.dev/deployment=ml.llama -o name | wc -l)" -ge 3 ]]; then
     ok "member: Deployment, Service and ResourceClaimTemplate applied with the member-rbac identity"
   else bad "member objects: $(mk -n ml get deployments,services,resourceclaimtemplates -o name 2>&1)"; fi
+  # The real gateway as the chart runs it (control-cluster mode, keys from the keys namespace,
+  # its Lease in the release namespace), with a token of the gateway's ServiceAccount.
+  GATEWAY_BIN="${FLOTILLA_GATEWAY_BIN:-$(dirname "${CONTROLLER_BIN}")/flotilla-gateway}"
+  if [[ ! -x "${GATEWAY_BIN}" ]]; then
+    printf 'SKIP the real gateway under the chart ServiceAccount: %s does not exist\n' "${GATEWAY_BIN}"
+  else
+    GWKC="${FLOTILLA_E2E_DIR}/gateway-sa.kubeconfig"
+    cat >"${GWKC}" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: control, cluster: {server: "${server}", certificate-authority-data: "${ca}"}}]
+users: [{name: flotilla-gateway, user: {token: "$(k -n "${NS}" create token flotilla-gateway --duration 1h)"}}]
+contexts: [{name: sa, context: {cluster: control, user: flotilla-gateway}}]
+current-context: sa
+EOF
+    chmod 600 "${GWKC}"
+    gwport=$((20000 + RANDOM % 20000))
+    log "running ${GATEWAY_BIN} --control-cluster as system:serviceaccount:${NS}:flotilla-gateway"
+    "${GATEWAY_BIN}" --control-cluster --kubeconfig "${GWKC}" --keys-namespace "${KNS}" \
+      --lease-namespace "${NS}" --identity helm-gw-0 --listen "127.0.0.1:${gwport}" \
+      >"${FLOTILLA_E2E_DIR}/gateway-control.log" 2>&1 &
+    gw_pid=$!
+    # /readyz: 200, or 503 only for want of an available cluster once the feed is in sync
+    # (the member's endpoint is a placeholder) -- never stuck before the first sync.
+    gw_ready() {
+      local body
+      body=$(curl -s -w ' %{http_code}' "http://127.0.0.1:${gwport}/readyz")
+      [[ "${body}" == *' 200' || "${body}" == *'routing feed in sync'*' 503' ]]
+    }
+    wait_for "gateway (control-cluster mode) ready: routing feed in sync" 30 gw_ready
+    wait_for "gateway holds its Lease ${NS}/flotilla-gateway" 30 \
+      is helm-gw-0 -n "${NS}" get lease flotilla-gateway -o 'jsonpath={.spec.holderIdentity}'
+    wait_for "gateway wrote Serving on ModelDeployment ml/llama" 30 \
+      is True -n ml get modeldeployment llama -o 'jsonpath={.status.conditions[?(@.type=="Serving")].status}'
+    log "ml/llama Serving: $(jp -n ml get modeldeployment llama -o 'jsonpath={.status.conditions[?(@.type=="Serving")].reason}: {.status.conditions[?(@.type=="Serving")].message}')"
+    models=$(curl -s -H "Authorization: Bearer ${API_KEY}" "http://127.0.0.1:${gwport}/v1/models")
+    if [[ "${models}" == *'"llama"'* ]]; then ok "gateway: the key from Secret ${KNS}/gateway-keys lists llama (routing table from the ModelDeployment)"
+    else bad "gateway /v1/models with the key: ${models}"; fi
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer not-a-key' "http://127.0.0.1:${gwport}/v1/models")
+    if [[ "${code}" == 401 ]]; then ok "gateway: an unknown key gets 401"; else bad "gateway: unknown key got ${code}"; fi
+    kill "${gw_pid}" 2>/dev/null || true
+    wait "${gw_pid}" 2>/dev/null || true
+    if grep -qi 'forbidden' "${FLOTILLA_E2E_DIR}/gateway-control.log"; then
+      bad "gateway was refused: $(grep -i forbidden "${FLOTILLA_E2E_DIR}/gateway-control.log" | head -n 3)"
+    else ok "gateway log: no Forbidden"; fi
+    if [[ "${fail}" != 0 ]]; then tail -n 30 "${FLOTILLA_E2E_DIR}/gateway-control.log"; fi
+  fi
   # The Secret outside memberSecrets.namespaces stays unread: the cluster is not Reachable and
   # the API server said Forbidden.
   wait_for "InferenceCluster outside: Reachable=False" 30 \
@@ -356,13 +425,21 @@ kport=$((20000 + RANDOM % 20000))
   >"${FLOTILLA_E2E_DIR}/ksm.log" 2>&1 &
 ksm_pid=$!
 metrics=""
-for _ in $(seq 30); do
+# Each kind's store fills on its own: wait for all four (up to 90 s on a loaded machine).
+ksm_has_all() {
+  local kind
+  for kind in capacityclaim modelcache modeldeployment inferencecluster; do
+    [[ "${metrics}" == *"flotilla_${kind}_condition{"* ]] || return 1
+  done
+}
+for _ in $(seq 90); do
   metrics=$(curl -sf "http://127.0.0.1:${kport}/metrics" || true)
-  [[ "${metrics}" == *'flotilla_capacityclaim_condition{'* ]] && break
+  ksm_has_all && break
   sleep 1
 done
 kill "${ksm_pid}" 2>/dev/null || true
 wait "${ksm_pid}" 2>/dev/null || true
+ksm_has_all || { bad "kube-state-metrics exposed not every kind within 90 s"; tail -n 5 "${FLOTILLA_E2E_DIR}/ksm.log"; }
 # series NAME VALUE LABEL=VALUE...: some line of NAME has every label and the value.
 series() {
   local name="$1" value="$2" line l hit=""
@@ -374,7 +451,7 @@ series() {
     hit=""
   done < <(grep "^${name}{" <<<"${metrics}")
   if [[ -n "${hit}" ]]; then ok "kube-state-metrics: ${name}{$*} ${value}"
-  else bad "kube-state-metrics: no ${name}{$*} ${value}"; grep "^${name}" <<<"${metrics}" | head -n 5; fi
+  else bad "kube-state-metrics: no ${name}{$*} ${value}"; grep "^${name}" <<<"${metrics}" | head -n 5 || true; fi
 }
 series flotilla_modeldeployment_condition 1 name=llama-ready namespace=ml type=Ready reason=AllReplicasReady
 series flotilla_modeldeployment_ready_replicas 1 name=llama-ready namespace=ml
@@ -397,9 +474,14 @@ for _ in $(seq 30); do
   sleep 1
 done
 k create namespace fleet-credentials >/dev/null
+k create namespace fleet-api-keys >/dev/null
 if err=$(k apply --dry-run=server --server-side --field-manager=helm -f "${here}/snapshots/full.yaml" 2>&1 >/dev/null); then
   ok "snapshots/full.yaml ($(grep -c '^kind:' "${here}/snapshots/full.yaml") objects incl. ServiceMonitor, PrometheusRule, HPA, NetworkPolicy): accepted (server-side dry run)"
 else bad "snapshots/full.yaml refused: ${err}"; fi
+# (Same names as the installed release: --force-conflicts, harmless in a dry run.)
+if err=$(k apply --dry-run=server --server-side --force-conflicts --field-manager=helm -f "${here}/snapshots/gateway-file.yaml" 2>&1 >/dev/null); then
+  ok "snapshots/gateway-file.yaml (routing and keys from files): accepted (server-side dry run)"
+else bad "snapshots/gateway-file.yaml refused: ${err}"; fi
 
 # ---- 9. dashboard and alerts use only what the binaries export; chart routing loads --------
 # Metric names as the real processes expose them: the controller above, kube-state-metrics
@@ -438,8 +520,8 @@ else
     ok "dashboard and alert rules select only exported metrics"
   else bad "dashboard/alerts use metrics nobody exports:"; echo "${out}"; fi
 
-  # The routing table of the every-toggle values, as the chart renders it, loads in the gateway.
-  "${HELM}" template flotilla "${root}/charts/flotilla" -f "${here}/values/full.yaml" \
+  # The routing table of the file-mode values, as the chart renders it, loads in the gateway.
+  "${HELM}" template flotilla "${root}/charts/flotilla" -f "${here}/values/gateway-file.yaml" \
     --show-only templates/gateway/configmap.yaml \
     | k create --dry-run=client -f - -o 'jsonpath={.data.routing\.yaml}' >"${gdir}/full-routing.yaml"
   "${GATEWAY_BIN}" --config "${gdir}/full-routing.yaml" --listen "127.0.0.1:${gport}" >"${gdir}/gw-full.log" 2>&1 &
@@ -451,7 +533,7 @@ else
   done
   kill "${gw_pid}" 2>/dev/null || true
   wait "${gw_pid}" 2>/dev/null || true
-  if [[ -n "${loaded}" ]]; then ok "gateway loads the routing table the chart renders from values/full.yaml"
+  if [[ -n "${loaded}" ]]; then ok "gateway loads the routing table the chart renders from values/gateway-file.yaml"
   else bad "gateway did not load the chart's routing table: $(head -n 3 "${gdir}/gw-full.log")"; fi
 fi
 

@@ -54,7 +54,7 @@ else echo "FAIL crds: expected 5 CustomResourceDefinitions, got ${crds}"; fail=1
 for v in "${here}"/invalid/*.yaml; do
   name=$(basename "${v}" .yaml)
   want=$(sed -n '1s/^# expect: //p' "${v}")
-  if out=$("${HELM}" template flotilla "${chart}" -f "${v}" 2>&1); then
+  if out=$("${HELM}" template flotilla "${chart}" --namespace flotilla-system -f "${v}" 2>&1); then
     echo "FAIL invalid/${name}: accepted"; fail=1
   elif [[ "${out}" != *"${want}"* ]]; then
     echo "FAIL invalid/${name}: refused, but without \"${want}\":"; echo "${out}"; fail=1

@@ -100,3 +100,32 @@ podAntiAffinity:
             {{- include "flotilla.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 12 }}
 {{- end -}}
 {{- end -}}
+
+{{/* The namespace of the gateway's API-key Secrets (apiKeys.source=secrets). */}}
+{{- define "flotilla.gateway.keysNamespace" -}}
+{{- default (printf "%s-api-keys" .Release.Namespace | trunc 63 | trimSuffix "-") .Values.gateway.apiKeys.namespace -}}
+{{- end -}}
+
+{{/* Value combinations the schema cannot express; fails rendering with what to change. */}}
+{{- define "flotilla.gateway.validate" -}}
+{{- $g := .Values.gateway -}}
+{{- $k := $g.apiKeys -}}
+{{- if eq $k.source "secrets" -}}
+{{- if ne $g.routing.source "controlCluster" -}}
+{{- fail "gateway.apiKeys.source=secrets needs gateway.routing.source=controlCluster (the gateway watches the key Secrets through the control cluster); with routing.source=file use apiKeys.source=file" -}}
+{{- end -}}
+{{- $ns := include "flotilla.gateway.keysNamespace" . -}}
+{{- if has $ns (include "flotilla.controller.secretNamespaces" . | fromJsonArray) -}}
+{{- fail (printf "gateway.apiKeys.namespace %q holds member kubeconfigs (controller.memberSecrets.namespaces; empty means the release namespace): the gateway may list and watch every Secret in its keys namespace, so it must be a namespace of its own" $ns) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $k.existingSecret (ne $k.source "file") -}}
+{{- fail "gateway.apiKeys.existingSecret is read only with gateway.apiKeys.source=file, and holds a keys document of SHA-256 digests (docs/gateway.md), no longer comma-separated plain-text keys: set source=file after converting it, or move the keys to labelled Secrets in gateway.apiKeys.namespace" -}}
+{{- end -}}
+{{- if and (eq $k.source "file") (not $k.existingSecret) -}}
+{{- fail "gateway.apiKeys.source=file needs gateway.apiKeys.existingSecret: the Secret (in the release namespace) whose key gateway.apiKeys.key holds the keys document" -}}
+{{- end -}}
+{{- if and (eq $g.routing.source "controlCluster") .Values.controller.enabled (eq $g.leaderElection.leaseName .Values.controller.leaderElection.leaseName) -}}
+{{- fail "gateway.leaderElection.leaseName must differ from controller.leaderElection.leaseName: the gateway and the controller elect leaders independently" -}}
+{{- end -}}
+{{- end -}}
