@@ -22,6 +22,13 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
 
+/// Makes `ring` the process's rustls crypto provider. kube's TLS asks rustls for the process
+/// default, and a workspace build that also links the AWS SDK enables both of rustls' providers,
+/// so none is chosen automatically. Idempotent; call before building any client.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Errors of a reconcile. Transient ones are retried with per-object backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

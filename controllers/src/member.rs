@@ -126,6 +126,7 @@ impl MemberClients {
         config.connect_timeout = Some(t.connect);
         config.read_timeout = Some(t.observe);
         config.write_timeout = Some(t.observe);
+        crate::install_crypto();
         let client = Client::try_from(config).map_err(|_| invalid("cannot build a client from it"))?;
         if let Ok(mut cache) = self.cache.lock() {
             cache.insert(name, Member { secret_version: version, client: client.clone(), watch: None });

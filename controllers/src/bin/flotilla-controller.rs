@@ -80,6 +80,7 @@ async fn control_client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
         }
         None => Config::infer().await?,
     };
+    flotilla_controllers::install_crypto();
     Ok(Client::try_from(config)?)
 }
 

@@ -65,6 +65,7 @@ impl Fleet {
     pub async fn client(&self, name: &str) -> Client {
         let kc = Kubeconfig::read_from(self.kubeconfig(name)).unwrap();
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
+        flotilla_controllers::install_crypto();
         Client::try_from(config).unwrap()
     }
 

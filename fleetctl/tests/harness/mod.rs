@@ -78,6 +78,7 @@ impl Fleet {
     pub async fn client(&self, name: &str) -> Client {
         let kc = Kubeconfig::read_from(self.kubeconfig(name)).unwrap();
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Client::try_from(config).unwrap()
     }
 
