@@ -3,8 +3,9 @@
 //! (spec, current placements). Built by the controller from its caches, or offline from YAML
 //! by [`FleetSnapshot::from_objects`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use flotilla_apis::cache::CachePhase;
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
 use flotilla_apis::constants::condition;
@@ -45,6 +46,14 @@ pub struct ClusterView {
     pub taints: Vec<ClusterTaint>,
     /// Pools.
     pub pools: Vec<PoolView>,
+    /// ModelCaches (by [`cache_key`]) staged and verified here: deployments whose `cacheRef`
+    /// names one of them prefer this cluster (no download before their replicas can start).
+    pub ready_caches: BTreeSet<String>,
+}
+
+/// How a ModelCache is named in [`ClusterView::ready_caches`]: `<namespace>/<name>`.
+pub fn cache_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 /// A node pool: nodes of one class and their free devices.
@@ -122,10 +131,12 @@ impl FleetSnapshot {
     /// status is present, else ready (a declared cluster is assumed up). Deployments keep the
     /// placements their status records, so that a re-plan is sticky; devices held by replicas
     /// Flotilla manages (`devicesManaged`) are counted free, since the solver places them anew.
+    /// A ModelCache's status says in which clusters it is Ready (`ClusterView::ready_caches`).
     pub fn from_objects<'a>(objects: impl IntoIterator<Item = &'a FleetObject>) -> Self {
         let mut snap = FleetSnapshot::default();
         let mut order = 0i64;
         let mut clusters = Vec::new();
+        let mut ready_caches: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for obj in objects {
             match obj {
                 FleetObject::Class(c) => {
@@ -144,11 +155,22 @@ impl FleetSnapshot {
                         current: d.status.as_ref().map(|s| s.placements.clone()).unwrap_or_default(),
                     });
                 }
-                FleetObject::Cache(_) | FleetObject::Claim(_) => {}
+                FleetObject::Cache(c) => {
+                    let key = cache_key(
+                        c.metadata.namespace.as_deref().unwrap_or("default"),
+                        c.metadata.name.as_deref().unwrap_or_default(),
+                    );
+                    let ready = c.status.iter().flat_map(|s| &s.clusters).filter(|s| s.phase == CachePhase::Ready);
+                    for s in ready {
+                        ready_caches.entry(s.cluster.clone()).or_default().insert(key.clone());
+                    }
+                }
+                FleetObject::Claim(_) => {}
             }
         }
         for c in clusters {
-            let view = cluster_view(c, &snap.classes);
+            let mut view = cluster_view(c, &snap.classes);
+            view.ready_caches = ready_caches.remove(&view.name).unwrap_or_default();
             snap.clusters.push(view);
         }
         snap.clusters.sort_by(|a, b| a.name.cmp(&b.name));
@@ -208,6 +230,7 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
         cordoned: c.spec.cordoned,
         taints: c.spec.taints.clone(),
         pools,
+        ready_caches: BTreeSet::new(),
     }
 }
 
