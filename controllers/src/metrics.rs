@@ -18,6 +18,8 @@ pub enum Kind {
     InferenceCluster,
     /// ModelDeployment.
     ModelDeployment,
+    /// ModelCache.
+    ModelCache,
 }
 
 /// How a reconcile ended.

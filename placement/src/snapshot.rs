@@ -178,15 +178,22 @@ impl FleetSnapshot {
     }
 }
 
-fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
-    let name = c.metadata.name.clone().unwrap_or_default();
+/// The labels cluster selectors match: the cluster's metadata labels plus the `flotilla.dev/*`
+/// facts (`cluster`, `region`, `jurisdiction`, `country`).
+pub fn cluster_labels(c: &InferenceCluster) -> BTreeMap<String, String> {
     let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
-    labels.insert("flotilla.dev/cluster".into(), name.clone());
+    labels.insert("flotilla.dev/cluster".into(), c.metadata.name.clone().unwrap_or_default());
     labels.insert("flotilla.dev/region".into(), c.spec.region.clone());
     labels.insert("flotilla.dev/jurisdiction".into(), c.spec.jurisdiction.0.clone());
     if let Some(country) = &c.spec.country {
         labels.insert("flotilla.dev/country".into(), country.clone());
     }
+    labels
+}
+
+fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
+    let name = c.metadata.name.clone().unwrap_or_default();
+    let labels = cluster_labels(c);
     let (ready, not_ready_reason) = match &c.status {
         Some(s) if !s.conditions.0.is_empty() => match s.conditions.get(condition::READY) {
             Some(r) if r.status == "True" => (true, None),

@@ -45,6 +45,9 @@ struct Args {
     /// Member call timeout in seconds (a member that does not answer within it is Unreachable).
     #[arg(long, default_value_t = 8)]
     member_timeout_seconds: u64,
+    /// Image of the ModelCache staging Job (runs `flotilla-stage`; see docs/staging.md).
+    #[arg(long, env = "FLOTILLA_STAGE_IMAGE", default_value = flotilla_controllers::DEFAULT_STAGE_IMAGE)]
+    stage_image: String,
 }
 
 async fn control_client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
@@ -120,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
             observe: Duration::from_secs(args.member_timeout_seconds),
         },
         field_manager: "flotilla-controller".into(),
+        stage_image: args.stage_image.clone(),
         ..Default::default()
     };
     let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;
