@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 use crate::deployment::members::content_hash;
 use crate::render::MANAGED_BY;
 
+/// Where the staging program is in its image.
+pub const STAGE_BINARY: &str = "/usr/local/bin/flotilla-stage";
 /// Where the staging Job mounts the volume.
 pub const STAGE_MOUNT: &str = "/cache";
 /// Where the credentials Secret is mounted in the staging Job.
@@ -158,6 +160,7 @@ pub fn job(cache: &ModelCache, image: &str) -> Value {
                     "containers": [{
                         "name": "stage",
                         "image": image,
+                        "command": [STAGE_BINARY],
                         "args": args,
                         "env": env,
                         "terminationMessagePath": "/dev/termination-log",
