@@ -76,7 +76,7 @@ pub async fn observe(client: &Client, cache: &ModelCache) -> Result<Observed, ku
             });
         }
     }
-    Ok(Observed { objects: MemberObjects { pvc, job, pods, progress }, state, stale_jobs })
+    Ok(Observed { objects: MemberObjects { pvc, job, pods, progress, apply_error: None }, state, stale_jobs })
 }
 
 /// Applies the volume claim and Secret when they changed, creates the Job when missing, and

@@ -172,14 +172,22 @@ async fn stage_in(
         Err(e) => return Observation::Unreachable(e),
     };
     let work = async {
-        let observed = members::observe(&client, cache).await?;
+        let mut observed = members::observe(&client, cache).await?;
         let class = render::storage_class(cache, ic.spec.cache_storage_class_name.as_deref());
         let mut objects = vec![render::pvc(cache, class.as_deref())];
         if let Some(data) = secret {
             objects.push(render::credentials_secret(cache, data));
         }
         objects.push(render::job(cache, &ctx.config.stage_image));
-        let n = members::apply(&client, &ctx.config.field_manager, &objects, &observed).await?;
+        // The member answered: a refused write is a finding about it, not unreachability.
+        let n = match members::apply(&client, &ctx.config.field_manager, &objects, &observed).await {
+            Ok(n) => n,
+            Err(e @ kube::Error::Api(_)) => {
+                observed.objects.apply_error = Some(brief(&e));
+                0
+            }
+            Err(e) => return Err(e),
+        };
         Ok::<_, kube::Error>((observed, n))
     };
     match tokio::time::timeout(ctx.config.timeouts.observe, work).await {

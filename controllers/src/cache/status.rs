@@ -30,6 +30,8 @@ pub struct MemberObjects {
     pub pods: Vec<Pod>,
     /// The last progress line the running pod printed, if its log could be read.
     pub progress: Option<StageProgress>,
+    /// Why writing the missing objects failed (the member refused them), if it did.
+    pub apply_error: Option<String>,
 }
 
 /// What the reconcile learned about one target cluster.
@@ -184,12 +186,26 @@ pub fn cluster_status(
         return entry(cluster, CachePhase::Failed, reason::STORAGE_UNAVAILABLE, msg);
     }
     let Some(job) = &o.job else {
-        return entry(
-            cluster,
-            CachePhase::Pending,
-            reason::CACHE_PENDING,
-            "creating the volume and the staging Job".into(),
-        );
+        return match (&o.apply_error, &o.pvc) {
+            (Some(e), None) => entry(
+                cluster,
+                CachePhase::Failed,
+                reason::STORAGE_UNAVAILABLE,
+                format!("the member refused the volume claim: {e}"),
+            ),
+            (Some(e), Some(_)) => entry(
+                cluster,
+                CachePhase::Failed,
+                reason::JOB_FAILED,
+                format!("the member refused the staging Job: {e}"),
+            ),
+            (None, _) => entry(
+                cluster,
+                CachePhase::Pending,
+                reason::CACHE_PENDING,
+                "creating the volume and the staging Job".into(),
+            ),
+        };
     };
     let mut pods: Vec<&Pod> = o.pods.iter().collect();
     pods.sort_by(|a, b| {

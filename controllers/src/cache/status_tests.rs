@@ -52,7 +52,7 @@ fn job(condition: Option<&str>) -> Job {
 }
 
 fn seen(job: Option<Job>, pods: Vec<Pod>) -> Observation {
-    Observation::Seen(Box::new(MemberObjects { pvc: None, job, pods, progress: None }))
+    Observation::Seen(Box::new(MemberObjects { job, pods, ..Default::default() }))
 }
 
 fn now() -> Time {
@@ -128,6 +128,7 @@ fn progress_says_downloading_or_verifying() {
             job: Some(job(None)),
             pods: vec![pod("a", 1, json!({"running": {}}))],
             progress: Some(progress(phase)),
+            apply_error: None,
         }));
         let s = cluster_status(&cache(None), "eu1", &o, None);
         assert_eq!((s.phase, s.bytes), (want, 500));
@@ -216,4 +217,17 @@ fn aggregate_status_counts_ready_clusters_and_writes_nothing_new_twice() {
     let r = s.conditions.get("Ready").unwrap();
     assert_eq!((r.status.as_str(), r.reason.as_str()), ("False", "InUse"));
     assert!(r.message.contains("ml/chat in eu1"), "{}", r.message);
+}
+
+#[test]
+fn a_refused_volume_claim_or_job_is_named() {
+    let refused = |pvc: Option<PersistentVolumeClaim>| {
+        let o = MemberObjects { pvc, apply_error: Some("HTTP 403 Forbidden".into()), ..Default::default() };
+        cluster_status(&cache(None), "eu1", &Observation::Seen(Box::new(o)), None)
+    };
+    let s = refused(None);
+    assert_eq!((s.phase, s.reason.as_deref()), (CachePhase::Failed, Some("StorageUnavailable")));
+    assert!(s.message.unwrap().contains("HTTP 403"));
+    let s = refused(Some(PersistentVolumeClaim::default()));
+    assert_eq!((s.phase, s.reason.as_deref()), (CachePhase::Failed, Some("JobFailed")));
 }
