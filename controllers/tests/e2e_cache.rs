@@ -9,7 +9,8 @@
 //! before the cache is Ready in their cluster (watched throughout); a `DigestMismatch` result
 //! is `Failed` with that reason and keeps replicas out; a second deployment of the same cache,
 //! and scaling out, create no second Job; deleting the cache waits (`InUse`) while deployments
-//! mount it, then removes its volume claims and Jobs. Run by `scripts/test-e2e.sh`.
+//! mount it, then removes its volume claims and Jobs; a settled cache is never rewritten. Run by
+//! `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -257,6 +258,8 @@ async fn model_cache_controller_on_real_api_servers() {
     })
     .await;
 
+    let premium_version = caches.get("premium").await.unwrap().resource_version();
+
     // 2. By placement: `chat` (1 replica each on m2 and m3) stages `llama` there. Replicas wait.
     let seen: Seen = Arc::default();
     let watches: Vec<_> =
@@ -358,6 +361,12 @@ async fn model_cache_controller_on_real_api_servers() {
     })
     .await;
     assert_eq!(jobs(&members["m1"], "premium").await.len(), 1, "the other cache is untouched");
+    // Reconciled many times since (every deployment change triggers it), never rewritten.
+    assert_eq!(
+        caches.get("premium").await.unwrap().resource_version(),
+        premium_version,
+        "a quiet cache writes nothing"
+    );
     ctl.kill();
     eprintln!("e2e_cache took {:?}", started.elapsed());
 }
