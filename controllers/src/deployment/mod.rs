@@ -299,7 +299,15 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         started.elapsed(),
     );
     let settled = next_status.ready_replicas >= desired_total && observed.unreachable.is_empty() && next == target;
-    Ok(Action::requeue(if settled { ctx.config.poll * 3 } else { Duration::from_secs(2).min(ctx.config.poll) }))
+    // Waiting for a cache needs no fast polling: its status changing triggers a reconcile.
+    let waiting = observed.cache.as_ref().is_some_and(|c| !c.waiting.is_empty());
+    Ok(Action::requeue(if settled {
+        ctx.config.poll * 3
+    } else if waiting {
+        ctx.config.poll
+    } else {
+        Duration::from_secs(2).min(ctx.config.poll)
+    }))
 }
 
 async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
