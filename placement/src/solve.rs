@@ -93,6 +93,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             name_rank: &name_rank,
             pool_class: &pool_class,
             domains: &domains,
+            cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
         };
         plan.deployments.push(ctx.solve_one(d));
     }
@@ -127,6 +128,8 @@ struct Ctx<'a, 's> {
     pool_class: &'a [Vec<Option<usize>>],
     /// Spread domains as indexes.
     domains: &'a place::DomainIndex,
+    /// The deployment's ModelCache (`cacheRef`) as a `ready_caches` key, if any.
+    cache: Option<String>,
 }
 
 /// What blocked the last attempt on a cluster, for the rejection report.
@@ -430,7 +433,9 @@ impl Ctx<'_, '_> {
             rank,
             capacity_type_rank: cap_rank as u32,
             prefer_not: prefers_not(&d.spec.placement, cluster),
-            cache_ready: cache_ready(d, cluster),
+            // A score term, never a filter: a cold cluster still takes replicas (the cache is
+            // staged there first); it only ranks after warm ones of the same capacity-type rank.
+            cache_ready: self.cache.as_ref().is_some_and(|k| cluster.ready_caches.contains(k)),
             replica_price,
             sticky_quota,
             sticky_only,
@@ -452,17 +457,6 @@ impl Ctx<'_, '_> {
         });
         ids
     }
-}
-
-/// Whether the ModelCache the deployment references (`spec.model.cacheRef`) is Ready in the
-/// cluster. A score term, never a filter: a cold cluster still takes replicas (the cache is
-/// staged there first), it is only ranked after warm ones of the same capacity-type preference.
-pub fn cache_ready(d: &DeploymentView, cluster: &ClusterView) -> bool {
-    d.spec
-        .model
-        .cache_ref
-        .as_deref()
-        .is_some_and(|c| cluster.ready_caches.contains(&crate::snapshot::cache_key(&d.namespace, c)))
 }
 
 #[path = "place.rs"]
