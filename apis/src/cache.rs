@@ -22,7 +22,8 @@ use crate::common::{Conditions, SecretRef};
     printcolumn(name = "Source", type_ = "string", json_path = ".spec.source"),
     printcolumn(name = "Size", type_ = "string", json_path = ".spec.size"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Clusters", type_ = "string", json_path = ".status.summary"),
+    printcolumn(name = "Clusters", type_ = "string", json_path = ".status.readyClusters"),
+    printcolumn(name = "Phases", type_ = "string", json_path = ".status.summary", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self.source == oldSelf.source").message("spec.source is immutable: create a new ModelCache"))]
@@ -99,7 +100,10 @@ pub struct ModelCacheStatus {
     /// `Accepted`, `Staged`, `Ready`.
     #[serde(default)]
     pub conditions: Conditions,
-    /// `2/3 Ready`.
+    /// Target clusters where the cache is Ready, over all targets: `2/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_clusters: Option<String>,
+    /// Phase per target cluster: `eu1:Ready,eu2:Downloading`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// Per target cluster.

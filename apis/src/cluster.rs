@@ -63,6 +63,9 @@ pub struct InferenceClusterSpec {
     /// Set to stop new placements here (existing replicas stay).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordoned: bool,
+    /// Storage class of ModelCache volumes here, when the cache names none (else the member's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_storage_class_name: Option<String>,
 }
 
 /// Which provider runs the cluster. Exactly one is set.

@@ -22,6 +22,8 @@ pub const FINALIZER_CAPACITY_RELEASE: &str = "flotilla.dev/capacity-release";
 pub mod labels {
     /// The ModelDeployment (`<namespace>.<name>`) a member object belongs to.
     pub const DEPLOYMENT: &str = "flotilla.dev/deployment";
+    /// The ModelCache (`<namespace>.<name>`) a member volume, staging Job or Secret belongs to.
+    pub const CACHE: &str = "flotilla.dev/cache";
     /// The generation of the ModelDeployment that rendered the object.
     pub const GENERATION: &str = "flotilla.dev/generation";
     /// The InferenceCluster pool a node belongs to.

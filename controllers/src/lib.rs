@@ -2,6 +2,7 @@
 //! clients, rendering of member workloads, status writing and leader election. Each
 //! reconciler gathers a snapshot, calls a pure function for the decision, and applies it.
 
+pub mod cache;
 pub mod claim;
 pub mod cluster;
 pub mod deployment;
@@ -15,7 +16,7 @@ pub mod status_patch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_apis::{InferenceClass, InferenceCluster};
+use flotilla_apis::{InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 use futures_util::StreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, Store};
@@ -54,6 +55,8 @@ pub struct ControllerConfig {
     pub timeouts: member::Timeouts,
     /// Field manager of status writes (identifies the replica too).
     pub field_manager: String,
+    /// Image of the ModelCache staging Job (`flotilla-stage`, see docs/staging.md).
+    pub stage_image: String,
     /// Where CapacityClaims get capacity; without one, claims are left alone.
     pub capacity: Option<Capacity>,
 }
@@ -76,6 +79,9 @@ impl std::fmt::Debug for Capacity {
     }
 }
 
+/// The staging image used when none is configured.
+pub const DEFAULT_STAGE_IMAGE: &str = "ghcr.io/flotilla-dev/flotilla-stage:0.1.0";
+
 impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
@@ -84,6 +90,7 @@ impl Default for ControllerConfig {
             timeouts: member::Timeouts::default(),
             field_manager: "flotilla-controller".into(),
             capacity: None,
+            stage_image: DEFAULT_STAGE_IMAGE.into(),
         }
     }
 }
@@ -148,10 +155,15 @@ pub async fn run_controllers(
 ) {
     let members = Arc::new(member::MemberClients::default());
     let (classes, mut class_ticks, _class_task) = spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2);
-    let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 1);
+    let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 2);
+    let (caches, mut cache_ticks, _cache_task) = spawn_reflector(Api::<ModelCache>::all(client.clone()), 1);
+    let (deployments, mut deployment_ticks, _deployment_task) =
+        spawn_reflector(Api::<ModelDeployment>::all(client.clone()), 1);
     // Plans and inventory need the whole fleet: start reconciling once it has been listed.
     let _ = classes.wait_until_ready().await;
     let _ = clusters.wait_until_ready().await;
+    let _ = caches.wait_until_ready().await;
+    let _ = deployments.wait_until_ready().await;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -160,8 +172,21 @@ pub async fn run_controllers(
         shutdown.await;
         let _ = tx.send(true);
     };
-    let (Some(class_tick_a), Some(class_tick_b), Some(cluster_tick)) =
-        (class_ticks.pop(), class_ticks.pop(), cluster_ticks.pop())
+    let (
+        Some(class_tick_a),
+        Some(class_tick_b),
+        Some(cluster_tick_a),
+        Some(cluster_tick_b),
+        Some(cache_tick),
+        Some(deployment_tick),
+    ) = (
+        class_ticks.pop(),
+        class_ticks.pop(),
+        cluster_ticks.pop(),
+        cluster_ticks.pop(),
+        cache_ticks.pop(),
+        deployment_ticks.pop(),
+    )
     else {
         return;
     };
@@ -187,15 +212,70 @@ pub async fn run_controllers(
             stop(rx.clone())
         ),
         run_deployment_controller(
-            client,
-            config,
-            metrics,
-            members,
-            (classes, clusters),
-            futures_util::stream::select(class_tick_b, cluster_tick),
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            members.clone(),
+            (classes, clusters.clone(), caches),
+            futures_util::stream::select(futures_util::stream::select(class_tick_b, cluster_tick_a), cache_tick),
+            stop(rx.clone())
+        ),
+        run_cache_controller(
+            cache::CacheContext { client, clusters, deployments, members, metrics, config },
+            futures_util::stream::select(cluster_tick_b, deployment_tick),
             stop(rx)
         ),
     );
+}
+
+/// Runs the ModelCache controller until `shutdown` resolves.
+async fn run_cache_controller(
+    ctx: cache::CacheContext,
+    ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>> = Default::default();
+    let f2 = failures.clone();
+    Controller::new(Api::<ModelCache>::all(ctx.client.clone()), watcher::Config::default())
+        .reconcile_all_on(ticks)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            move |obj, ctx: Arc<cache::CacheContext>| {
+                let f = f2.clone();
+                let key = format!(
+                    "{}/{}",
+                    kube::ResourceExt::namespace(obj.as_ref()).unwrap_or_default(),
+                    kube::ResourceExt::name_any(obj.as_ref())
+                );
+                async move {
+                    let r = cache::reconcile(obj, ctx).await;
+                    if r.is_ok()
+                        && let Ok(mut f) = f.lock()
+                    {
+                        f.remove(&key);
+                    }
+                    r
+                }
+            },
+            move |obj, err, ctx: Arc<cache::CacheContext>| {
+                let key = format!(
+                    "{}/{}",
+                    kube::ResourceExt::namespace(obj.as_ref()).unwrap_or_default(),
+                    kube::ResourceExt::name_any(obj.as_ref())
+                );
+                let wait = backoff(&failures, &key);
+                ctx.metrics.reconciled(metrics::Kind::ModelCache, metrics::Outcome::Error, Duration::ZERO);
+                tracing::warn!(cache = %key, "reconcile failed ({err}); retrying in {wait:?}");
+                Action::requeue(wait)
+            },
+            Arc::new(ctx),
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("controller: {e}");
+            }
+        })
+        .await;
 }
 
 fn backoff(failures: &std::sync::Mutex<std::collections::HashMap<String, u32>>, key: &str) -> Duration {
@@ -216,7 +296,7 @@ async fn run_deployment_controller(
     config: ControllerConfig,
     metrics: metrics::Metrics,
     members: Arc<member::MemberClients>,
-    (classes, clusters): (Store<InferenceClass>, Store<InferenceCluster>),
+    (classes, clusters, caches): (Store<InferenceClass>, Store<InferenceCluster>, Store<ModelCache>),
     ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -226,6 +306,7 @@ async fn run_deployment_controller(
         client,
         clusters,
         classes,
+        caches,
         controller.store(),
         members,
         metrics,

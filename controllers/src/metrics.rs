@@ -20,6 +20,8 @@ pub enum Kind {
     ModelDeployment,
     /// CapacityClaim.
     CapacityClaim,
+    /// ModelCache.
+    ModelCache,
 }
 
 /// How a reconcile ended.

@@ -2,7 +2,8 @@
 //! Deployment (one per role for disaggregated serving, a LeaderWorkerSet for multi-node
 //! replicas), a DRA `ResourceClaimTemplate` carrying the class identity and the same CEL
 //! selectors the solver used (or `nvidia.com/gpu` limits where the member has no DRA), and one
-//! Service. Every object carries the labels that tie it to the deployment, so cleanup can find
+//! Service. A deployment with `cacheRef` mounts the cache's volume read-only at
+//! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). Every object carries the labels that tie it to the deployment, so cleanup can find
 //! exactly what Flotilla made and nothing else. Pure: objects as JSON, applied by the caller.
 
 use std::collections::BTreeMap;
@@ -154,6 +155,16 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
                 pod_spec["resourceClaims"] = json!([{"name": "gpus", "resourceClaimTemplateName": claim_name}]);
             } else {
                 container["resources"] = json!({"limits": {GPU_RESOURCE: devices.to_string()}});
+            }
+            // The ModelCache's volume, read-only, where the engine finds the staged files.
+            if let Some(cache) = &spec.model.cache_ref {
+                let dir = crate::cache::render::model_dir(cache);
+                container["volumeMounts"] = json!([{"name": "model-cache", "mountPath": dir, "readOnly": true}]);
+                if let Some(env) = container["env"].as_array_mut() {
+                    env.push(json!({"name": "FLOTILLA_MODEL_DIR", "value": dir}));
+                }
+                pod_spec["volumes"] = json!([{"name": "model-cache", "persistentVolumeClaim": {
+                    "claimName": crate::cache::render::pvc_name(cache), "readOnly": true}}]);
             }
             pod_spec["containers"] = json!([container]);
             let pod_l = pod_labels(md, w.pool, role);

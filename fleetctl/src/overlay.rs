@@ -36,6 +36,7 @@ impl LiveFleet {
         flotilla_placement::FleetSnapshot::from_live(
             self.classes.iter().cloned(),
             self.clusters.iter().cloned(),
+            self.caches.iter().cloned(),
             self.deployments.iter().cloned(),
         )
     }

@@ -281,6 +281,7 @@ fn cluster(seed: u64, index: usize, classes: &[&'static str]) -> InferenceCluste
         pools,
         taints,
         cordoned,
+        cache_storage_class_name: None,
     };
     let mut c = InferenceCluster::new(&name, spec);
     c.metadata.labels = Some(labels);

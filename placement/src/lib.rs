@@ -11,5 +11,5 @@ pub mod snapshot;
 mod solve;
 
 pub use plan::{Assignment, DeploymentPlan, Plan, Reason, Rejection};
-pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView};
+pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, cache_key};
 pub use solve::{SolveOptions, solve};

@@ -266,6 +266,7 @@ impl Ctx<'_, '_> {
                                 capacity_type_rank: c.capacity_type_rank,
                                 replica_price_micros: c.replica_price,
                                 sticky: d.current.iter().any(|p| p.cluster == cluster.name && p.pool == pool.name),
+                                cache_ready: c.cache_ready,
                                 free_replica_slots: c.initial_slots,
                             }
                         })

@@ -235,6 +235,9 @@ pub struct CandidateScore {
     pub replica_price_micros: u64,
     /// Whether the deployment already runs here (stickiness).
     pub sticky: bool,
+    /// Whether the deployment's ModelCache is Ready here (ranked before a cheaper cold cluster).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cache_ready: bool,
     /// Replicas that fit in free capacity before this deployment was solved.
     pub free_replica_slots: u32,
 }

@@ -4,13 +4,14 @@
 //! from the same objects read from the control cluster ([`FleetSnapshot::from_live`]), or
 //! offline from YAML by [`FleetSnapshot::from_objects`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use flotilla_apis::cache::CachePhase;
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
 use flotilla_apis::constants::condition;
 use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
-use flotilla_apis::{CapacityType, FleetObject, InferenceClass, InferenceCluster, ModelDeployment};
+use flotilla_apis::{CapacityType, FleetObject, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 
 /// Everything the solver looks at.
 #[derive(Clone, Debug, Default)]
@@ -46,6 +47,14 @@ pub struct ClusterView {
     pub taints: Vec<ClusterTaint>,
     /// Pools.
     pub pools: Vec<PoolView>,
+    /// ModelCaches (by [`cache_key`]) staged and verified here: deployments whose `cacheRef`
+    /// names one of them prefer this cluster (no download before their replicas can start).
+    pub ready_caches: BTreeSet<String>,
+}
+
+/// How a ModelCache is named in [`ClusterView::ready_caches`]: `<namespace>/<name>`.
+pub fn cache_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 /// A node pool: nodes of one class and their free devices.
@@ -123,10 +132,12 @@ impl FleetSnapshot {
     /// status is present, else ready (a declared cluster is assumed up). Deployments keep the
     /// placements their status records, so that a re-plan is sticky; devices held by replicas
     /// Flotilla manages (`devicesManaged`) are counted free, since the solver places them anew.
+    /// A ModelCache's status says in which clusters it is Ready (`ClusterView::ready_caches`).
     pub fn from_objects<'a>(objects: impl IntoIterator<Item = &'a FleetObject>) -> Self {
         let mut snap = FleetSnapshot::default();
         let mut order = 0i64;
         let mut clusters = Vec::new();
+        let mut ready_caches: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for obj in objects {
             match obj {
                 FleetObject::Class(c) => {
@@ -145,11 +156,22 @@ impl FleetSnapshot {
                         current: d.status.as_ref().map(|s| s.placements.clone()).unwrap_or_default(),
                     });
                 }
-                FleetObject::Cache(_) | FleetObject::Claim(_) => {}
+                FleetObject::Cache(c) => {
+                    let key = cache_key(
+                        c.metadata.namespace.as_deref().unwrap_or("default"),
+                        c.metadata.name.as_deref().unwrap_or_default(),
+                    );
+                    let ready = c.status.iter().flat_map(|s| &s.clusters).filter(|s| s.phase == CachePhase::Ready);
+                    for s in ready {
+                        ready_caches.entry(s.cluster.clone()).or_default().insert(key.clone());
+                    }
+                }
+                FleetObject::Claim(_) => {}
             }
         }
         for c in clusters {
-            let view = cluster_view(c, &snap.classes);
+            let mut view = cluster_view(c, &snap.classes);
+            view.ready_caches = ready_caches.remove(&view.name).unwrap_or_default();
             snap.clusters.push(view);
         }
         snap.clusters.sort_by(|a, b| a.name.cmp(&b.name));
@@ -160,27 +182,30 @@ impl FleetSnapshot {
 impl FleetSnapshot {
     /// A snapshot of a live fleet as read from the control cluster — what the ModelDeployment
     /// controller solves on every reconcile, and what `fleetctl plan --live` solves, so that
-    /// both agree: every class and cluster (with its observed status), and every
-    /// ModelDeployment not being deleted, in (namespace, name) order, with the placements its
-    /// status records.
+    /// both agree: every class and cluster (with its observed status), every ModelCache (where
+    /// it is Ready), and every ModelDeployment not being deleted, in (namespace, name) order,
+    /// with the placements its status records.
     pub fn from_live(
         classes: impl IntoIterator<Item = InferenceClass>,
         clusters: impl IntoIterator<Item = InferenceCluster>,
+        caches: impl IntoIterator<Item = ModelCache>,
         deployments: impl IntoIterator<Item = ModelDeployment>,
     ) -> Self {
-        FleetSnapshot::from_objects(live_objects(classes, clusters, deployments).iter())
+        FleetSnapshot::from_objects(live_objects(classes, clusters, caches, deployments).iter())
     }
 }
 
-/// The objects [`FleetSnapshot::from_live`] solves, in its order: classes, clusters, then the
-/// ModelDeployments not being deleted, sorted by namespace and name.
+/// The objects [`FleetSnapshot::from_live`] solves, in its order: classes, clusters, caches,
+/// then the ModelDeployments not being deleted, sorted by namespace and name.
 pub fn live_objects(
     classes: impl IntoIterator<Item = InferenceClass>,
     clusters: impl IntoIterator<Item = InferenceCluster>,
+    caches: impl IntoIterator<Item = ModelCache>,
     deployments: impl IntoIterator<Item = ModelDeployment>,
 ) -> Vec<FleetObject> {
     let mut objects: Vec<FleetObject> = classes.into_iter().map(FleetObject::Class).collect();
     objects.extend(clusters.into_iter().map(FleetObject::Cluster));
+    objects.extend(caches.into_iter().map(FleetObject::Cache));
     let mut deps: Vec<ModelDeployment> =
         deployments.into_iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect();
     deps.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
@@ -188,15 +213,22 @@ pub fn live_objects(
     objects
 }
 
-fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
-    let name = c.metadata.name.clone().unwrap_or_default();
+/// The labels cluster selectors match: the cluster's metadata labels plus the `flotilla.dev/*`
+/// facts (`cluster`, `region`, `jurisdiction`, `country`).
+pub fn cluster_labels(c: &InferenceCluster) -> BTreeMap<String, String> {
     let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
-    labels.insert("flotilla.dev/cluster".into(), name.clone());
+    labels.insert("flotilla.dev/cluster".into(), c.metadata.name.clone().unwrap_or_default());
     labels.insert("flotilla.dev/region".into(), c.spec.region.clone());
     labels.insert("flotilla.dev/jurisdiction".into(), c.spec.jurisdiction.0.clone());
     if let Some(country) = &c.spec.country {
         labels.insert("flotilla.dev/country".into(), country.clone());
     }
+    labels
+}
+
+fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
+    let name = c.metadata.name.clone().unwrap_or_default();
+    let labels = cluster_labels(c);
     let (ready, not_ready_reason) = match &c.status {
         Some(s) if !s.conditions.0.is_empty() => match s.conditions.get(condition::READY) {
             Some(r) if r.status == "True" => (true, None),
@@ -240,6 +272,7 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
         cordoned: c.spec.cordoned,
         taints: c.spec.taints.clone(),
         pools,
+        ready_caches: BTreeSet::new(),
     }
 }
 
@@ -274,7 +307,7 @@ mod tests {
             deployment("ml", "gone", true),
             deployment("ml", "a", false),
         ];
-        let names: Vec<String> = live_objects([], [], deps)
+        let names: Vec<String> = live_objects([], [], [], deps)
             .iter()
             .map(|o| match o {
                 FleetObject::Deployment(d) => {

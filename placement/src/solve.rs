@@ -1,7 +1,7 @@
 //! The solver. Deployments are taken in a stable order (priority, creation, name); for each,
 //! clusters are filtered (selector, sovereignty, readiness, taints), (pool, alternative)
 //! candidates are built (device match, node fit, capacity type, price) and ranked (stickiness,
-//! capacity-type preference, price, name), then replicas are placed one at a time — current
+//! capacity-type preference, a ModelCache already Ready there, price, name), then replicas are placed one at a time — current
 //! placements first, then per-alternative minimums, then the rest in fallback order — each one
 //! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling.
 
@@ -38,6 +38,8 @@ struct Candidate {
     rank: u32,
     capacity_type_rank: u32,
     prefer_not: bool,
+    /// The deployment's ModelCache is Ready in the cluster: replicas start without a download.
+    cache_ready: bool,
     replica_price: u64,
     sticky_quota: u32,
     /// Only current replicas may stay (cordoned, or a `NoSchedule` taint): no new ones.
@@ -91,6 +93,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             name_rank: &name_rank,
             pool_class: &pool_class,
             domains: &domains,
+            cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
         };
         plan.deployments.push(ctx.solve_one(d));
     }
@@ -125,6 +128,8 @@ struct Ctx<'a, 's> {
     pool_class: &'a [Vec<Option<usize>>],
     /// Spread domains as indexes.
     domains: &'a place::DomainIndex,
+    /// The deployment's ModelCache (`cacheRef`) as a `ready_caches` key, if any.
+    cache: Option<String>,
 }
 
 /// What blocked the last attempt on a cluster, for the rejection report.
@@ -244,6 +249,7 @@ impl Ctx<'_, '_> {
                 .cmp(&(a.sticky_quota > 0))
                 .then(a.prefer_not.cmp(&b.prefer_not))
                 .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
+                .then(b.cache_ready.cmp(&a.cache_ready))
                 .then(a.replica_price.cmp(&b.replica_price))
                 .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
                 .then(a.pool.cmp(&b.pool))
@@ -427,6 +433,9 @@ impl Ctx<'_, '_> {
             rank,
             capacity_type_rank: cap_rank as u32,
             prefer_not: prefers_not(&d.spec.placement, cluster),
+            // A score term, never a filter: a cold cluster still takes replicas (the cache is
+            // staged there first); it only ranks after warm ones of the same capacity-type rank.
+            cache_ready: self.cache.as_ref().is_some_and(|k| cluster.ready_caches.contains(k)),
             replica_price,
             sticky_quota,
             sticky_only,

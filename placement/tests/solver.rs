@@ -391,3 +391,39 @@ fn budget_exhaustion_is_reported_not_silent() {
     assert_eq!(plan.deployments[0].unplaced, 0);
     assert_eq!(plan.deployments[1].rejections[0].reason, Reason::BudgetExhausted);
 }
+
+#[test]
+fn a_ready_cache_is_preferred_over_a_cheaper_cold_cluster() {
+    // eu-1 and us-1 are both H100 at the same price; eu-1 comes first by name. The cache is
+    // Ready only in us-1: a deployment referencing it goes there.
+    let cached = deployment("m", 2, json!({"model": {"cacheRef": "weights"}}));
+    let mut snap = fleet(vec![cached.clone()]);
+    snap.clusters[2].ready_caches.insert(flotilla_placement::cache_key("ml", "weights"));
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "us-1"), on(&plan, "eu-1")), (2, 0), "{plan:?}");
+    // The explanation says why.
+    let explain = SolveOptions { explain: Some(("ml".into(), "m".into())), ..Default::default() };
+    let e = solve(&snap, &explain).deployments.remove(0).explanation.unwrap();
+    let us = e.iter().find(|c| c.cluster == "us-1").unwrap();
+    assert!(us.candidates.iter().all(|c| c.cache_ready));
+    assert!(e.iter().find(|c| c.cluster == "eu-1").unwrap().candidates.iter().all(|c| !c.cache_ready));
+    // Twins: the same cache Ready in another namespace, or a deployment without cacheRef, change nothing.
+    let mut other_ns = fleet(vec![cached]);
+    other_ns.clusters[2].ready_caches.insert(flotilla_placement::cache_key("other", "weights"));
+    assert_eq!(on(&solve1(&other_ns), "eu-1"), 2);
+    let mut no_ref = fleet(vec![deployment("m", 2, json!({}))]);
+    no_ref.clusters[2].ready_caches.insert(flotilla_placement::cache_key("ml", "weights"));
+    assert_eq!(on(&solve1(&no_ref), "eu-1"), 2);
+    // Ranked before price: the A100 cluster eu-2 is cheaper, but the cache is Ready on eu-1.
+    let any80 = json!({"model": {"cacheRef": "weights"}, "devices": {"alternatives": [{"selectors": [
+        "device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"80Gi\")) >= 0"]}]}});
+    let mut warm_dear = fleet(vec![deployment("m", 2, any80.clone())]);
+    assert_eq!(on(&solve1(&warm_dear), "eu-2"), 2, "cold: the cheaper A100 wins");
+    warm_dear.clusters[0].ready_caches.insert(flotilla_placement::cache_key("ml", "weights"));
+    assert_eq!(on(&solve1(&warm_dear), "eu-1"), 2, "warm: the Ready cache wins over price");
+    // A cold cluster still takes what the warm one cannot hold: a preference, not a filter.
+    let mut big = fleet(vec![deployment("m", 6, json!({"model": {"cacheRef": "weights"}}))]);
+    big.clusters[2].ready_caches.insert(flotilla_placement::cache_key("ml", "weights"));
+    let plan = solve1(&big);
+    assert_eq!((on(&plan, "us-1"), on(&plan, "eu-1"), plan.unplaced), (4, 2, 0));
+}

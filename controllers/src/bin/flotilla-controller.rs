@@ -45,6 +45,9 @@ struct Args {
     /// Member call timeout in seconds (a member that does not answer within it is Unreachable).
     #[arg(long, default_value_t = 8)]
     member_timeout_seconds: u64,
+    /// Image of the ModelCache staging Job (runs `flotilla-stage`; see docs/staging.md).
+    #[arg(long, env = "FLOTILLA_STAGE_IMAGE", default_value = flotilla_controllers::DEFAULT_STAGE_IMAGE)]
+    stage_image: String,
     /// Solve CapacityClaims against a simulated cloud described in this YAML file (regions, the
     /// InferenceCluster each joins, offerings by InferenceClass); its nodes are created as kwok
     /// nodes in the members. Without a provider, CapacityClaims are left alone.
@@ -147,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
         },
         field_manager: "flotilla-controller".into(),
         capacity: capacity(&args, &client).await?,
+        stage_image: args.stage_image.clone(),
         ..Default::default()
     };
     let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use flotilla_apis::ModelDeployment;
+use flotilla_apis::cache::CachePhase;
 use flotilla_apis::constants::{FINALIZER_MEMBER_CLEANUP, event};
-use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster};
+use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache};
 use flotilla_placement::plan::DeploymentPlan;
 use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -41,6 +42,8 @@ pub struct DeploymentContext {
     pub clusters: Store<InferenceCluster>,
     /// Classes, from a reflector.
     pub classes: Store<InferenceClass>,
+    /// ModelCaches, from a reflector (where replicas may start, and solver preference).
+    pub caches: Store<ModelCache>,
     /// Every ModelDeployment, from the controller's reflector.
     pub deployments: Store<ModelDeployment>,
     /// Member clients.
@@ -55,10 +58,12 @@ pub struct DeploymentContext {
 
 impl DeploymentContext {
     /// A context; the recorder reports as `flotilla-controller`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         clusters: Store<InferenceCluster>,
         classes: Store<InferenceClass>,
+        caches: Store<ModelCache>,
         deployments: Store<ModelDeployment>,
         members: Arc<MemberClients>,
         metrics: Metrics,
@@ -66,7 +71,7 @@ impl DeploymentContext {
     ) -> Self {
         let reporter = Reporter { controller: "flotilla-controller".into(), instance: None };
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, clusters, classes, deployments, members, metrics, config, recorder }
+        Self { client, clusters, classes, caches, deployments, members, metrics, config, recorder }
     }
 
     /// The same snapshot `fleetctl plan --live` builds from the same objects.
@@ -74,8 +79,13 @@ impl DeploymentContext {
         FleetSnapshot::from_live(
             self.classes.state().iter().map(|c| c.as_ref().clone()),
             self.clusters.state().iter().map(|c| c.as_ref().clone()),
+            self.caches.state().iter().map(|c| c.as_ref().clone()),
             self.deployments.state().iter().map(|d| d.as_ref().clone()),
         )
+    }
+
+    fn cache(&self, namespace: &str, name: &str) -> Option<Arc<ModelCache>> {
+        self.caches.state().into_iter().find(|c| c.namespace().as_deref() == Some(namespace) && c.name_any() == name)
     }
 
     fn cluster(&self, name: &str) -> Option<Arc<InferenceCluster>> {
@@ -155,7 +165,32 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     tracing::debug!(deployment = %format!("{ns}/{name}"), ?observed.running, ?observed.unreachable, "observed members");
     // Decide the next step and apply it where members answered.
     let desired_total = dp.desired as i32;
-    let next = rollout::step(&target, &observed.running, desired_total);
+    let mut next = rollout::step(&target, &observed.running, desired_total);
+    // Replicas start only where the referenced ModelCache is Ready.
+    if let Some(cache_ref) = &md.spec.model.cache_ref {
+        let cache = ctx.cache(&ns, cache_ref);
+        let phase = |cluster: &str| -> Option<(CachePhase, Option<String>)> {
+            let s = cache.as_ref()?.status.as_ref()?;
+            s.clusters.iter().find(|c| c.cluster == cluster).map(|c| (c.phase, c.reason.clone()))
+        };
+        let running: BTreeMap<Key, rollout::Running> =
+            observed.running.iter().filter(|(k, _)| states.contains_key(&k.0)).map(|(k, v)| (k.clone(), *v)).collect();
+        let held =
+            rollout::gate_on_cache(&mut next, &running, |c| phase(c).is_some_and(|(p, _)| p == CachePhase::Ready));
+        let waiting = held
+            .into_iter()
+            .map(|c| {
+                let what = match (cache.is_some(), phase(&c)) {
+                    (false, _) => "the ModelCache does not exist".to_string(),
+                    (true, None) => "not staged there yet".to_string(),
+                    (true, Some((CachePhase::Failed, Some(r)))) => format!("Failed: {r}"),
+                    (true, Some((p, _))) => format!("{p:?}"),
+                };
+                (c, what)
+            })
+            .collect();
+        observed.cache = Some(status::CacheWait { cache: format!("{ns}/{cache_ref}"), waiting });
+    }
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
     let mut writes = 0usize;
     for (cluster, (client, state)) in &states {
@@ -267,7 +302,15 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         started.elapsed(),
     );
     let settled = next_status.ready_replicas >= desired_total && observed.unreachable.is_empty() && next == target;
-    Ok(Action::requeue(if settled { ctx.config.poll * 3 } else { Duration::from_secs(2).min(ctx.config.poll) }))
+    // Waiting for a cache needs no fast polling: its status changing triggers a reconcile.
+    let waiting = observed.cache.as_ref().is_some_and(|c| !c.waiting.is_empty());
+    Ok(Action::requeue(if settled {
+        ctx.config.poll * 3
+    } else if waiting {
+        ctx.config.poll
+    } else {
+        Duration::from_secs(2).min(ctx.config.poll)
+    }))
 }
 
 /// Create, update or delete the CapacityClaim the deployment owns (`claim::sizing` decides).

@@ -1,7 +1,8 @@
 //! Make-before-break. Given what the plan wants per (cluster, pool) and what members run now
 //! (replicas asked for, replicas ready), decide what to ask for now: increases at once;
 //! decreases (a move away, a scale-in) only as far as the ready replicas that remain keep
-//! serving capacity at `min(desired, ready before)`. Not-ready replicas go first. Pure.
+//! serving capacity at `min(desired, ready before)`. Not-ready replicas go first. Where the
+//! deployment's ModelCache is not Ready, no new replicas start (`gate_on_cache`). Pure.
 
 use std::collections::BTreeMap;
 
@@ -50,9 +51,40 @@ pub fn step(target: &BTreeMap<Key, i32>, running: &BTreeMap<Key, Running>, desir
     next
 }
 
+/// Holds replicas back where the deployment's ModelCache is not Ready: in such a cluster no
+/// more replicas start than already run there (nothing running is torn down). Returns the
+/// clusters where replicas were held back.
+pub fn gate_on_cache(
+    next: &mut BTreeMap<Key, i32>,
+    running: &BTreeMap<Key, Running>,
+    cache_ready: impl Fn(&str) -> bool,
+) -> std::collections::BTreeSet<String> {
+    let mut held = std::collections::BTreeSet::new();
+    for (k, v) in next.iter_mut() {
+        let now = running.get(k).map_or(0, |r| r.applied);
+        if *v > now && !cache_ready(&k.0) {
+            *v = now;
+            held.insert(k.0.clone());
+        }
+    }
+    held
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_start_only_where_the_cache_is_ready() {
+        let mut next = tgt(&[("a", 2), ("b", 3), ("c", 1)]);
+        let held = gate_on_cache(&mut next, &run(&[("b", 1, 1)]), |c| c == "a");
+        assert_eq!(next, tgt(&[("a", 2), ("b", 1), ("c", 0)]), "b keeps what runs, c starts nothing");
+        assert_eq!(held.into_iter().collect::<Vec<_>>(), ["b", "c"]);
+        // Twin: Ready everywhere changes nothing.
+        let mut next = tgt(&[("a", 2), ("b", 3)]);
+        assert!(gate_on_cache(&mut next, &BTreeMap::new(), |_| true).is_empty());
+        assert_eq!(next, tgt(&[("a", 2), ("b", 3)]));
+    }
 
     fn k(c: &str) -> Key {
         (c.to_string(), "p".to_string())

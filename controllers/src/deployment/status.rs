@@ -26,6 +26,43 @@ pub struct Observed {
     pub apply_failed: BTreeMap<String, String>,
     /// The CapacityClaim the deployment owns, asking a provider for what does not fit.
     pub claim: Option<String>,
+    /// The ModelCache the deployment references, if any, and where replicas wait for it.
+    pub cache: Option<CacheWait>,
+}
+
+/// Replicas waiting for the deployment's ModelCache.
+#[derive(Clone, Debug, Default)]
+pub struct CacheWait {
+    /// `namespace/name` of the cache.
+    pub cache: String,
+    /// Cluster → the cache's phase there (`Downloading`, `Failed (DigestMismatch)`, …), for the
+    /// clusters where replicas are held back.
+    pub waiting: BTreeMap<String, String>,
+}
+
+/// `WaitingForCache`, when the deployment references a cache (or did before).
+fn cache_condition(previous: &ModelDeploymentStatus, observed: &Observed) -> Option<Desired> {
+    match &observed.cache {
+        Some(w) if !w.waiting.is_empty() => {
+            let where_: Vec<String> = w.waiting.iter().map(|(c, p)| format!("{c} ({p})")).collect();
+            Some(Desired::new(
+                condition::WAITING_FOR_CACHE,
+                Status::True,
+                reason::CACHE_NOT_READY,
+                format!("replicas wait for ModelCache {} to be Ready in {}", w.cache, where_.join(", ")),
+            ))
+        }
+        Some(w) => Some(Desired::new(
+            condition::WAITING_FOR_CACHE,
+            Status::False,
+            reason::AS_EXPECTED,
+            format!("ModelCache {} is Ready wherever replicas start", w.cache),
+        )),
+        None => previous
+            .conditions
+            .get(condition::WAITING_FOR_CACHE)
+            .map(|_| Desired::new(condition::WAITING_FOR_CACHE, Status::False, reason::AS_EXPECTED, "no cacheRef")),
+    }
 }
 
 fn placed_message(plan: &DeploymentPlan) -> String {
@@ -163,7 +200,8 @@ pub fn desired(
             format!("{ready}/{desired_total} replicas ready"),
         )
     };
-    let conds = [placed_cond, capacity, ready_cond, degraded];
+    let mut conds = vec![placed_cond, capacity, ready_cond, degraded];
+    conds.extend(cache_condition(&old, observed));
     // Bounded: a fleet of thousands of clusters must not make a status of megabytes.
     let mut reasons: Vec<ClusterRejection> = plan
         .rejections
@@ -272,6 +310,28 @@ mod tests {
         assert_eq!(u.replicas, 2);
         assert_eq!(u.reasons.len(), MAX_REASONS + 1);
         assert_eq!(u.reasons.last().unwrap().reason, "Truncated");
+    }
+
+    #[test]
+    fn waiting_for_cache_names_clusters_and_phases() {
+        let mut o = observed(0);
+        o.cache = Some(CacheWait {
+            cache: "ml/llama".into(),
+            waiting: BTreeMap::from([
+                ("eu1".into(), "Downloading".into()),
+                ("eu2".into(), "Failed (DigestMismatch)".into()),
+            ]),
+        });
+        let s = desired(None, Some(1), &plan(2, 2), &o, &now());
+        let c = s.conditions.get("WaitingForCache").unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "CacheNotReady"));
+        assert!(c.message.contains("eu1 (Downloading), eu2 (Failed (DigestMismatch))"), "{}", c.message);
+        // Twins: Ready everywhere is False; no cacheRef writes no such condition at all.
+        o.cache = Some(CacheWait { cache: "ml/llama".into(), waiting: BTreeMap::new() });
+        let s = desired(Some(&s), Some(1), &plan(2, 2), &o, &now());
+        assert_eq!(s.conditions.get("WaitingForCache").unwrap().status, "False");
+        let s = desired(None, Some(1), &plan(2, 2), &observed(0), &now());
+        assert!(s.conditions.get("WaitingForCache").is_none());
     }
 
     #[test]

@@ -1,0 +1,149 @@
+//! What the ModelCache reconciler does to one member cluster: observe the volume claim, the
+//! staging Jobs and the current Job's pods (and the last progress line of a running one), apply
+//! the rendered volume claim and credentials Secret when their content hash differs, create the
+//! Job only when it does not exist yet (a finished Job is the proof that the files are there:
+//! it is never run again for the same spec), delete Jobs of an earlier spec, and on cleanup
+//! delete every object with the cache's labels. Nothing without them is touched.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::ModelCache;
+use flotilla_apis::stage::StageEvent;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use kube::api::{DeleteParams, ListParams, LogParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::Value;
+
+use super::render::{job_name, pvc_name, selector};
+use super::status::MemberObjects;
+use crate::deployment::members::{self as md_members, HASH_ANNOTATION, MemberState};
+
+/// One member's objects for the cache, and the hashes of what was applied.
+pub struct Observed {
+    /// What the status is computed from.
+    pub objects: MemberObjects,
+    /// `Kind/name` → rendered hash, for apply.
+    pub state: MemberState,
+    /// Jobs of an earlier spec.
+    pub stale_jobs: Vec<String>,
+}
+
+fn record<K: kube::Resource>(state: &mut MemberState, kind: &str, o: &K) {
+    if let Some(h) = o.meta().annotations.as_ref().and_then(|a| a.get(HASH_ANNOTATION)) {
+        state.hashes.insert(format!("{kind}/{}", o.meta().name.clone().unwrap_or_default()), h.clone());
+    }
+}
+
+/// Lists the cache's objects in a member.
+pub async fn observe(client: &Client, cache: &ModelCache) -> Result<Observed, kube::Error> {
+    let ns = cache.namespace().unwrap_or_else(|| "default".into());
+    let lp = ListParams::default().labels(&selector(cache));
+    let mut state = MemberState::default();
+    let pvc =
+        Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).get_opt(&pvc_name(&cache.name_any())).await?;
+    if let Some(p) = &pvc {
+        record(&mut state, "PersistentVolumeClaim", p);
+    }
+    for s in Api::<Secret>::namespaced(client.clone(), &ns).list_metadata(&lp).await?.items {
+        record(&mut state, "Secret", &s);
+    }
+    let current = job_name(cache);
+    let mut job = None;
+    let mut stale_jobs = Vec::new();
+    for j in Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items {
+        if j.name_any() == current {
+            job = Some(j);
+        } else if j.metadata.deletion_timestamp.is_none() {
+            stale_jobs.push(j.name_any());
+        }
+    }
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pods = if job.is_some() {
+        pods_api.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={current}"))).await?.items
+    } else {
+        Vec::new()
+    };
+    // The last progress line of a running pod: best effort (no log, no progress).
+    let mut progress = None;
+    let newest = pods.iter().max_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()));
+    if let Some(p) = newest.filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")) {
+        let lp = LogParams { container: Some("stage".into()), tail_lines: Some(5), ..LogParams::default() };
+        if let Ok(text) = pods_api.logs(&p.name_any(), &lp).await {
+            progress = text.lines().rev().find_map(|l| match serde_json::from_str::<StageEvent>(l.trim()) {
+                Ok(StageEvent::Progress(p)) => Some(p),
+                _ => None,
+            });
+        }
+    }
+    Ok(Observed { objects: MemberObjects { pvc, job, pods, progress, apply_error: None }, state, stale_jobs })
+}
+
+/// Applies the volume claim and Secret when they changed, creates the Job when missing, and
+/// deletes Jobs of an earlier spec. Returns how many writes were made.
+pub async fn apply(
+    client: &Client,
+    field_manager: &str,
+    objects: &[Value],
+    observed: &Observed,
+) -> Result<usize, kube::Error> {
+    let todo: Vec<Value> =
+        objects.iter().filter(|o| o["kind"] != "Job" || observed.objects.job.is_none()).cloned().collect();
+    let mut written = md_members::apply(client, field_manager, &todo, &observed.state).await?;
+    if let Some(ns) = objects.first().and_then(|o| o["metadata"]["namespace"].as_str()) {
+        let jobs = Api::<Job>::namespaced(client.clone(), ns);
+        for name in &observed.stale_jobs {
+            jobs.delete(name, &DeleteParams::background()).await?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// Deletes every object of the cache in a member (Jobs with their pods, the volume claim, the
+/// Secret). Returns how many were deleted.
+pub async fn remove(client: &Client, cache: &ModelCache) -> Result<usize, kube::Error> {
+    let ns = cache.namespace().unwrap_or_else(|| "default".into());
+    let lp = ListParams::default().labels(&selector(cache));
+    let dp = DeleteParams::background();
+    let mut deleted = 0;
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns);
+    for j in jobs.list_metadata(&lp).await?.items {
+        if j.metadata.deletion_timestamp.is_none() {
+            jobs.delete(&j.name_any(), &dp).await?;
+            deleted += 1;
+        }
+    }
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns);
+    for p in pvcs.list_metadata(&lp).await?.items {
+        if p.metadata.deletion_timestamp.is_none() {
+            pvcs.delete(&p.name_any(), &dp).await?;
+            deleted += 1;
+        }
+    }
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    for s in secrets.list_metadata(&lp).await?.items {
+        secrets.delete(&s.name_any(), &dp).await?;
+        deleted += 1;
+    }
+    Ok(deleted)
+}
+
+/// The data of the control cluster's credentials Secret, base64 as in the API (`None` when
+/// it does not exist).
+pub async fn credentials(
+    control: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+    let Some(s) = Api::<Secret>::namespaced(control.clone(), ns).get_opt(name).await? else {
+        return Ok(None);
+    };
+    let mut data: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in s.data.unwrap_or_default() {
+        if let Value::String(b64) = serde_json::to_value(&v).map_err(kube::Error::SerdeError)? {
+            data.insert(k, b64);
+        }
+    }
+    Ok(Some(data))
+}

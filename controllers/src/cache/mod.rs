@@ -1,0 +1,278 @@
+//! The ModelCache reconciler. Observe: the target clusters (selector and the named
+//! deployments' placements, from the informer caches) and, in each, the volume claim, the
+//! staging Job and its pods. Decide: the objects each member needs (`render.rs`) and each
+//! cluster's phase from what the Job reported (`status.rs`). Apply: create what is missing —
+//! the Job only once per spec, so a deployment scaling out never downloads again — and write
+//! status only when it differs, conditional on `resourceVersion`. A finalizer removes the
+//! members' volume claims and Jobs on deletion, except where a deployment still mounts them
+//! (then `Ready=False`, reason `InUse`, names them, and the finalizer waits).
+
+pub mod members;
+pub mod render;
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_apis::cache::{CachePhase, ClusterCacheStatus, ModelCacheStatus};
+use flotilla_apis::constants::{FINALIZER_CACHE_CLEANUP, reason};
+use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+
+use crate::member::{MemberClients, brief};
+use crate::metrics::{Kind, Metrics, Outcome};
+use crate::{ControllerConfig, Error};
+use status::Observation;
+
+/// What ModelCache reconciles share.
+pub struct CacheContext {
+    /// The control cluster.
+    pub client: Client,
+    /// Member clusters, from a reflector.
+    pub clusters: Store<InferenceCluster>,
+    /// Every ModelDeployment, from a reflector.
+    pub deployments: Store<ModelDeployment>,
+    /// Member clients.
+    pub members: Arc<MemberClients>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Tunables.
+    pub config: ControllerConfig,
+}
+
+impl CacheContext {
+    fn live_deployments(&self) -> Vec<Arc<ModelDeployment>> {
+        self.deployments.state().into_iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect()
+    }
+}
+
+/// Reconciles one ModelCache (with its finalizer).
+pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let has_finalizer = cache.finalizers().iter().any(|f| f == FINALIZER_CACHE_CLEANUP);
+    if cache.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(Action::await_change());
+        }
+        return cleanup(cache, &ctx).await;
+    }
+    if !has_finalizer {
+        let mut finalizers = cache.finalizers().to_vec();
+        finalizers.push(FINALIZER_CACHE_CLEANUP.to_string());
+        let patch =
+            serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": cache.resource_version()}});
+        api(&ctx, &cache).patch(&cache.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        // The write triggers the next reconcile.
+        return Ok(Action::await_change());
+    }
+    let clusters = ctx.clusters.state();
+    let deployments = ctx.live_deployments();
+    let cluster_refs: Vec<&InferenceCluster> = clusters.iter().map(AsRef::as_ref).collect();
+    let dep_refs: Vec<&ModelDeployment> = deployments.iter().map(AsRef::as_ref).collect();
+    let targets = status::targets(&cache, &cluster_refs, &dep_refs);
+    let previous: BTreeMap<String, ClusterCacheStatus> =
+        cache.status.iter().flat_map(|s| s.clusters.iter().cloned()).map(|c| (c.cluster.clone(), c)).collect();
+
+    // The source's credentials, copied to each member.
+    let ns = cache.namespace().unwrap_or_else(|| "default".into());
+    let mut blocked: Option<ClusterCacheStatus> = None;
+    let mut secret_data = None;
+    if let Some(r) = &cache.spec.credentials_ref {
+        let sns = r.namespace.clone().unwrap_or_else(|| ns.clone());
+        match members::credentials(&ctx.client, &sns, &r.name).await? {
+            Some(d) => secret_data = Some(d),
+            None => {
+                blocked = Some(ClusterCacheStatus {
+                    phase: CachePhase::Failed,
+                    reason: Some(reason::SOURCE_UNAUTHORIZED.into()),
+                    message: Some(format!(
+                        "spec.credentialsRef: Secret {sns}/{} does not exist: create it with the source's token",
+                        r.name
+                    )),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    let mut entries: Vec<ClusterCacheStatus> = Vec::new();
+    let mut writes = 0usize;
+    for name in &targets {
+        let observation = match &blocked {
+            Some(b) => {
+                entries.push(ClusterCacheStatus { cluster: name.clone(), ..b.clone() });
+                continue;
+            }
+            None => stage_in(&ctx, &cache, &clusters, name, secret_data.as_ref(), &mut writes).await,
+        };
+        entries.push(status::cluster_status(&cache, name, &observation, previous.get(name)));
+    }
+    // Clusters no longer targeted: remove the objects there unless a deployment still mounts them.
+    let users = status::users(&cache, &dep_refs);
+    for (name, prev) in &previous {
+        if targets.contains(name) {
+            continue;
+        }
+        let removed = !users.contains_key(name) && remove_in(&ctx, &cache, &clusters, name).await.is_ok();
+        if !removed {
+            entries.push(prev.clone());
+        }
+    }
+    if writes > 0 {
+        tracing::info!(cache = %format!("{ns}/{}", cache.name_any()), writes, "member volumes and Jobs updated");
+    }
+    let next = status::desired(&cache, &targets, entries, None, &now());
+    let changed = write_status(&ctx, &cache, next.clone()).await?;
+    ctx.metrics.reconciled(
+        Kind::ModelCache,
+        if changed { Outcome::Changed } else { Outcome::Unchanged },
+        started.elapsed(),
+    );
+    let settled = next.clusters.iter().all(|c| matches!(c.phase, CachePhase::Ready | CachePhase::Failed));
+    Ok(Action::requeue(if settled { ctx.config.poll * 3 } else { Duration::from_secs(2).min(ctx.config.poll) }))
+}
+
+fn api(ctx: &CacheContext, cache: &ModelCache) -> Api<ModelCache> {
+    Api::namespaced(ctx.client.clone(), &cache.namespace().unwrap_or_else(|| "default".into()))
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+async fn member_client(
+    ctx: &CacheContext,
+    clusters: &[Arc<InferenceCluster>],
+    name: &str,
+) -> Result<(Client, Arc<InferenceCluster>), String> {
+    let Some(ic) = clusters.iter().find(|c| c.name_any() == name).cloned() else {
+        return Err("no such InferenceCluster".into());
+    };
+    let client = ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
+    Ok((client, ic))
+}
+
+/// Observes one member, applies what it lacks, and returns what was observed.
+async fn stage_in(
+    ctx: &CacheContext,
+    cache: &ModelCache,
+    clusters: &[Arc<InferenceCluster>],
+    name: &str,
+    secret: Option<&BTreeMap<String, String>>,
+    writes: &mut usize,
+) -> Observation {
+    let (client, ic) = match member_client(ctx, clusters, name).await {
+        Ok(c) => c,
+        Err(e) => return Observation::Unreachable(e),
+    };
+    let work = async {
+        let mut observed = members::observe(&client, cache).await?;
+        let class = render::storage_class(cache, ic.spec.cache_storage_class_name.as_deref());
+        let mut objects = vec![render::pvc(cache, class.as_deref())];
+        if let Some(data) = secret {
+            objects.push(render::credentials_secret(cache, data));
+        }
+        objects.push(render::job(cache, &ctx.config.stage_image));
+        // The member answered: a refused write is a finding about it, not unreachability.
+        let n = match members::apply(&client, &ctx.config.field_manager, &objects, &observed).await {
+            Ok(n) => n,
+            Err(e @ kube::Error::Api(_)) => {
+                observed.objects.apply_error = Some(brief(&e));
+                0
+            }
+            Err(e) => return Err(e),
+        };
+        Ok::<_, kube::Error>((observed, n))
+    };
+    match tokio::time::timeout(ctx.config.timeouts.observe, work).await {
+        Ok(Ok((observed, n))) => {
+            *writes += n;
+            Observation::Seen(Box::new(observed.objects))
+        }
+        Ok(Err(e)) => Observation::Unreachable(brief(&e)),
+        Err(_) => Observation::Unreachable("did not answer in time".into()),
+    }
+}
+
+async fn remove_in(
+    ctx: &CacheContext,
+    cache: &ModelCache,
+    clusters: &[Arc<InferenceCluster>],
+    name: &str,
+) -> Result<usize, String> {
+    let (client, _) = member_client(ctx, clusters, name).await?;
+    match tokio::time::timeout(ctx.config.timeouts.observe, members::remove(&client, cache)).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(brief(&e)),
+        Err(_) => Err("did not answer in time".into()),
+    }
+}
+
+/// Writes status when it differs; the write is conditional on the resourceVersion read (a
+/// merge patch replaces the whole conditions list). Returns whether it wrote.
+async fn write_status(ctx: &CacheContext, cache: &ModelCache, next: ModelCacheStatus) -> Result<bool, Error> {
+    if cache.status.as_ref() == Some(&next) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({"metadata": {"resourceVersion": cache.resource_version()}, "status": next});
+    api(ctx, cache)
+        .patch_status(&cache.name_any(), &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch))
+        .await?;
+    ctx.metrics.status_write(Kind::ModelCache);
+    tracing::info!(
+        cache = %format!("{}/{}", cache.namespace().unwrap_or_default(), cache.name_any()),
+        ready = next.ready_clusters.as_deref().unwrap_or(""),
+        clusters = next.summary.as_deref().unwrap_or(""),
+        "status updated"
+    );
+    Ok(true)
+}
+
+/// Deletion: remove the objects in every member no deployment uses them in; while some do,
+/// say which (`InUse`) and keep the finalizer.
+async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Error> {
+    let deployments = ctx.live_deployments();
+    let dep_refs: Vec<&ModelDeployment> = deployments.iter().map(AsRef::as_ref).collect();
+    let users = status::users(&cache, &dep_refs);
+    let clusters = ctx.clusters.state();
+    let mut failed = Vec::new();
+    for ic in &clusters {
+        let name = ic.name_any();
+        if users.contains_key(&name) {
+            continue;
+        }
+        if let Err(e) = remove_in(ctx, &cache, &clusters, &name).await {
+            // A member we cannot reach may still hold the volume: keep the finalizer.
+            failed.push(format!("{name}: {e}"));
+        }
+    }
+    let kept: Vec<ClusterCacheStatus> = cache
+        .status
+        .iter()
+        .flat_map(|s| s.clusters.iter())
+        .filter(|c| users.contains_key(&c.cluster))
+        .cloned()
+        .collect();
+    if !users.is_empty() {
+        let targets: BTreeSet<String> = kept.iter().map(|c| c.cluster.clone()).collect();
+        let next = status::desired(&cache, &targets, kept, Some(&users), &now());
+        write_status(ctx, &cache, next).await?;
+        return Ok(Action::requeue(Duration::from_secs(5).min(ctx.config.poll)));
+    }
+    if !failed.is_empty() {
+        return Err(Error::Cleanup(failed.join("; ")));
+    }
+    let finalizers: Vec<String> =
+        cache.finalizers().iter().filter(|f| f.as_str() != FINALIZER_CACHE_CLEANUP).cloned().collect();
+    let patch =
+        serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": cache.resource_version()}});
+    api(ctx, &cache).patch(&cache.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    tracing::info!(cache = %cache.name_any(), "member volumes and Jobs removed");
+    Ok(Action::await_change())
+}

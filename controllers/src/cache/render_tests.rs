@@ -1,0 +1,88 @@
+use flotilla_apis::FleetObject;
+use flotilla_apis::document::parse_stream;
+
+use super::*;
+
+fn caches() -> Vec<ModelCache> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fleet/caches.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    parse_stream("caches.yaml", &text)
+        .objects
+        .into_iter()
+        .filter_map(|o| match o.value {
+            FleetObject::Cache(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn yaml(objects: &[Value]) -> String {
+    objects.iter().map(|o| serde_yaml_ng::to_string(o).unwrap()).collect::<Vec<_>>().join("---\n")
+}
+
+#[test]
+fn hf_cache_with_token_and_digest() {
+    let c = &caches()[0];
+    let class = storage_class(c, Some("efs"));
+    assert_eq!(class.as_deref(), Some("fsx-lustre"), "the cache's storage class wins over the cluster's");
+    let data = BTreeMap::from([("token".to_string(), "aGZfeHl6".to_string())]);
+    let objects =
+        [pvc(c, class.as_deref()), credentials_secret(c, &data), job(c, "ghcr.io/flotilla-dev/flotilla-stage:0.1.0")];
+    insta::assert_snapshot!("hf_cache", yaml(&objects));
+    let args: Vec<&str> = objects[2]["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.contains(&"--expected-digest=sha256:99668f5da82711e698e1fb1039974b5e673a43337ef024988a0c9cc92baa451b")
+    );
+    assert!(args.contains(&"--revision=0b32f3e76e85c66010f843b6142e1d635d420c94"));
+    assert_eq!(objects[0]["spec"]["resources"]["requests"]["storage"], "140G");
+}
+
+#[test]
+fn permanent_failures_fail_the_job_transient_ones_retry() {
+    let c = &caches()[1];
+    let j = job(c, "img");
+    let codes = &j["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"];
+    for r in StageReason::ALL {
+        let listed = codes.as_array().unwrap().contains(&json!(r.exit_code()));
+        assert_eq!(listed, !r.is_transient(), "{r:?}");
+    }
+    assert_eq!(j["spec"]["backoffLimit"], BACKOFF_LIMIT);
+}
+
+#[test]
+fn storage_class_falls_back_to_the_cluster_then_the_default() {
+    let mut c = caches()[0].clone();
+    c.spec.storage = None;
+    assert_eq!(storage_class(&c, Some("efs")).as_deref(), Some("efs"));
+    assert_eq!(storage_class(&c, None), None);
+    assert!(pvc(&c, None)["spec"].get("storageClassName").is_none(), "the member's default class");
+}
+
+#[test]
+fn the_job_name_follows_what_is_staged_only() {
+    let c = caches()[0].clone();
+    let name = job_name(&c);
+    assert!(name.starts_with("flotilla-stage-llama-3.3-70b-"), "{name}");
+    let mut other = c.clone();
+    other.spec.size = k8s_openapi::apimachinery::pkg::api::resource::Quantity("200G".into());
+    other.spec.targets.deployments.push("another".into());
+    assert_eq!(job_name(&other), name, "size and targets do not restage");
+    other.spec.digest = Some(format!("sha256:{}", "0".repeat(64)));
+    assert_ne!(job_name(&other), name, "a new digest is a new Job");
+}
+
+#[test]
+fn s3_credentials_go_to_aws_variables() {
+    let mut c = caches()[1].clone();
+    c.spec.source = "s3://weights/llama".into();
+    let j = job(&c, "img");
+    let env = &j["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[0]["name"], "AWS_ACCESS_KEY_ID");
+    assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["name"], "flotilla-stage-llama-3.1-405b-fp8-credentials");
+    assert_eq!(j["spec"]["template"]["spec"]["volumes"].as_array().unwrap().len(), 1, "no token file");
+}
