@@ -31,6 +31,8 @@ kubectl() { kc "$@"; }  # what the transcript shows as `kubectl`
 
 cleanup() {
   local rc=$?
+  # Listeners start inside $(...), a subshell: their pids are in a file, not in PIDS.
+  [[ -f "${PIDFILE:-}" ]] && while read -r p; do PIDS+=("$p"); done <"${PIDFILE}"
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   if [[ -z "${FLOTILLA_DEMO_KEEP:-}" ]]; then
     bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
@@ -46,7 +48,7 @@ start_listener() {
   local log="$1"
   shift
   "$@" >"${log}" 2>"${log}.err" &
-  PIDS+=($!)
+  echo $! >>"${PIDFILE}"
   local i
   for i in $(seq 1 100); do
     if grep -q '^listening on ' "${log}" 2>/dev/null; then
@@ -75,6 +77,8 @@ mkdir -p "${FLOTILLA_E2E_DIR}"
 bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
 LOGS="${FLOTILLA_E2E_DIR}/logs"
 mkdir -p "${LOGS}"
+PIDFILE="${LOGS}/pids"
+: >"${PIDFILE}"
 if [[ "${1:-}" == "--write-docs" ]]; then
   exec > >(tee "${LOGS}/transcript.txt")
 fi
@@ -118,11 +122,21 @@ GW=$(start_listener "${LOGS}/gateway.log" "${TARGET}/flotilla-gateway" --control
   --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" --listen 127.0.0.1:0 --feedback-interval-ms 2000 \
   --breaker-failures 3 --connect-timeout-ms 300)
 echo "gateway: ${GW}"
-ready_70b() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="Serving")].reason}' | grep -qx Routable; }
-wait_until "llama-3.3-70b-eu routable" 120 ready_70b
+waiting_70b() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="WaitingForCache")].status}' | grep -qx True; }
+wait_until "llama-3.3-70b-eu waiting for its cache" 120 waiting_70b
+staged() { kc -n ml get modelcache llama-3.3-70b -o jsonpath='{.status.clusters[*].phase}' | grep -q .; }
+wait_until "the cache's per-cluster phases" 60 staged
 
 say "5. What Flotilla observed and decided"
 run kubectl get inferenceclusters
+run kubectl get modelcaches -n ml
+run kubectl get modeldeployment llama-3.3-70b-eu -n ml -o jsonpath='{.status.conditions[?(@.type=="WaitingForCache")].message}{"\n"}'
+echo "(kwok runs no containers, so the staging Jobs cannot download weights here, and the hf-token"
+echo " Secret the caches name does not exist: the 70B model's replicas wait. Serve it without its cache:)"
+run kubectl patch modeldeployment llama-3.3-70b-eu -n ml --type json -p '[{"op":"remove","path":"/spec/model/cacheRef"}]'
+ready_70b() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="Serving")].reason}' | grep -qx Routable; }
+wait_until "llama-3.3-70b-eu routable" 120 ready_70b
+sleep 5  # let the other deployments' first replicas report
 run kubectl get modeldeployments -n ml
 run kubectl get modeldeployment llama-3.3-70b-eu -n ml -o jsonpath='{range .status.placements[*]}{.cluster}{" "}{.class}{" ready="}{.ready}{"\n"}{end}'
 
@@ -137,7 +151,7 @@ run chat llama-3.3-70b-instruct
 
 say "7. Failover: stop eu-fra-1 (its API server and its entry point); the EU-only model stays in the EU"
 bash "${HARNESS}/stop.sh" eu-fra-1 2>/dev/null
-kill "$(pgrep -f -- "--name eu-fra-1" | head -n1)" 2>/dev/null || true
+kill "$(sed -n 1p "${PIDFILE}")" 2>/dev/null || true  # the first listener started: eu-fra-1's simulator
 for i in 1 2 3 4 5 6; do run chat llama-3.3-70b-instruct; done | tee "${LOGS}/failover.txt"
 moved() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="Serving")].message}' | grep -v eu-fra-1 | grep -q eu-par-1; }
 wait_until "the 70B model re-routed away from eu-fra-1" 120 moved

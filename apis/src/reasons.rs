@@ -52,9 +52,10 @@ pub const KINDS: &[KindDoc] = &[
     },
     KindDoc {
         kind: MODEL_CACHE,
-        writer: "The ModelCache reconciler is not part of this release yet. The per-cluster reasons \
-                 (`status.clusters[].reason`) are those the staging program `flotilla-stage` reports \
-                 (`StageResult::verdict`); see [staging.md](staging.md#reasons-and-exit-codes).",
+        writer: "`flotilla-controller` (`controllers/src/cache/`): per target cluster a volume and a staging Job; \
+                 the per-cluster reasons (`status.clusters[].reason`) are those the staging program \
+                 `flotilla-stage` reports (`StageResult::verdict`), or `JobFailed`; written only on change. See \
+                 [controllers.md](controllers.md#modelcache) and [staging.md](staging.md#reasons-and-exit-codes).",
     },
     KindDoc {
         kind: CAPACITY_CLAIM,

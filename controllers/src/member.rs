@@ -256,6 +256,18 @@ pub async fn liveness(client: &Client, t: Timeouts) -> Result<String, MemberErro
 /// could echo credentials.
 pub fn brief(e: &kube::Error) -> String {
     match e {
+        // The API server's own message says which field it refused (it never carries credentials).
+        kube::Error::Api(s) if matches!(s.code, 400 | 409 | 422) && !s.message.is_empty() => {
+            let causes: Vec<String> = s
+                .details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .take(3)
+                .map(|c| format!("{}: {}", c.field, c.message))
+                .collect();
+            let text = if causes.is_empty() { s.message.clone() } else { causes.join("; ") };
+            format!("HTTP {} {}: {}", s.code, s.reason, text.chars().take(300).collect::<String>())
+        }
         kube::Error::Api(s) => format!("HTTP {} {}", s.code, s.reason),
         kube::Error::HyperError(_) | kube::Error::Service(_) => "connection failed".into(),
         other => {

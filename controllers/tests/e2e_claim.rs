@@ -1,5 +1,5 @@
 //! Capacity intent end to end on real API servers: a control cluster and three members (eu1
-//! with one H100 node, eu2 with none yet, us1 with one), `flotilla-controller` solving
+//! with two H100 nodes, eu2 with none yet, us1 with one), `flotilla-controller` solving
 //! CapacityClaims against a simulated cloud (`--sim-cloud`) whose nodes become kwok nodes.
 //! An EU-only deployment that does not fit gets a claim; the simulated provider adds nodes to
 //! eu2 (never the cheaper US region); the replicas become Ready there. A deployment that fits
@@ -93,7 +93,7 @@ async fn claim_nodes(client: &Client) -> Vec<String> {
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn capacity_claims_on_real_api_servers() {
     let fleet = Fleet::up("claim", &["control", "eu1", "eu2", "us1"]);
-    fleet.gpu_nodes("eu1", "h100", 1, "h100", "eu-central-1");
+    fleet.gpu_nodes("eu1", "h100", 2, "h100", "eu-central-1");
     fleet.gpu_nodes("us1", "h100", 1, "h100", "us-east-1");
     let control = fleet.client("control").await;
     let (eu2, us1) = (fleet.client("eu2").await, fleet.client("us1").await);
@@ -118,7 +118,8 @@ async fn capacity_claims_on_real_api_servers() {
     .await;
     assert!(claims.get_opt("small").await.unwrap().is_none(), "a deployment that fits owns no claim");
 
-    // Three TP8 replicas, EU only: eu1's node holds one (its 7 free GPUs), eu2 has no node.
+    // Three TP8 replicas, EU only: eu1 holds one (its second node; `small` uses a GPU of the
+    // first), eu2 has no node: two are unplaced.
     apply(&control, model("big", 3, 8)).await;
     let claim = wait_for("a claim for big's unplaced replicas", Duration::from_secs(60), || async {
         claims.get_opt("big").await.ok()?
@@ -126,7 +127,7 @@ async fn capacity_claims_on_real_api_servers() {
     .await;
     let ps = &claim.spec.pod_sets[0];
     assert_eq!(ps.devices_per_pod, 8);
-    assert!(ps.count >= 2, "{ps:?}");
+    assert_eq!(ps.count, 2, "{ps:?}");
     assert_eq!(claim.metadata.owner_references.as_ref().unwrap()[0].name, "big");
     let placed = wait_for("big reports ClaimPending", Duration::from_secs(30), || async {
         let c = mds.get("big").await.ok()?.status?.conditions.get("Placed")?.clone();
@@ -157,6 +158,11 @@ async fn capacity_claims_on_real_api_servers() {
     assert!(s.placements.iter().any(|p| p.cluster == "eu2" && p.ready >= 1), "{:?}", s.placements);
     assert!(s.placements.iter().all(|p| p.cluster != "us1"), "{:?}", s.placements);
     assert_eq!(claim_nodes(&eu2).await.len(), 2);
+    assert_eq!(
+        claims.get("big").await.unwrap().spec.pod_sets[0].count,
+        2,
+        "the claim did not grow once its nodes came"
+    );
     assert!(claim_nodes(&us1).await.is_empty(), "the cheaper US region got nothing");
 
     // An impossible claim (class a100 does not exist): it says why, and then writes nothing.

@@ -112,6 +112,7 @@ fn static_fleet() -> StaticProvider {
         country: Some("DE".into()),
         credentials: None,
         endpoint: None,
+        cache_storage_class_name: None,
         pools: vec![NodePool {
             name: "h100".into(),
             class: "h100".into(),

@@ -224,7 +224,7 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         MODEL_DEPLOYMENT,
         CACHE_NOT_READY,
-        "reserved: `WaitingForCache`=True",
+        "`WaitingForCache`=True",
         "The ModelCache named in `spec.model.cacheRef` is not Ready in a cluster the plan uses.",
         "Look at the ModelCache's `status.clusters[]` for that cluster's phase and reason.",
     ),
@@ -253,21 +253,21 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         MODEL_CACHE,
         CACHE_PENDING,
-        "reserved: `status.clusters[].reason` (phase Pending)",
+        "`status.clusters[].reason` (phase Pending)",
         "Staging has not started in the cluster yet.",
         WAIT
     ),
     r!(
         MODEL_CACHE,
         DOWNLOADING,
-        "reserved: `status.clusters[].reason` (phase Downloading)",
+        "`status.clusters[].reason` (phase Downloading)",
         "Weights are being downloaded; `bytes` grows.",
         NOTHING
     ),
     r!(
         MODEL_CACHE,
         VERIFYING,
-        "reserved: `status.clusters[].reason` (phase Verifying)",
+        "`status.clusters[].reason` (phase Verifying)",
         "The manifest digest is being computed and compared.",
         NOTHING
     ),
@@ -330,7 +330,7 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         MODEL_CACHE,
         IN_USE,
-        "reserved: `Ready`=False",
+        "`Ready`=False",
         "Deletion waits because deployments still mount the cache.",
         "Remove `spec.model.cacheRef` from the ModelDeployments that use it, or delete them.",
     ),

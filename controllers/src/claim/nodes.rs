@@ -1,7 +1,8 @@
 //! Nodes a simulated provider "provisioned", made real in the member cluster: each ready
 //! `ProvisionedNode` becomes a kwok fake Node (labels, taints, GPU capacity) and a DRA
 //! `ResourceSlice` publishing its devices the way the NVIDIA DRA driver would, so the member's
-//! inventory, scheduler and Flotilla's placement see them like any other node. Nodes carry the
+//! inventory, scheduler and Flotilla's placement see them like any other node (with the driver's
+//! DeviceClass, which a real DRA driver installs, when the member lacks it). Nodes carry the
 //! claim's label; what the claim no longer holds is deleted. Rendering is pure; `sync` applies.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use flotilla_apis::constants::labels;
 use flotilla_providers::{Acquisition, AcquisitionState, ProvisionedNode};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -97,6 +98,21 @@ pub async fn sync(
     let existing: BTreeSet<String> = api.list(&lp).await?.items.iter().map(|n| n.name_any()).collect();
     let keep: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let mut writes = 0;
+    // The DeviceClass a DRA driver installs with itself; a simulated node's driver is not there.
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let drivers: BTreeSet<&str> =
+        nodes.iter().filter(|n| !existing.contains(&n.name)).map(|n| n.device.driver.as_str()).collect();
+    for driver in drivers {
+        let dc: DeviceClass = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": driver},
+            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]}}))
+        .map_err(kube::Error::SerdeError)?;
+        match classes.create(&PostParams::default(), &dc).await {
+            Ok(_) => writes += 1,
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
     for n in nodes.iter().filter(|n| !existing.contains(&n.name)) {
         let Some(pool) = pool_of(&n.class) else {
             tracing::warn!(node = %n.name, class = %n.class, "the member declares no pool of this class; node not created");

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::cache::CachePhase;
-use flotilla_apis::constants::{FINALIZER_MEMBER_CLEANUP, event};
+use flotilla_apis::constants::{FINALIZER_MEMBER_CLEANUP, condition, event};
 use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache};
 use flotilla_placement::plan::DeploymentPlan;
 use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
@@ -318,6 +318,9 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
 /// deployment does not own is never touched.
 async fn sync_claim(ctx: &DeploymentContext, md: &ModelDeployment, dp: &DeploymentPlan) -> Option<String> {
     md.spec.placement.capacity_claim_template.as_ref()?;
+    // Without a provider nothing would act on a claim: the deployment keeps saying
+    // InsufficientCapacity instead of pointing at a claim nobody handles.
+    ctx.config.capacity.as_ref()?;
     let ns = md.namespace().unwrap_or_else(|| "default".into());
     let name = md.name_any();
     let who = format!("{ns}/{name}");
@@ -335,8 +338,19 @@ async fn sync_claim(ctx: &DeploymentContext, md: &ModelDeployment, dp: &Deployme
         tracing::warn!(deployment = %who, "a CapacityClaim of the same name exists and is not this deployment's: left alone");
         return None;
     }
+    // A new claim only once every member's capacity has been observed: right after a start, a
+    // fleet not yet looked at would otherwise look empty and buy capacity it has.
+    let observed_all = ctx
+        .clusters
+        .state()
+        .iter()
+        .all(|c| c.status.as_ref().is_some_and(|s| s.conditions.get(condition::CAPACITY_KNOWN).is_some()));
     match crate::claim::sizing::decide(md, dp, existing.as_ref()) {
         ClaimDecision::None => existing.map(|_| who),
+        ClaimDecision::Apply(_) if existing.is_none() && !observed_all => {
+            tracing::debug!(deployment = %who, "not claiming capacity before every member was observed");
+            None
+        }
         ClaimDecision::Apply(claim) => {
             let pods: i32 = claim.spec.pod_sets.iter().map(|p| p.count).sum();
             match api.patch(&name, &PatchParams::apply(&ctx.config.field_manager).force(), &Patch::Apply(&*claim)).await
