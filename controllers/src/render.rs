@@ -215,6 +215,20 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
     out
 }
 
+/// `v` with every object's keys in sorted order, whatever serde_json's `preserve_order` (which a
+/// workspace test build turns on through the AWS SDK's test utilities): for stable snapshots.
+pub fn sorted_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(keys.into_iter().map(|k| (k.clone(), sorted_keys(&m[k]))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
+}
+
 /// A Service name (an RFC 1035 label: lower-case letters, digits and `-`, starting with a
 /// letter, at most 63 characters) for a ModelDeployment name, which may hold dots
 /// (`llama-3.3-70b-eu`). A name that had to change gets a short hash of the original, so two

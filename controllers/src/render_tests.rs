@@ -23,7 +23,7 @@ fn fleet() -> (Vec<ModelDeployment>, BTreeMap<String, InferenceClassSpec>) {
 }
 
 fn yaml(objects: &[Value]) -> String {
-    objects.iter().map(|o| serde_yaml_ng::to_string(o).unwrap()).collect::<Vec<_>>().join("---\n")
+    objects.iter().map(|o| serde_yaml_ng::to_string(&sorted_keys(o)).unwrap()).collect::<Vec<_>>().join("---\n")
 }
 
 #[test]

@@ -17,7 +17,11 @@ fn caches() -> Vec<ModelCache> {
 }
 
 fn yaml(objects: &[Value]) -> String {
-    objects.iter().map(|o| serde_yaml_ng::to_string(o).unwrap()).collect::<Vec<_>>().join("---\n")
+    objects
+        .iter()
+        .map(|o| serde_yaml_ng::to_string(&crate::render::sorted_keys(o)).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n")
 }
 
 #[test]
