@@ -148,9 +148,13 @@ can() {
 }
 C=flotilla-controller G=flotilla-gateway
 # The controller: what it does ...
-for r in inferenceclasses inferenceclusters modeldeployments; do
+for r in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims; do
   for v in get list watch; do can "$C" yes "$v" "$r.flotilla.dev" -A; done
 done
+can "$C" yes patch modelcaches.flotilla.dev --subresource=status -n ml
+can "$C" yes patch capacityclaims.flotilla.dev --subresource=status -n ml
+can "$C" yes create capacityclaims.flotilla.dev -n ml  # the claim a deployment owns
+can "$C" yes delete capacityclaims.flotilla.dev -n ml
 can "$C" yes patch inferenceclusters.flotilla.dev --subresource=status
 can "$C" yes patch modeldeployments.flotilla.dev --subresource=status -n ml
 can "$C" yes patch modeldeployments.flotilla.dev -n ml  # its finalizer
@@ -177,10 +181,9 @@ done
 can "$C" no patch inferenceclusters.flotilla.dev
 can "$C" no patch inferenceclasses.flotilla.dev --subresource=status
 can "$C" no update modeldeployments.flotilla.dev --subresource=status -n ml
-for r in modelcaches capacityclaims; do
-  can "$C" no patch "$r.flotilla.dev" --subresource=status -n ml
-  can "$C" no create "$r.flotilla.dev" -n ml
-done
+can "$C" no create modelcaches.flotilla.dev -n ml
+can "$C" no update modelcaches.flotilla.dev --subresource=status -n ml
+can "$C" no delete modelcaches.flotilla.dev -n ml
 can "$C" no create deployments.apps -n ml
 can "$C" no create configmaps -n "${NS}"
 can "$C" no create events -n ml  # core/v1 events: it uses events.k8s.io only
