@@ -347,8 +347,8 @@ async fn sync_claim(ctx: &DeploymentContext, md: &ModelDeployment, dp: &Deployme
         .all(|c| c.status.as_ref().is_some_and(|s| s.conditions.get(condition::CAPACITY_KNOWN).is_some()));
     match crate::claim::sizing::decide(md, dp, existing.as_ref()) {
         ClaimDecision::None => existing.map(|_| who),
-        ClaimDecision::Apply(_) if existing.is_none() && !observed_all => {
-            tracing::debug!(deployment = %who, "not claiming capacity before every member was observed");
+        ClaimDecision::Apply(_) if existing.is_none() && (!observed_all || !short_for_a_while(md)) => {
+            tracing::debug!(deployment = %who, "not claiming capacity yet: members unobserved or the shortfall is new");
             None
         }
         ClaimDecision::Apply(claim) => {
@@ -387,6 +387,19 @@ async fn sync_claim(ctx: &DeploymentContext, md: &ModelDeployment, dp: &Deployme
             None
         }
     }
+}
+
+/// How long replicas must have been unplaced (`Placed=False` in status) before a new claim asks a
+/// provider for capacity: a shortfall seen while members are still being observed, or while
+/// another deployment is shrinking, must not buy nodes.
+pub const CLAIM_AFTER: Duration = Duration::from_secs(15);
+
+fn short_for_a_while(md: &ModelDeployment) -> bool {
+    let Some(placed) = md.status.as_ref().and_then(|s| s.conditions.get(condition::PLACED).cloned()) else {
+        return false;
+    };
+    let since = Timestamp::now().duration_since(placed.last_transition_time.0);
+    placed.status == "False" && since.as_secs() >= CLAIM_AFTER.as_secs() as i64
 }
 
 async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
