@@ -44,6 +44,17 @@ pub enum Error {
     Cleanup(String),
 }
 
+/// A finalizer-wrapped reconcile's error as the reconcile's own: the inner error as it was, a
+/// failed finalizer patch as a control-cluster API error.
+pub(crate) fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error {
+    use kube::runtime::finalizer::Error as F;
+    match e {
+        F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+        F::AddFinalizer(e) | F::RemoveFinalizer(e) => Error::Kube(e),
+        other => Error::Finalizer(other.to_string()),
+    }
+}
+
 /// Tunables.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {

@@ -61,13 +61,7 @@ pub async fn reconcile(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Res
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-            Error::Kube(e)
-        }
-        other => Error::Finalizer(other.to_string()),
-    })
+    .map_err(crate::from_finalizer)
 }
 
 fn key(claim: &CapacityClaim) -> String {

@@ -105,13 +105,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) ->
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-            Error::Kube(e)
-        }
-        other => Error::Finalizer(other.to_string()),
-    })
+    .map_err(crate::from_finalizer)
 }
 
 async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
