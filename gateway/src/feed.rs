@@ -41,8 +41,8 @@ pub const FIELD_MANAGER: &str = "flotilla-gateway";
 struct State {
     synced: bool,
     stale: Option<(Instant, String)>,
-    /// ModelDeployment (namespace, name) → the model name it owns in the table.
-    owners: BTreeMap<(String, String), String>,
+    /// Which deployment serves each model in the table.
+    owners: crate::fleet::Owners,
 }
 
 /// Whether the feed has synced and whether it is failing now.
@@ -224,7 +224,7 @@ fn rebuild(
 ) {
     let cs: Vec<InferenceCluster> = clusters.state().iter().map(|c| c.as_ref().clone()).collect();
     let ds: Vec<ModelDeployment> = deployments.state().iter().map(|d| d.as_ref().clone()).collect();
-    let (file, problems) = crate::fleet::table_file(&cs, &ds);
+    let (file, owners, problems) = crate::fleet::table_file(&cs, &ds);
     if problems != last.problems {
         for p in &problems {
             tracing::warn!(problem = %p, "left out of the routing table");
@@ -249,7 +249,6 @@ fn rebuild(
             }
         }
     }
-    let owners = owners(&ds, &st.table.load());
     lock(&st.feed.state).owners = owners;
     if let Some(secrets) = secrets {
         let mut texts = last.key_texts.clone();
@@ -285,26 +284,6 @@ fn rebuild(
             last.keys_installed = true;
         }
     }
-}
-
-fn owners(ds: &[ModelDeployment], t: &RoutingTable) -> BTreeMap<(String, String), String> {
-    // `table_file` gives a name to the oldest deployment; recover which one that is the same way.
-    let mut out = BTreeMap::new();
-    let mut by_model: HashMap<&str, &ModelDeployment> = HashMap::new();
-    for d in ds.iter().filter(|d| d.metadata.deletion_timestamp.is_none()) {
-        let key = (d.metadata.creation_timestamp.as_ref().map(|t| t.0), d.namespace(), d.name_any());
-        let e = by_model.entry(d.spec.model.name.as_str()).or_insert(d);
-        let cur = (e.metadata.creation_timestamp.as_ref().map(|t| t.0), e.namespace(), e.name_any());
-        if key < cur {
-            *e = d;
-        }
-    }
-    for (model, d) in by_model {
-        if t.resolve(model).is_some_and(|m| m.name == model) {
-            out.insert((d.namespace().unwrap_or_default(), d.name_any()), model.to_string());
-        }
-    }
-    out
 }
 
 /// Write `Serving` conditions while this replica holds the lease. Runs until dropped.

@@ -13,9 +13,13 @@ use kube::ResourceExt;
 
 use crate::table::{ClusterSpec, ModelSpec, RouteSpec, TableFile};
 
-/// The table for the fleet, and what was left out of it and why.
-pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]) -> (TableFile, Vec<String>) {
+/// ModelDeployment (namespace, name) → the model name it serves in the table.
+pub type Owners = BTreeMap<(String, String), String>;
+
+/// The table for the fleet, which deployment serves each model, and what was left out and why.
+pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]) -> (TableFile, Owners, Vec<String>) {
     let mut problems = Vec::new();
+    let mut owners = Owners::new();
     let mut file = TableFile { clusters: Vec::new(), models: Vec::new() };
     let mut routable: HashMap<String, bool> = HashMap::new();
     let mut sorted: Vec<&InferenceCluster> = clusters.iter().collect();
@@ -68,6 +72,7 @@ pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]
             continue;
         }
         owner.insert(model.name.clone(), who.clone());
+        owners.insert((d.namespace().unwrap_or_default(), d.name_any()), model.name.clone());
         let mut aliases = Vec::new();
         for a in &model.aliases {
             match owner.get(a) {
@@ -111,7 +116,7 @@ pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]
         m.fallbacks = keep;
     }
     file.models.sort_by(|a, b| a.name.cmp(&b.name));
-    (file, problems)
+    (file, owners, problems)
 }
 
 #[cfg(test)]
@@ -168,7 +173,8 @@ mod tests {
             "2026-01-01T00:00:00Z",
             &[("eu1", 2), ("eu2", 1), ("eu3", 1), ("eu4", 1), ("eu5", 0)],
         );
-        let (file, problems) = table_file(&clusters, &[d]);
+        let (file, owners, problems) = table_file(&clusters, &[d]);
+        assert_eq!(owners.get(&("a".to_string(), "llama".to_string())).map(String::as_str), Some("llama"));
         let routes: Vec<(&str, u32)> = file.models[0].routes.iter().map(|r| (r.cluster.as_str(), r.weight)).collect();
         assert_eq!(routes, [("eu1", 2)]);
         assert!(problems.iter().any(|p| p.contains("eu4") && p.contains("http://")), "{problems:?}");
@@ -183,13 +189,18 @@ mod tests {
         let clusters = [cluster("eu1", "EU", true, Some("http://10.0.0.1:8000"))];
         let old = deployment("b", "old", "llama", "2026-01-01T00:00:00Z", &[("eu1", 1)]);
         let new = deployment("a", "new", "llama", "2026-02-01T00:00:00Z", &[("eu1", 3)]);
-        let (file, problems) = table_file(&clusters, &[new.clone(), old.clone()]);
+        let (file, owners, problems) = table_file(&clusters, &[new.clone(), old.clone()]);
+        assert_eq!(
+            owners.keys().collect::<Vec<_>>(),
+            [&("b".to_string(), "old".to_string())],
+            "only the older one owns it"
+        );
         assert_eq!(file.models.len(), 1);
         assert_eq!(file.models[0].routes[0].weight, 1, "the older deployment serves");
         assert!(problems.iter().any(|p| p.contains("ModelDeployment a/new") && p.contains("already served")));
         let mut gone = old;
         gone.metadata.deletion_timestamp = new.metadata.creation_timestamp.clone();
-        let (file, _) = table_file(&clusters, &[gone]);
+        let (file, _, _) = table_file(&clusters, &[gone]);
         assert!(file.models.is_empty(), "a deployment being deleted gets no new traffic");
     }
 }

@@ -133,21 +133,9 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String
     let Ok(permit) = st.limit.clone().try_acquire_owned() else {
         return (unknown(), Err(GatewayError::Overloaded(st.cfg.max_concurrency)));
     };
-    let key = if st.cfg.auth_required() {
-        let presented = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match presented.and_then(|k| st.keys.load().authenticate(k)) {
-            Some(k) => Some(k),
-            None => {
-                st.metrics.refusal(KeyRefusal::unauthorized);
-                return (unknown(), Err(GatewayError::Unauthorized));
-            }
-        }
-    } else {
-        None
+    let key = match authenticate(st, req.headers()) {
+        Ok(k) => k,
+        Err(e) => return (unknown(), Err(e)),
     };
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_else(new_id);
     let bytes = match axum::body::to_bytes(req.into_body(), st.cfg.max_body_bytes).await {
@@ -184,6 +172,23 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String
     };
     let p = Prepared { endpoint, body: v, raw: bytes, stream, key, request_id, model: model.clone(), api_key: key_ref };
     (model, proxy::serve(st, p, permit).await)
+}
+
+/// The request's API key when keys are in use (`None` when they are not); 401 for a missing,
+/// unknown or revoked one.
+fn authenticate(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Option<Arc<ApiKey>>, GatewayError> {
+    if !st.cfg.auth_required() {
+        return Ok(None);
+    }
+    let presented =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match presented.and_then(|k| st.keys.load().authenticate(k)) {
+        Some(k) => Ok(Some(k)),
+        None => {
+            st.metrics.refusal(KeyRefusal::unauthorized);
+            Err(GatewayError::Unauthorized)
+        }
+    }
 }
 
 /// The key may use `m` (403 otherwise) and is within its limits (429 otherwise).
@@ -232,18 +237,9 @@ fn admit_key(st: &AppState, k: &ApiKey, m: &Model) -> Result<(), GatewayError> {
 }
 
 async fn models(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
-    let key = if st.cfg.auth_required() {
-        let presented =
-            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        match presented.and_then(|k| st.keys.load().authenticate(k)) {
-            Some(k) => Some(k),
-            None => {
-                st.metrics.refusal(KeyRefusal::unauthorized);
-                return GatewayError::Unauthorized.into_response();
-            }
-        }
-    } else {
-        None
+    let key = match authenticate(&st, &headers) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
     };
     let table = st.table.load();
     let mut data = Vec::new();

@@ -108,43 +108,31 @@ async fn reload_loop(st: Arc<AppState>) {
     }
 }
 
-/// The sum of a metric's samples in a Prometheus text page (`None` when it has none).
-pub fn sum_metric(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else { continue };
+/// The values of a metric's samples in a Prometheus text page (`name` exactly, with or without
+/// labels; non-finite values skipped).
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 'a {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
         if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
+            return None;
         }
-        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-        if let Some(v) = value.filter(|v| v.is_finite()) {
-            found = Some(found.unwrap_or(0.0) + v.max(0.0));
-        }
-    }
-    found
+        rest.rsplit(' ').next()?.parse::<f64>().ok().filter(|v| v.is_finite())
+    })
 }
 
 /// The sum of `vllm:num_requests_waiting` samples in a Prometheus text page.
 pub fn waiting_from_metrics(text: &str) -> Option<u64> {
-    sum_metric(text, "vllm:num_requests_waiting").map(|v| v as u64)
+    samples(text, "vllm:num_requests_waiting").map(|v| v.max(0.0)).reduce(|a, b| a + b).map(|v| v as u64)
 }
 
 /// KV-cache use (0 to 1): vLLM's `vllm:kv_cache_usage_perc` (V1) or `vllm:gpu_cache_usage_perc`,
 /// the highest sample when an entry serves several engines.
 pub fn kv_cache_from_metrics(text: &str) -> Option<f64> {
-    let mut found: Option<f64> = None;
-    for name in ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"] {
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix(name) else { continue };
-            if !(rest.starts_with('{') || rest.starts_with(' ')) {
-                continue;
-            }
-            if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) {
-                found = Some(found.map_or(v, |f| f.max(v)));
-            }
-        }
-    }
-    found.map(|v| v.clamp(0.0, 1.0))
+    ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+        .into_iter()
+        .flat_map(|name| samples(text, name))
+        .reduce(f64::max)
+        .map(|v| v.clamp(0.0, 1.0))
 }
 
 async fn scrape_once(st: &AppState, name: String, url: String) {
