@@ -1,5 +1,5 @@
 //! Capacity intent end to end on real API servers: a control cluster and three members (eu1
-//! with two H100 nodes, eu2 with none yet, us1 with one), `flotilla-controller` solving
+//! with one H100 node, eu2 with none yet, us1 with one), `flotilla-controller` solving
 //! CapacityClaims against a simulated cloud (`--sim-cloud`) whose nodes become kwok nodes.
 //! An EU-only deployment that does not fit gets a claim; the simulated provider adds nodes to
 //! eu2 (never the cheaper US region); the replicas become Ready there. A deployment that fits
@@ -93,7 +93,7 @@ async fn claim_nodes(client: &Client) -> Vec<String> {
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn capacity_claims_on_real_api_servers() {
     let fleet = Fleet::up("claim", &["control", "eu1", "eu2", "us1"]);
-    fleet.gpu_nodes("eu1", "h100", 2, "h100", "eu-central-1");
+    fleet.gpu_nodes("eu1", "h100", 1, "h100", "eu-central-1");
     fleet.gpu_nodes("us1", "h100", 1, "h100", "us-east-1");
     let control = fleet.client("control").await;
     let (eu2, us1) = (fleet.client("eu2").await, fleet.client("us1").await);
@@ -117,9 +117,15 @@ async fn capacity_claims_on_real_api_servers() {
     })
     .await;
     assert!(claims.get_opt("small").await.unwrap().is_none(), "a deployment that fits owns no claim");
+    // Gone before `big` comes: placements rank but do not reserve, so two deployments of equal
+    // priority competing for eu1 would make big's shortfall depend on the solver's order.
+    mds.delete("small", &DeleteParams::default()).await.unwrap();
+    wait_for("small deleted", Duration::from_secs(60), || async {
+        mds.get_opt("small").await.ok()?.is_none().then_some(())
+    })
+    .await;
 
-    // Three TP8 replicas, EU only: eu1 holds one (its second node; `small` uses a GPU of the
-    // first), eu2 has no node: two are unplaced.
+    // Three TP8 replicas, EU only: eu1's one node holds one, eu2 has no node: two are unplaced.
     apply(&control, model("big", 3, 8)).await;
     let claim = wait_for("a claim for big's unplaced replicas", Duration::from_secs(60), || async {
         claims.get_opt("big").await.ok()?
