@@ -213,6 +213,9 @@ pub struct ClaimAllocation {
     pub nodes: i32,
     /// Pods those nodes hold.
     pub pods: i32,
+    /// When the capacity was obtained (`disruption.minLifetime` counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// One request to a provider.

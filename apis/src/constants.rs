@@ -32,6 +32,12 @@ pub mod labels {
     pub const CLASS: &str = "flotilla.dev/class";
     /// The CapacityClaim that asked for a node.
     pub const CLAIM: &str = "flotilla.dev/claim";
+    /// The provider acquisition (node group) a claim's node came from.
+    pub const ACQUISITION: &str = "flotilla.dev/acquisition";
+    /// The claim's `disruption.consolidation` on the nodes it obtained.
+    pub const CONSOLIDATION: &str = "flotilla.dev/consolidation";
+    /// The claim's `disruption.scaleDown` on the nodes it obtained.
+    pub const SCALE_DOWN: &str = "flotilla.dev/scale-down";
     /// Standard Kubernetes label marking who manages an object.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 }
@@ -63,6 +69,9 @@ pub mod condition {
     pub const FULFILLED: &str = "Fulfilled";
     /// CapacityClaim: a provider request is in flight.
     pub const PROVISIONING: &str = "Provisioning";
+    /// CapacityClaim: it holds more nodes than its pod sets need, and the disruption policy
+    /// keeps them for now.
+    pub const SURPLUS: &str = "Surplus";
 }
 
 /// Reasons, grouped by the kind whose conditions carry them. Each set is closed: a reason not
@@ -177,6 +186,8 @@ pub mod reason {
     pub const DRAIN_REQUIRED: &str = "DrainRequired";
     /// Consolidation was wanted but the disruption policy forbids it now.
     pub const CONSOLIDATION_BLOCKED: &str = "ConsolidationBlocked";
+    /// Surplus nodes are being given back to the provider.
+    pub const SCALING_DOWN: &str = "ScalingDown";
     /// The provider was unreachable or kept throttling; the claim retries with backoff.
     pub const PROVIDER_UNAVAILABLE: &str = "ProviderUnavailable";
     /// The provider refused the controller's credentials or a permission is missing.

@@ -300,6 +300,9 @@ pub struct CapacityClaimTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub max_provisioning_latency: Option<String>,
+    /// What may take the claim's capacity away, and when (copied to the claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<crate::claim::DisruptionPolicy>,
 }
 
 /// Routing hints for the gateway.

@@ -175,10 +175,17 @@ pub const CONDITIONS: &[ConditionDoc] = &[
         CAPACITY_CLAIM,
         PROVISIONING,
         "True: nodes were asked for and are not ready yet. False: no provider request is in flight; carries the \
-         same reason as `Fulfilled` (reserved: not written yet)."
+         same reason as `Fulfilled`."
     ),
-    c!(CAPACITY_CLAIM, FULFILLED, "True: every pod set has the capacity it asked for (reserved: not written yet)."),
-    c!(CAPACITY_CLAIM, READY, "Mirrors `Fulfilled` (reserved: not written yet)."),
+    c!(CAPACITY_CLAIM, FULFILLED, "True: every pod set has the capacity it asked for."),
+    c!(CAPACITY_CLAIM, READY, "Mirrors `Fulfilled`."),
+    c!(
+        CAPACITY_CLAIM,
+        SURPLUS,
+        "True: the claim holds more nodes than its pod sets need (the count went down, or the claim is being \
+         deleted) and `spec.disruption` keeps them for now (`ConsolidationBlocked`, `DrainRequired`) or a \
+         release failed. False (`AsExpected`): it holds no more than it needs."
+    ),
 ];
 
 /// The conditions of one kind.

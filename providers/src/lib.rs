@@ -12,7 +12,7 @@ pub mod set;
 pub mod sim;
 pub mod types;
 
-pub use claim::{ClaimEngine, ClaimInput, ClaimStep, EngineSettings};
+pub use claim::{ClaimEngine, ClaimInput, ClaimStep, ClaimUsage, EngineSettings, NodeUse};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ErrorKind, ProviderError};
 pub use fixed::StaticProvider;

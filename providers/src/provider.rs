@@ -37,6 +37,21 @@ pub trait CapacityProvider: Send + Sync {
         ))
     }
 
+    /// Shrinks an acquisition to `nodes` by removing the named nodes (the empty ones a claim
+    /// chose to give back; `names` may be shorter than the reduction, or empty, when the claim
+    /// lets the provider pick). Providers that cannot remove particular nodes shrink to
+    /// `nodes` and pick themselves (EKS cordons and drains the nodes it picks).
+    async fn remove_nodes(
+        &self,
+        region: &str,
+        id: &str,
+        names: &[String],
+        nodes: u32,
+    ) -> Result<Acquisition, ProviderError> {
+        let _ = names;
+        self.resize(region, id, nodes).await
+    }
+
     /// Gives an acquisition back. Releasing something already gone succeeds.
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError>;
 }

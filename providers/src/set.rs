@@ -82,6 +82,16 @@ impl CapacityProvider for ProviderSet {
         self.route(region)?.resize(region, id, nodes).await
     }
 
+    async fn remove_nodes(
+        &self,
+        region: &str,
+        id: &str,
+        names: &[String],
+        nodes: u32,
+    ) -> Result<Acquisition, ProviderError> {
+        self.route(region)?.remove_nodes(region, id, names, nodes).await
+    }
+
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
         self.route(region)?.release(region, id).await
     }

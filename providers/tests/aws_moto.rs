@@ -255,6 +255,7 @@ async fn claim_engine_obtains_an_eks_node_group_through_moto() {
                 spec: &spec,
                 status,
                 classes,
+                usage: &flotilla_providers::ClaimUsage::default(),
                 now,
             };
             ClaimEngine::default().step(input, p).await

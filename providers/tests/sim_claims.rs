@@ -265,6 +265,7 @@ async fn step_runs_in_a_spawned_task_through_arc_dyn_provider() {
             spec: &spec,
             status: &status,
             classes: &classes,
+            usage: &flotilla_providers::ClaimUsage::default(),
             now: t0(),
         };
         engine.step(input, provider.as_ref()).await

@@ -173,6 +173,7 @@ async fn a_provider_set_searches_a_static_site_and_a_cloud_in_one_step() {
         spec: &h.spec,
         status: &h.status,
         classes: &h.classes,
+        usage: &flotilla_providers::ClaimUsage::default(),
         now: t0(),
     };
     let out = h.engine.step(input, &set).await;

@@ -342,7 +342,13 @@ pub const ALL: &[ReasonDoc] = &[
         VALIDATE
     ),
     // CapacityClaim.
-    r!(CAPACITY_CLAIM, AS_EXPECTED, "reserved: `Accepted`=True", "The spec is valid and accepted.", NOTHING),
+    r!(
+        CAPACITY_CLAIM,
+        AS_EXPECTED,
+        "`Surplus`=False; reserved: `Accepted`=True",
+        "The claim holds no more nodes than its pod sets need.",
+        NOTHING
+    ),
     r!(
         CAPACITY_CLAIM,
         INVALID_SPEC,
@@ -444,15 +450,22 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         CAPACITY_CLAIM,
         DRAIN_REQUIRED,
-        "reserved",
-        "Scale-down waits for the application to drain (`disruption.scaleDown: ApplicationDrainOnly`).",
-        "Drain the workload from the named nodes; the nodes are released afterwards.",
+        "`Surplus`=True",
+        "Surplus nodes (the claim shrank, or is being deleted) still run pods, and `disruption.scaleDown: ApplicationDrainOnly` releases a node only after the application left it.",
+        "Move or stop the pods on the nodes the message names (scale the workload down); each node is released once empty. To release busy nodes anyway, set `scaleDown: Any` with `consolidation: WhenUnderutilized`.",
     ),
     r!(
         CAPACITY_CLAIM,
         CONSOLIDATION_BLOCKED,
-        "reserved",
-        "Consolidation was wanted but the disruption policy (`minLifetime`, `consolidation`) forbids it now.",
-        "Nothing; change `spec.disruption` if consolidation should happen sooner.",
+        "`Surplus`=True",
+        "The claim holds surplus nodes that `spec.disruption` keeps for now: `consolidation: Disabled`, `minLifetime` not yet reached, `WhenEmpty` nodes that still run pods, or pods on the nodes that cannot be seen (member unreachable).",
+        "Nothing if intended; the message says when or what releases them. Change `spec.disruption` to release sooner.",
+    ),
+    r!(
+        CAPACITY_CLAIM,
+        SCALING_DOWN,
+        "`Surplus`=True",
+        "Surplus nodes are being given back to the provider (released or the node group shrunk); the next look confirms it.",
+        NOTHING,
     ),
 ];

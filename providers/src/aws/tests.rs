@@ -185,6 +185,7 @@ async fn step(p: &AwsProvider, spec: &CapacityClaimSpec) -> (Vec<String>, String
                 spec,
                 status: &status,
                 classes: &classes,
+                usage: &crate::ClaimUsage::default(),
                 now: Timestamp::from_second(1_800_000_000).unwrap(),
             },
             p,

@@ -7,6 +7,7 @@
 //! capacity types × device-class fallback × allowed regions, cheapest offering first,
 //! recording every provider attempt and remembering unavailable offerings with a cool-down.
 
+mod disrupt;
 mod duration;
 mod memory;
 mod report;
@@ -20,6 +21,10 @@ use flotilla_apis::claim::{CapacityClaimSpec, CapacityClaimStatus};
 use flotilla_apis::class::InferenceClassSpec;
 use k8s_openapi::jiff::Timestamp;
 
+pub use disrupt::{
+    CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED, ClaimUsage, KARPENTER_DO_NOT_DISRUPT, NodeUse, autoscaler_may_remove,
+    drain_pending,
+};
 pub use duration::parse as parse_duration;
 pub use memory::OfferingKey;
 
@@ -81,6 +86,9 @@ pub struct ClaimInput<'a> {
     pub status: &'a CapacityClaimStatus,
     /// InferenceClasses by name.
     pub classes: &'a BTreeMap<String, InferenceClassSpec>,
+    /// The claim's nodes and the pods on them, as the members show them (for giving surplus
+    /// back under `spec.disruption`).
+    pub usage: &'a ClaimUsage,
     /// Now.
     pub now: Timestamp,
 }
@@ -121,6 +129,29 @@ impl ClaimEngine {
     /// `status.attempts` and conditions, transient ones in a shorter `requeue_after`.
     pub async fn step(&self, input: ClaimInput<'_>, provider: &dyn CapacityProvider) -> ClaimStep {
         run::step(self, input, provider).await
+    }
+
+    /// For a claim being deleted: while `spec.disruption.scaleDown: ApplicationDrainOnly` says
+    /// its capacity must wait for the application to leave, the status to write (`Surplus`=True,
+    /// `DrainRequired`, naming the nodes) and when to look again; `None` once it may be released.
+    pub fn hold_for_drain(&self, input: ClaimInput<'_>) -> Option<ClaimStep> {
+        use flotilla_apis::conditions::{Desired, Status, merge};
+        use flotilla_apis::constants::{condition, reason};
+        let message = drain_pending(input.spec, input.status, input.usage)?;
+        let desired = [Desired::new(condition::SURPLUS, Status::True, reason::DRAIN_REQUIRED, message)];
+        let mut status = input.status.clone();
+        status.conditions = flotilla_apis::Conditions(merge(
+            &input.status.conditions.0,
+            &desired,
+            input.generation,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(input.now),
+        ));
+        Some(ClaimStep {
+            changed: status != *input.status,
+            status,
+            requeue_after: self.settings.provisioning_poll,
+            acquisitions: Vec::new(),
+        })
     }
 
     /// Releases everything a claim holds (for the `flotilla.dev/capacity-release`

@@ -229,6 +229,7 @@ pub(super) fn finish(
         Desired::new(condition::FULFILLED, Status::from_bool(fulfilled), why, message.clone()),
         provisioning,
         Desired::new(condition::READY, Status::from_bool(fulfilled), why, message),
+        surplus(&run.surplus),
     ];
     let excess = run.attempts.len().saturating_sub(engine.settings.max_attempts);
     run.attempts.drain(..excess);
@@ -247,4 +248,23 @@ pub(super) fn finish(
     };
     let changed = status != *input.status;
     ClaimStep { status, changed, requeue_after, acquisitions: run.acquisitions }
+}
+
+/// The `Surplus` condition: the strongest hold first (a drain the application owes, then a
+/// policy hold, then what is being given back), every entry in the message.
+pub(super) fn surplus(held: &[super::disrupt::Held]) -> Desired {
+    if held.is_empty() {
+        return Desired::new(
+            condition::SURPLUS,
+            Status::False,
+            reason::AS_EXPECTED,
+            "Holds no more nodes than the pod sets need.",
+        );
+    }
+    let why = [reason::DRAIN_REQUIRED, reason::CONSOLIDATION_BLOCKED, reason::SCALING_DOWN]
+        .into_iter()
+        .find(|r| held.iter().any(|(x, _)| x == r))
+        .unwrap_or(reason::SCALING_DOWN);
+    let text = held.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join("; ");
+    Desired::new(condition::SURPLUS, Status::True, why, format!("{text}."))
 }

@@ -36,6 +36,12 @@ pub(super) struct Run {
     pub released: Vec<String>,
     pub transient: Option<ProviderError>,
     pub fatal: Option<ProviderError>,
+    /// Surplus held back or being given back (`disrupt`).
+    pub surplus: Vec<super::disrupt::Held>,
+    /// When a `minLifetime` hold lifts.
+    pub wake: Option<Timestamp>,
+    /// Surplus waits on pods leaving nodes (or was just given back): look again soon.
+    pub recheck: bool,
 }
 
 impl Run {
@@ -81,6 +87,9 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
         released: Vec::new(),
         transient: None,
         fatal: None,
+        surplus: Vec::new(),
+        wake: None,
+        recheck: false,
     };
 
     let alternatives = match super::search::alternatives(input.spec, input.classes, &engine.selectors) {
@@ -98,6 +107,9 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
     }
     if !run.interrupted.is_empty() {
         return report::finish(engine, &input, run, Outcome::Interrupted, settings.reacquire_after);
+    }
+    if run.transient.is_none() {
+        super::disrupt::scale_down(&input, provider, &regions, &mut run).await;
     }
 
     let missing = |run: &Run| input.spec.pod_sets.iter().any(|p| run.pods(&p.name) < p.count);
@@ -134,6 +146,14 @@ pub(super) async fn step(engine: &ClaimEngine, input: ClaimInput<'_>, provider: 
     } else {
         (Outcome::Fulfilled, settings.resync)
     };
+    // Surplus kept for drain or emptiness is looked at again soon; a minLifetime hold when it lifts.
+    let mut requeue = requeue;
+    if run.recheck {
+        requeue = requeue.min(settings.provisioning_poll);
+    }
+    if let Some(wake) = run.wake {
+        requeue = requeue.min(elapsed(input.now, wake).max(std::time::Duration::from_secs(1)));
+    }
     report::finish(engine, &input, run, outcome, requeue)
 }
 
@@ -208,7 +228,11 @@ async fn check_existing(
                 if run.zone.is_none() {
                     run.zone = acq.zone.clone();
                 }
-                run.allocations.push(ClaimAllocation { nodes: acq.nodes_granted as i32, ..alloc.clone() });
+                run.allocations.push(ClaimAllocation {
+                    nodes: acq.nodes_granted as i32,
+                    since: alloc.since.clone().or(Some(Time(input.now))),
+                    ..alloc.clone()
+                });
                 run.acquisitions.push(acq);
             }
             Err(e) if e.kind().is_transient() => {
@@ -358,6 +382,7 @@ async fn search(
                                     capacity_type: Some(ct),
                                     nodes: acq.nodes_granted as i32,
                                     pods,
+                                    since: Some(Time(run.now)),
                                 });
                                 run.acquisitions.push(acq);
                                 if missing == 0 {
@@ -417,7 +442,11 @@ async fn try_offering(
     node_labels.insert(labels::CLASS.to_string(), class.clone());
     node_labels.insert(labels::CLAIM.to_string(), claim.clone());
     node_labels.insert(labels::POOL.to_string(), name.clone());
+    node_labels.insert(labels::ACQUISITION.to_string(), name.clone());
     node_labels.insert(labels::MANAGED_BY.to_string(), "flotilla".to_string());
+    let policy = input.spec.disruption.clone().unwrap_or_default();
+    node_labels.insert(labels::CONSOLIDATION.to_string(), format!("{:?}", policy.consolidation));
+    node_labels.insert(labels::SCALE_DOWN.to_string(), format!("{:?}", policy.scale_down));
     let taints = if engine.settings.taint_nodes {
         vec![NodeTaint { key: labels::CLAIM.to_string(), value: claim, effect: TaintEffect::NoSchedule }]
     } else {
@@ -449,6 +478,8 @@ async fn try_offering(
             );
             request.placement_group = false;
             request.name = format!("{}-n", request.name);
+            request.labels.insert(labels::POOL.to_string(), request.name.clone());
+            request.labels.insert(labels::ACQUISITION.to_string(), request.name.clone());
             provider.acquire(&request).await
         }
         other => other,

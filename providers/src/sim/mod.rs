@@ -417,6 +417,45 @@ impl CapacityProvider for SimProvider {
         Ok(acq.at(now))
     }
 
+    async fn remove_nodes(
+        &self,
+        region: &str,
+        id: &str,
+        names: &[String],
+        nodes: u32,
+    ) -> Result<Acquisition, ProviderError> {
+        let now = self.clock.now();
+        let grows = {
+            let state = self.state();
+            let acq =
+                state.acquisitions.get(id).filter(|a| a.view.region == region && a.holds(now)).ok_or_else(|| {
+                    ProviderError::new(
+                        ErrorKind::InvalidRequest,
+                        "ResourceNotFoundException",
+                        format!("no acquisition {id} in {region}"),
+                    )
+                })?;
+            nodes > acq.view.nodes_granted
+        };
+        if grows {
+            return self.resize(region, id, nodes).await;
+        }
+        let mut state = self.state();
+        state.calls.resize.push((region.to_string(), id.to_string(), nodes));
+        let Some(acq) = state.acquisitions.get_mut(id) else {
+            return Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                "ResourceNotFoundException",
+                format!("no acquisition {id} in {region}"),
+            ));
+        };
+        // The named nodes go first, then (if the claim named fewer) the newest.
+        acq.view.nodes.retain(|n| !names.contains(&n.name));
+        acq.view.nodes.truncate(nodes as usize);
+        acq.view.nodes_granted = nodes;
+        Ok(acq.at(now))
+    }
+
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
         let mut state = self.state();
         state.calls.release.push((region.to_string(), id.to_string()));

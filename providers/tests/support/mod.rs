@@ -121,6 +121,8 @@ pub struct Harness {
     pub spec: CapacityClaimSpec,
     pub status: CapacityClaimStatus,
     pub last: Option<ClaimStep>,
+    /// The claim's nodes and pods as the members would show them.
+    pub usage: flotilla_providers::ClaimUsage,
 }
 
 impl Harness {
@@ -135,6 +137,7 @@ impl Harness {
             spec,
             status: Default::default(),
             last: None,
+            usage: Default::default(),
         }
     }
 
@@ -149,6 +152,7 @@ impl Harness {
             spec: &self.spec,
             status: &self.status,
             classes: &self.classes,
+            usage: &self.usage,
             now: flotilla_providers::Clock::now(&self.clock),
         };
         let out = self.engine.step(input, provider.as_ref()).await;
