@@ -4,7 +4,11 @@
 //! An EU-only deployment that does not fit gets a claim; the simulated provider adds nodes to
 //! eu2 (never the cheaper US region); the replicas become Ready there. A deployment that fits
 //! gets no claim. An impossible claim says why and stops writing. Deleting the deployment
-//! releases the capacity and the nodes go. Run by `scripts/test-e2e.sh`.
+//! releases the capacity and the nodes go. Then disruption intent: a claim with
+//! `scaleDown: ApplicationDrainOnly` marks its nodes do-not-disrupt for node autoscalers,
+//! keeps busy surplus nodes (`DrainRequired`) when it shrinks, gives back exactly the node the
+//! application left, and, deleted, keeps its capacity until the last pod is gone. Run by
+//! `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,7 +18,7 @@ use std::time::Duration;
 
 use flotilla_apis::{CapacityClaim, ModelDeployment};
 use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
-use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -77,7 +81,8 @@ fn model(name: &str, replicas: i32, devices: u32) -> serde_json::Value {
                  "topology": {"type": if devices > 1 { "TensorParallel" } else { "Standalone" }, "devicesPerReplica": devices},
                  "devices": {"alternatives": [{"class": "h100"}]},
                  "placement": {"sovereignty": {"allowedJurisdictions": ["EU"]},
-                               "capacityClaimTemplate": {"capacityTypes": ["on-demand"], "maxProvisioningLatency": "10m"}}}})
+                               "capacityClaimTemplate": {"capacityTypes": ["on-demand"], "maxProvisioningLatency": "10m",
+                                                         "disruption": {"consolidation": "WhenEmpty", "scaleDown": "Any"}}}}})
 }
 
 async fn claim_nodes(client: &Client) -> Vec<String> {
@@ -135,6 +140,8 @@ async fn capacity_claims_on_real_api_servers() {
     assert_eq!(ps.devices_per_pod, 8);
     assert_eq!(ps.count, 2, "{ps:?}");
     assert_eq!(claim.metadata.owner_references.as_ref().unwrap()[0].name, "big");
+    let disruption = claim.spec.disruption.as_ref().expect("the template's disruption is the claim's");
+    assert_eq!(format!("{:?}", disruption.scale_down), "Any");
     let placed = wait_for("big reports ClaimPending", Duration::from_secs(30), || async {
         let c = mds.get("big").await.ok()?.status?.conditions.get("Placed")?.clone();
         (c.reason == "ClaimPending").then_some(c)
@@ -205,6 +212,114 @@ async fn capacity_claims_on_real_api_servers() {
     .await;
     wait_for("eu2's claim nodes removed", Duration::from_secs(30), || async {
         claim_nodes(&eu2).await.is_empty().then_some(())
+    })
+    .await;
+
+    drain_before_release(&control, &claims, &eu2).await;
+}
+
+async fn surplus(claims: &Api<CapacityClaim>, name: &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    claims.get(name).await.ok()?.status?.conditions.get("Surplus").cloned()
+}
+
+/// A pod of the application on `node` (bound directly; kwok runs it).
+async fn run_on(member: &Client, node: &str) -> String {
+    let name = format!("app-{node}");
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}}))
+    .unwrap();
+    Api::<Pod>::namespaced(member.clone(), "default").create(&PostParams::default(), &pod).await.unwrap();
+    name
+}
+
+async fn stop(member: &Client, pod: &str) {
+    let pods: Api<Pod> = Api::namespaced(member.clone(), "default");
+    pods.delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    wait_for("the pod gone", Duration::from_secs(30), || async {
+        pods.get_opt(pod).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+/// `scaleDown: ApplicationDrainOnly` on a claim of two nodes in eu2, each running a pod.
+async fn drain_before_release(control: &Client, claims: &Api<CapacityClaim>, eu2: &Client) {
+    let claim = |count: i32| {
+        json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "CapacityClaim",
+            "metadata": {"name": "drain", "namespace": "ml"},
+            "spec": {"podSets": [{"name": "p", "count": count, "devicesPerPod": 8}],
+                     "capacity": {"capacityTypes": ["on-demand"], "deviceClasses": [{"class": "h100"}],
+                                  "sovereignty": {"allowedJurisdictions": ["EU"]}},
+                     "disruption": {"consolidation": "WhenEmpty", "scaleDown": "ApplicationDrainOnly"}}})
+    };
+    apply(control, claim(2)).await;
+    wait_for("the drain claim Fulfilled", Duration::from_secs(90), || async {
+        claims.get("drain").await.ok()?.status?.conditions.is_true("Fulfilled").then_some(())
+    })
+    .await;
+    let nodes = wait_for("its two nodes in eu2", Duration::from_secs(30), || async {
+        let n = claim_nodes(eu2).await;
+        (n.len() == 2).then_some(n)
+    })
+    .await;
+    // Node autoscalers are told to leave them alone; the policy is on the nodes.
+    let marked = wait_for("nodes marked do-not-disrupt", Duration::from_secs(30), || async {
+        let all = Api::<Node>::all(eu2.clone())
+            .list(&ListParams::default().labels("flotilla.dev/claim=ml.drain"))
+            .await
+            .ok()?;
+        all.items
+            .iter()
+            .all(|n| {
+                let a = n.metadata.annotations.clone().unwrap_or_default();
+                a.get("karpenter.sh/do-not-disrupt").is_some_and(|v| v == "true")
+                    && a.get("cluster-autoscaler.kubernetes.io/scale-down-disabled").is_some_and(|v| v == "true")
+            })
+            .then_some(all.items)
+    })
+    .await;
+    let l = marked[0].metadata.labels.clone().unwrap_or_default();
+    assert_eq!(l.get("flotilla.dev/scale-down").map(String::as_str), Some("ApplicationDrainOnly"));
+    let (a, b) = (nodes[0].clone(), nodes[1].clone());
+    let (pod_a, pod_b) = (run_on(eu2, &a).await, run_on(eu2, &b).await);
+
+    // Shrunk to one pod while both nodes run the application: nothing is given back.
+    apply(control, claim(1)).await;
+    let c = wait_for("DrainRequired", Duration::from_secs(60), || async {
+        surplus(claims, "drain").await.filter(|c| c.reason == "DrainRequired")
+    })
+    .await;
+    assert!(c.message.contains(&a) && c.message.contains(&b), "names the nodes to drain: {}", c.message);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(claim_nodes(eu2).await, nodes, "busy nodes are kept");
+
+    // The application leaves b: exactly b goes, a stays.
+    stop(eu2, &pod_b).await;
+    wait_for("b given back", Duration::from_secs(60), || async {
+        (claim_nodes(eu2).await == [a.clone()]).then_some(())
+    })
+    .await;
+    wait_for("no surplus left", Duration::from_secs(60), || async {
+        surplus(claims, "drain").await.filter(|c| c.status == "False").map(|_| ())
+    })
+    .await;
+
+    // Deleted while a still runs the application: the claim and its node stay until it leaves.
+    claims.delete("drain", &DeleteParams::default()).await.unwrap();
+    let c = wait_for("deleting waits for drain", Duration::from_secs(60), || async {
+        surplus(claims, "drain").await.filter(|c| c.reason == "DrainRequired" && c.message.starts_with("Deleting"))
+    })
+    .await;
+    assert!(c.message.contains(&a), "{}", c.message);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(claims.get_opt("drain").await.unwrap().is_some(), "not released while the application runs there");
+    assert_eq!(claim_nodes(eu2).await, std::slice::from_ref(&a));
+    stop(eu2, &pod_a).await;
+    wait_for("the drained claim gone", Duration::from_secs(60), || async {
+        claims.get_opt("drain").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    wait_for("its last node removed", Duration::from_secs(30), || async {
+        claim_nodes(eu2).await.is_empty().then_some(())
     })
     .await;
 }

@@ -9,6 +9,7 @@
 pub mod nodes;
 pub mod simfile;
 pub mod sizing;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +17,8 @@ use std::time::Duration;
 
 use flotilla_apis::constants::FINALIZER_CAPACITY_RELEASE;
 use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster};
-use flotilla_providers::{Acquisition, CapacityProvider, ClaimEngine, ClaimInput, RegionInfo};
+use flotilla_providers::claim::autoscaler_may_remove;
+use flotilla_providers::{Acquisition, CapacityProvider, ClaimEngine, ClaimInput, ClaimStep, ClaimUsage, RegionInfo};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -54,6 +56,28 @@ pub struct ClaimContext {
 pub async fn reconcile(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
     let ns = claim.namespace().unwrap_or_else(|| "default".into());
     let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    if claim.metadata.deletion_timestamp.is_some() && claim.finalizers().iter().any(|f| f == FINALIZER_CAPACITY_RELEASE)
+    {
+        // `scaleDown: ApplicationDrainOnly`: nothing is released while the application runs there.
+        let status = claim.status.clone().unwrap_or_default();
+        let usage = usage(&ctx, &claim, &status).await;
+        let classes = BTreeMap::new();
+        let input = ClaimInput {
+            namespace: &ns,
+            name: &claim.name_any(),
+            generation: claim.metadata.generation,
+            created: claim.metadata.creation_timestamp.as_ref().map_or_else(Timestamp::now, |t| t.0),
+            spec: &claim.spec,
+            status: &status,
+            classes: &classes,
+            usage: &usage,
+            now: Timestamp::now(),
+        };
+        if let Some(step) = ctx.engine.hold_for_drain(input) {
+            write_status(&ctx, &claim, &step).await?;
+            return Ok(Action::requeue(step.requeue_after));
+        }
+    }
     finalizer(&api, FINALIZER_CAPACITY_RELEASE, claim, |ev| async {
         match ev {
             Finalizer::Apply(c) => apply(c, ctx.clone()).await,
@@ -74,6 +98,7 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
     let status = claim.status.clone().unwrap_or_default();
     let created = claim.metadata.creation_timestamp.as_ref().map_or_else(Timestamp::now, |t| t.0);
+    let usage = usage(&ctx, &claim, &status).await;
     let input = ClaimInput {
         namespace: &ns,
         name: &name,
@@ -82,6 +107,7 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
         spec: &claim.spec,
         status: &status,
         classes: &classes,
+        usage: &usage,
         now: Timestamp::now(),
     };
     let step = ctx.engine.step(input, ctx.provider.as_ref()).await;
@@ -92,22 +118,72 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
         tracing::warn!(claim = %format!("{ns}/{name}"), error = %e, "provisioned nodes not (all) created; retrying");
         requeue = requeue.min(Duration::from_secs(2));
     }
-    if step.changed {
-        let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
-        let mut patch =
-            crate::status_patch::status_patch(claim.status.as_ref(), &step.status).map_err(kube::Error::SerdeError)?;
-        patch["metadata"] = serde_json::json!({"resourceVersion": claim.resource_version()});
-        api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
-        ctx.metrics.status_write(Kind::CapacityClaim);
-        let fulfilled = step.status.conditions.get(flotilla_apis::constants::condition::FULFILLED);
-        tracing::info!(
-            claim = %format!("{ns}/{name}"),
-            reason = fulfilled.map_or("", |c| c.reason.as_str()),
-            message = fulfilled.map_or("", |c| c.message.as_str()),
-            "claim status updated"
-        );
-    }
+    write_status(&ctx, &claim, &step).await?;
     Ok(Action::requeue(requeue.max(Duration::from_millis(500))))
+}
+
+/// Writes `step.status` when the step changed it (conditional on the claim's resourceVersion).
+async fn write_status(ctx: &ClaimContext, claim: &CapacityClaim, step: &ClaimStep) -> Result<(), Error> {
+    if !step.changed {
+        return Ok(());
+    }
+    let ns = claim.namespace().unwrap_or_else(|| "default".into());
+    let name = claim.name_any();
+    let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut patch =
+        crate::status_patch::status_patch(claim.status.as_ref(), &step.status).map_err(kube::Error::SerdeError)?;
+    patch["metadata"] = serde_json::json!({"resourceVersion": claim.resource_version()});
+    api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
+    ctx.metrics.status_write(Kind::CapacityClaim);
+    let line = |t: &str| step.status.conditions.get(t).map(|c| (c.reason.clone(), c.message.clone()));
+    let (reason, message) = line(flotilla_apis::constants::condition::FULFILLED).unwrap_or_default();
+    let (surplus, surplus_message) = line(flotilla_apis::constants::condition::SURPLUS).unwrap_or_default();
+    tracing::info!(claim = %format!("{ns}/{name}"), %reason, %message, %surplus, %surplus_message, "claim status updated");
+    Ok(())
+}
+
+/// The claim's nodes and their application pods in every member its provider's regions map to
+/// (members that do not answer are left out: their pods are unknown), marking each node
+/// do-not-disrupt for node autoscalers unless the claim lets it go.
+async fn usage(
+    ctx: &ClaimContext,
+    claim: &CapacityClaim,
+    status: &flotilla_apis::claim::CapacityClaimStatus,
+) -> ClaimUsage {
+    let claim_key = key(claim);
+    let now = Timestamp::now();
+    let protect = |acquisition: &str| {
+        let since = status.allocations.iter().find(|a| a.pool == acquisition).and_then(|a| a.since.as_ref());
+        since.is_none() || !autoscaler_may_remove(&claim.spec, since.map(|t| t.0), now)
+    };
+    let mut out = ClaimUsage::default();
+    let mut clusters: Vec<String> = ctx.provider.regions().into_iter().map(|r| r.cluster).collect();
+    clusters.sort();
+    clusters.dedup();
+    for cluster in clusters {
+        let Some(ic) = ctx.clusters.state().into_iter().find(|c| c.name_any() == cluster) else { continue };
+        let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(claim = %claim_key, %cluster, error = %e, "claim nodes not observed");
+                continue;
+            }
+        };
+        let seen = tokio::time::timeout(
+            ctx.config.timeouts.observe,
+            usage::observe(&client, &claim_key, &ctx.config.field_manager, protect),
+        )
+        .await;
+        match seen {
+            Ok(Ok(nodes)) => {
+                out.clusters.insert(cluster);
+                out.nodes.extend(nodes);
+            }
+            Ok(Err(e)) => tracing::debug!(claim = %claim_key, %cluster, error = %brief(&e), "claim nodes not observed"),
+            Err(_) => tracing::debug!(claim = %claim_key, %cluster, "claim nodes not observed in time"),
+        }
+    }
+    out
 }
 
 /// The member pool of `class` in `cluster` (the first declared pool of that class).

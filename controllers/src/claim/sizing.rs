@@ -96,7 +96,7 @@ pub fn decide(md: &ModelDeployment, plan: &DeploymentPlan, existing: Option<&Cap
             sovereignty: md.spec.placement.sovereignty.clone(),
             reservation_ids: Vec::new(),
         },
-        disruption: None,
+        disruption: template.disruption.clone(),
     };
     if existing.is_some_and(|c| c.spec == spec) {
         return ClaimDecision::None;

@@ -1,0 +1,100 @@
+//! What a claim's nodes run, read from a member: every node labelled for the claim, with the
+//! pods the application has there (not DaemonSet or mirror pods, not finished ones), so the
+//! claim engine can tell empty nodes from busy ones. The same pass puts the disruption policy
+//! onto the nodes as the annotations cluster-autoscaler and Karpenter honour: a node the claim
+//! keeps is marked do-not-disrupt, one it lets go is not.
+
+use flotilla_apis::constants::labels;
+use flotilla_providers::NodeUse;
+use flotilla_providers::claim::{CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED, KARPENTER_DO_NOT_DISRUPT};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+/// Pods of the application among `pods` (all on one node).
+pub fn app_pods(pods: &[Pod]) -> u32 {
+    let counted = pods.iter().filter(|p| {
+        let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
+        let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
+        let done =
+            p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+        !daemon && !mirror && !done
+    });
+    u32::try_from(counted.count()).unwrap_or(u32::MAX)
+}
+
+/// The annotation patch that makes `node` say `protect`, or `None` when it already does.
+pub fn protection_patch(node: &Node, protect: bool) -> Option<Value> {
+    let a = node.annotations();
+    let keys = [CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED, KARPENTER_DO_NOT_DISRUPT];
+    let has = keys.iter().all(|k| a.get(*k).is_some_and(|v| v == "true"));
+    let none = keys.iter().all(|k| !a.contains_key(*k));
+    if (protect && has) || (!protect && none) {
+        return None;
+    }
+    let value = if protect { json!("true") } else { Value::Null };
+    Some(json!({"metadata": {"annotations": {keys[0]: value, keys[1]: value}}}))
+}
+
+/// The nodes of claim `claim` (`<namespace>.<name>`) in one member, with their application
+/// pods; marks each do-not-disrupt when `protect(acquisition)` says so.
+pub async fn observe(
+    client: &Client,
+    claim: &str,
+    field_manager: &str,
+    protect: impl Fn(&str) -> bool,
+) -> Result<Vec<NodeUse>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client.clone());
+    let lp = ListParams::default().labels(&format!("{}={claim}", labels::CLAIM));
+    let mut out = Vec::new();
+    for node in nodes.list(&lp).await?.items {
+        let name = node.name_any();
+        let acquisition = node.labels().get(labels::ACQUISITION).cloned().unwrap_or_default();
+        let on_node = pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))).await?;
+        if let Some(patch) = protection_patch(&node, protect(&acquisition)) {
+            nodes.patch(&name, &PatchParams::apply(field_manager), &Patch::Merge(&patch)).await?;
+        }
+        out.push(NodeUse { name, acquisition, pods: app_pods(&on_node.items) });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn only_the_applications_running_pods_count() {
+        let pods = [
+            pod(json!({"metadata": {"name": "llama-0"}, "status": {"phase": "Running"}})),
+            pod(json!({"metadata": {"name": "llama-1"}, "status": {"phase": "Pending"}})),
+            pod(json!({"metadata": {"name": "dcgm", "ownerReferences": [{"apiVersion": "apps/v1",
+                "kind": "DaemonSet", "name": "dcgm", "uid": "u"}]}, "status": {"phase": "Running"}})),
+            pod(json!({"metadata": {"name": "static", "annotations": {"kubernetes.io/config.mirror": "x"}}})),
+            pod(json!({"metadata": {"name": "job"}, "status": {"phase": "Succeeded"}})),
+        ];
+        assert_eq!(app_pods(&pods), 2);
+        assert_eq!(app_pods(&[]), 0);
+    }
+
+    #[test]
+    fn protection_is_written_only_when_it_changes() {
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
+        let patch = protection_patch(&bare, true).unwrap();
+        assert_eq!(patch["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
+        assert_eq!(patch["metadata"]["annotations"][CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED], "true");
+        assert!(protection_patch(&bare, false).is_none());
+        let marked: Node = serde_json::from_value(json!({"metadata": {"name": "n", "annotations": {
+            KARPENTER_DO_NOT_DISRUPT: "true", CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: "true"}}}))
+        .unwrap();
+        assert!(protection_patch(&marked, true).is_none());
+        let unmark = protection_patch(&marked, false).unwrap();
+        assert!(unmark["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT].is_null());
+    }
+}
