@@ -17,6 +17,7 @@ use aws_sdk_eks::types::{
     TaintEffect as EksTaintEffect,
 };
 use flotilla_apis::common::{CapacityType, TaintEffect};
+use flotilla_apis::constants::labels::CLAIM as CLAIM_LABEL;
 use k8s_openapi::jiff::Timestamp;
 
 use super::RegionClients;
@@ -233,6 +234,44 @@ pub(super) async fn release(c: &RegionClients, id: &str) -> Result<(), ProviderE
         Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(()),
         Err(e) => Err(from_sdk("DeleteNodegroup", &e)),
     }
+}
+
+/// Node groups of the EKS cluster labelled `flotilla.dev/claim=<claim>` (the request's labels
+/// become the node group's), except those already being deleted: ListNodegroups, every
+/// page, then DescribeNodegroup of each (a group deleted in between is skipped).
+pub(super) async fn held_by(c: &RegionClients, claim: &str) -> Result<Vec<String>, ProviderError> {
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = c
+            .eks
+            .list_nodegroups()
+            .cluster_name(&c.target.eks_cluster)
+            .set_next_token(token.clone())
+            .send()
+            .await
+            .map_err(|e| from_sdk("ListNodegroups", &e))?;
+        names.extend(page.nodegroups().iter().cloned());
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    let mut held = Vec::new();
+    for name in names {
+        let out = c.eks.describe_nodegroup().cluster_name(&c.target.eks_cluster).nodegroup_name(&name).send().await;
+        let ng = match out {
+            Ok(out) => out.nodegroup().cloned(),
+            Err(e) if e.code() == Some("ResourceNotFoundException") => None,
+            Err(e) => return Err(from_sdk("DescribeNodegroup", &e)),
+        };
+        let Some(ng) = ng else { continue };
+        let labelled = ng.labels().and_then(|l| l.get(CLAIM_LABEL)).is_some_and(|v| v == claim);
+        if labelled && ng.status() != Some(&NodegroupStatus::Deleting) {
+            held.push(name);
+        }
+    }
+    Ok(held)
 }
 
 /// A node group as an acquisition, at `now` (a capacity block past its end is interrupted).
