@@ -7,6 +7,7 @@
 //! `sizing` decides, for a ModelDeployment, which claim it should own.
 
 pub mod nodes;
+pub mod providerfile;
 pub mod simfile;
 pub mod sizing;
 

@@ -238,19 +238,25 @@ pub(super) async fn release(c: &RegionClients, id: &str) -> Result<(), ProviderE
 
 /// Node groups of the EKS cluster labelled `flotilla.dev/claim=<claim>` (the request's labels
 /// become the node group's), except those already being deleted: ListNodegroups, every
-/// page, then DescribeNodegroup of each (a group deleted in between is skipped).
+/// page, then DescribeNodegroup of each (a group deleted in between is skipped). A missing
+/// EKS cluster holds nothing.
 pub(super) async fn held_by(c: &RegionClients, claim: &str) -> Result<Vec<String>, ProviderError> {
     let mut names = Vec::new();
     let mut token: Option<String> = None;
     loop {
-        let page = c
+        let page = match c
             .eks
             .list_nodegroups()
             .cluster_name(&c.target.eks_cluster)
             .set_next_token(token.clone())
             .send()
             .await
-            .map_err(|e| from_sdk("ListNodegroups", &e))?;
+        {
+            Ok(page) => page,
+            // No EKS cluster, no node group of it.
+            Err(e) if e.code() == Some("ResourceNotFoundException") => return Ok(Vec::new()),
+            Err(e) => return Err(from_sdk("ListNodegroups", &e)),
+        };
         names.extend(page.nodegroups().iter().cloned());
         token = page.next_token().map(str::to_string);
         if token.is_none() {
