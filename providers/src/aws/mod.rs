@@ -8,8 +8,11 @@
 mod discover;
 mod errors;
 mod nodegroups;
+mod spot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_lifecycle;
 
 pub use errors::{from_code, kind_of};
 

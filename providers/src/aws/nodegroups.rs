@@ -4,7 +4,8 @@
 //! adapter reads back in `describe`. Reserved requests are checked against the named
 //! capacity reservation first and target it through a launch template (which also carries a
 //! cluster placement group when asked for). `describe` maps node group status and health to
-//! an acquisition; `resize` updates its scaling config; `release` deletes the node group.
+//! an acquisition (a spot node group whose instances EC2 reclaimed is `Interrupted`, see
+//! `spot`); `resize` updates its scaling config; `release` deletes the node group.
 
 use aws_sdk_ec2::types::{
     CapacityReservationTarget, CapacityReservationType, LaunchTemplateCapacityReservationSpecificationRequest,
@@ -209,7 +210,16 @@ pub(super) async fn describe(c: &RegionClients, id: &str) -> Result<Acquisition,
     let ng = out.nodegroup().ok_or_else(|| {
         ProviderError::new(ErrorKind::InvalidRequest, "ResourceNotFoundException", format!("no node group {id}"))
     })?;
-    Ok(to_acquisition(&c.target.region, ng, Timestamp::now()))
+    let now = Timestamp::now();
+    let mut acquisition = to_acquisition(&c.target.region, ng, now);
+    let live = matches!(acquisition.state, AcquisitionState::Active | AcquisitionState::Provisioning);
+    if live && acquisition.capacity_type == CapacityType::Spot {
+        let lost = super::spot::reclaimed(c, id).await?;
+        if !lost.is_empty() {
+            super::spot::interrupt(&mut acquisition, lost, now);
+        }
+    }
+    Ok(acquisition)
 }
 
 pub(super) async fn resize(c: &RegionClients, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
