@@ -107,10 +107,8 @@ pub fn load(
     clusters: &BTreeMap<String, InferenceClusterSpec>,
     classes: &BTreeMap<String, InferenceClassSpec>,
 ) -> Result<ProviderPlan, String> {
-    let file: CapacityProviderFile = serde_yaml_ng::from_str(text).map_err(|e| {
-        let e = e.to_string();
-        if e.contains("unknown variant") { format!("{e} (each region's `kind` is `aws` or `static`)") } else { e }
-    })?;
+    // serde names the path, the line and, for `kind`, the kinds there are.
+    let file: CapacityProviderFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
     if file.regions.is_empty() {
         return Err("regions: empty; list at least one region, or leave --capacity-provider unset".into());
     }
