@@ -10,6 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::cluster::{InferenceClusterSpec, NodePool};
+use flotilla_apis::constants::labels::CLAIM as CLAIM_LABEL;
 
 use crate::error::{ErrorKind, ProviderError};
 use crate::provider::CapacityProvider;
@@ -19,6 +20,8 @@ struct Held {
     acquisition: Acquisition,
     pool: String,
     indices: Vec<u32>,
+    /// The request's `flotilla.dev/claim` label.
+    claim: Option<String>,
 }
 
 /// Fixed inventory from `static` InferenceClusters (one cluster per region).
@@ -183,7 +186,11 @@ impl CapacityProvider for StaticProvider {
             message: format!("{grant} declared node(s) of pool {} set aside", pool.name),
             failure: None,
         };
-        held.insert(request.name.clone(), Held { acquisition: acquisition.clone(), pool: pool.name.clone(), indices });
+        let claim = request.labels.get(CLAIM_LABEL).cloned();
+        held.insert(
+            request.name.clone(),
+            Held { acquisition: acquisition.clone(), pool: pool.name.clone(), indices, claim },
+        );
         Ok(acquisition)
     }
 
@@ -196,5 +203,14 @@ impl CapacityProvider for StaticProvider {
     async fn release(&self, _region: &str, id: &str) -> Result<(), ProviderError> {
         self.held().remove(id);
         Ok(())
+    }
+
+    async fn held_by(&self, claim: &str) -> Result<Vec<(String, String)>, ProviderError> {
+        Ok(self
+            .held()
+            .values()
+            .filter(|h| h.claim.as_deref() == Some(claim))
+            .map(|h| (h.acquisition.region.clone(), h.acquisition.id.clone()))
+            .collect())
     }
 }

@@ -54,4 +54,11 @@ pub trait CapacityProvider: Send + Sync {
 
     /// Gives an acquisition back. Releasing something already gone succeeds.
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError>;
+
+    /// `(region, id)` of every acquisition this provider still holds for `claim`
+    /// (`<namespace>.<name>`, the value of the `flotilla.dev/claim` label the engine puts on
+    /// every request), whatever the claim's status recorded: what the finalizer must give
+    /// back when a claim goes before its first status write. Released acquisitions are not
+    /// listed. An error means the listing is unknown, not that the claim holds nothing.
+    async fn held_by(&self, claim: &str) -> Result<Vec<(String, String)>, ProviderError>;
 }

@@ -95,4 +95,18 @@ impl CapacityProvider for ProviderSet {
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
         self.route(region)?.release(region, id).await
     }
+
+    /// The union over every member; the first member that cannot list fails the whole
+    /// listing (the caller retries), so nothing held is silently left out.
+    async fn held_by(&self, claim: &str) -> Result<Vec<(String, String)>, ProviderError> {
+        let mut out = Vec::new();
+        for p in &self.providers {
+            for held in p.held_by(claim).await? {
+                if !out.contains(&held) {
+                    out.push(held);
+                }
+            }
+        }
+        Ok(out)
+    }
 }

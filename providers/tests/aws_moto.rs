@@ -278,3 +278,25 @@ async fn claim_engine_obtains_an_eks_node_group_through_moto() {
     let listed = eks().list_nodegroups().cluster_name("claims").send().await.unwrap();
     assert_eq!(listed.nodegroups(), std::slice::from_ref(&alloc.pool));
 }
+
+#[tokio::test]
+async fn held_by_lists_the_claims_node_groups_and_release_all_deletes_them_without_a_status() {
+    use flotilla_providers::ClaimEngine;
+
+    create_cluster("heldby").await;
+    let p = provider("heldby").await;
+    p.acquire(&request("ml-llama-a", CapacityType::OnDemand)).await.unwrap();
+    let mut other = request("ml-other-a", CapacityType::OnDemand);
+    other.labels.insert("flotilla.dev/claim".into(), "ml.other".into());
+    p.acquire(&other).await.unwrap();
+
+    assert_eq!(p.held_by("ml.llama").await.unwrap(), [(REGION.to_string(), "ml-llama-a".to_string())]);
+    assert!(p.held_by("ml.nobody").await.unwrap().is_empty());
+
+    // The claim goes before its status recorded the node group.
+    let failed = ClaimEngine::default().release_all("ml.llama", &Default::default(), &p).await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(p.held_by("ml.llama").await.unwrap().is_empty(), "nothing held for the claim");
+    let listed = eks().list_nodegroups().cluster_name("heldby").send().await.unwrap();
+    assert_eq!(listed.nodegroups(), ["ml-other-a"], "the other claim's node group is left alone");
+}

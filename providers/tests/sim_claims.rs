@@ -316,3 +316,84 @@ async fn a_named_reservation_the_provider_does_not_hold_is_a_reservation_mismatc
     assert!(message.contains("cr-h100") && message.contains("cr-0ther"), "{message}");
     assert!(h.sim.calls().acquire.is_empty(), "nothing is acquired against another reservation");
 }
+
+/// A provider that answers like the simulated one but cannot list what a claim holds.
+struct CannotList(std::sync::Arc<flotilla_providers::SimProvider>);
+
+#[async_trait::async_trait]
+impl flotilla_providers::CapacityProvider for CannotList {
+    fn name(&self) -> &str {
+        "sim"
+    }
+    fn regions(&self) -> Vec<flotilla_providers::RegionInfo> {
+        self.0.regions()
+    }
+    async fn offerings(&self, region: &str) -> Result<Vec<flotilla_providers::Offering>, ProviderError> {
+        self.0.offerings(region).await
+    }
+    async fn acquire(
+        &self,
+        request: &flotilla_providers::AcquireRequest,
+    ) -> Result<flotilla_providers::Acquisition, ProviderError> {
+        self.0.acquire(request).await
+    }
+    async fn describe(&self, region: &str, id: &str) -> Result<flotilla_providers::Acquisition, ProviderError> {
+        self.0.describe(region, id).await
+    }
+    async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
+        self.0.release(region, id).await
+    }
+    async fn held_by(&self, _claim: &str) -> Result<Vec<(String, String)>, ProviderError> {
+        Err(ProviderError::new(ErrorKind::Throttled, "ThrottlingException", "Rate exceeded"))
+    }
+}
+
+#[tokio::test]
+async fn release_all_gives_back_what_was_acquired_before_the_first_status_write() {
+    use flotilla_providers::{AcquisitionState, CapacityProvider};
+    let mut c = cloud(vec![region("eu-central-1", "EU", vec![offering("h100", OnDemand, 98, 4)])]);
+    c.provisioning_delay = Duration::ZERO;
+    let mut h = Harness::new(c, claim(2, &[OnDemand], &["h100"], &["EU"]));
+    let out = h.step().await;
+    assert_eq!(out.status.allocations.len(), 1, "the step acquired capacity");
+    // Another claim's acquisition in the same region, which must survive.
+    let mut other = h.sim.calls().acquire[0].clone();
+    other.name = "ml-other-decode".into();
+    other.nodes = 1;
+    other.labels.insert("flotilla.dev/claim".into(), "ml.other".into());
+    h.sim.acquire(&other).await.unwrap();
+    assert_eq!(h.sim.held_by("ml.llama").await.unwrap().len(), 1);
+
+    // The status write never landed: the finalizer sees an empty status.
+    let never_written = Default::default();
+    let failed = h.engine.release_all("ml.llama", &never_written, h.sim.as_ref()).await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(h.sim.held_by("ml.llama").await.unwrap().is_empty(), "the provider holds nothing for the claim");
+    let states: Vec<_> = h.sim.acquisitions().into_iter().map(|a| (a.id, a.state)).collect();
+    let mine: Vec<_> = states.iter().filter(|(id, _)| *id != "ml-other-decode").collect();
+    assert!(mine.iter().all(|(_, s)| *s == AcquisitionState::Released), "{states:?}");
+    assert_eq!(h.sim.held_by("ml.other").await.unwrap(), [("eu-central-1".to_string(), "ml-other-decode".to_string())]);
+    assert!(h.sim.calls().release.iter().all(|(_, id)| id != "ml-other-decode"), "the other claim's is left alone");
+
+    // Released once, not twice, when the status does record it.
+    let before = h.sim.calls().release.len();
+    assert!(h.engine.release_all("ml.other", &h.status, h.sim.as_ref()).await.is_empty());
+    let released: Vec<_> = h.sim.calls().release[before..].iter().map(|(_, id)| id.clone()).collect();
+    assert!(released.contains(&"ml-other-decode".to_string()), "{released:?}");
+    let mut deduped = released.clone();
+    deduped.dedup();
+    assert_eq!(released, deduped, "each acquisition released once");
+}
+
+#[tokio::test]
+async fn release_all_reports_a_listing_failure_so_the_finalizer_retries() {
+    let mut c = cloud(vec![region("eu-central-1", "EU", vec![offering("h100", OnDemand, 98, 4)])]);
+    c.provisioning_delay = Duration::ZERO;
+    let mut h = Harness::new(c, claim(2, &[OnDemand], &["h100"], &["EU"]));
+    h.step().await;
+    let provider = CannotList(h.sim.clone());
+    let failed = h.engine.release_all("ml.llama", &h.status, &provider).await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].1.code(), "ThrottlingException");
+    assert!(h.sim.calls().release.len() == 1, "what the status records is still released");
+}

@@ -3,6 +3,7 @@
 //! lease (so two replicas never both write), serves probes and metrics, and shuts down
 //! gracefully on SIGTERM or Ctrl-C, releasing the lease.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_controllers::claim::providerfile;
 use flotilla_controllers::metrics::Metrics;
 use flotilla_controllers::server::{Probes, serve};
 use flotilla_controllers::{ControllerConfig, run_controllers};
@@ -51,28 +54,68 @@ struct Args {
     /// Solve CapacityClaims against a simulated cloud described in this YAML file (regions, the
     /// InferenceCluster each joins, offerings by InferenceClass); its nodes are created as kwok
     /// nodes in the members. Without a provider, CapacityClaims are left alone.
-    #[arg(long, env = "FLOTILLA_SIM_CLOUD")]
+    #[arg(long, env = "FLOTILLA_SIM_CLOUD", conflicts_with = "capacity_provider")]
     sim_cloud: Option<PathBuf>,
+    /// Solve CapacityClaims against real providers chosen per region in this YAML file: `aws`
+    /// (EKS managed node groups; credentials from the standard AWS chain) and `static` (the
+    /// declared pools of static InferenceClusters). See docs/providers.md. Validated at
+    /// start-up: a bad file stops the controller before it reconciles anything. Not combined
+    /// with --sim-cloud (its kwok nodes would be reconciled against real regions' nodes).
+    #[arg(long, env = "FLOTILLA_CAPACITY_PROVIDER")]
+    capacity_provider: Option<PathBuf>,
+}
+
+/// InferenceClasses by name, for a provider file.
+async fn classes(client: &Client, flag: &str) -> anyhow::Result<BTreeMap<String, InferenceClassSpec>> {
+    Ok(kube::Api::<flotilla_apis::InferenceClass>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .with_context(|| format!("listing InferenceClasses for {flag}"))?
+        .items
+        .into_iter()
+        .map(|c| (kube::ResourceExt::name_any(&c), c.spec))
+        .collect())
 }
 
 /// The capacity provider from the flags, if any.
 async fn capacity(args: &Args, client: &Client) -> anyhow::Result<Option<flotilla_controllers::Capacity>> {
+    if let Some(path) = &args.capacity_provider {
+        return capacity_provider(path, client).await.map(Some);
+    }
     let Some(path) = &args.sim_cloud else { return Ok(None) };
     let text = std::fs::read_to_string(path).with_context(|| format!("reading --sim-cloud {}", path.display()))?;
-    let classes: std::collections::BTreeMap<String, _> =
-        kube::Api::<flotilla_apis::InferenceClass>::all(client.clone())
-            .list(&Default::default())
-            .await
-            .context("listing InferenceClasses for --sim-cloud")?
-            .items
-            .into_iter()
-            .map(|c| (kube::ResourceExt::name_any(&c), c.spec))
-            .collect();
+    let classes = classes(client, "--sim-cloud").await?;
     let cloud = flotilla_controllers::claim::simfile::load(&text, &classes)
         .map_err(|e| anyhow::anyhow!("--sim-cloud {}: {e}", path.display()))?;
     let clock = std::sync::Arc::new(flotilla_providers::SystemClock);
     let provider = std::sync::Arc::new(flotilla_providers::SimProvider::new(cloud, clock));
     Ok(Some(flotilla_controllers::Capacity { provider, materialize: true }))
+}
+
+/// `--capacity-provider FILE`: validated against the InferenceClusters and InferenceClasses
+/// present now, then connected (no AWS call yet). Real nodes join by themselves: nothing is
+/// materialised.
+async fn capacity_provider(path: &PathBuf, client: &Client) -> anyhow::Result<flotilla_controllers::Capacity> {
+    let flag = format!("--capacity-provider {}", path.display());
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {flag}"))?;
+    let classes = classes(client, "--capacity-provider").await?;
+    let clusters: BTreeMap<String, _> = kube::Api::<flotilla_apis::InferenceCluster>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .context("listing InferenceClusters for --capacity-provider")?
+        .items
+        .into_iter()
+        .map(|c| (kube::ResourceExt::name_any(&c), c.spec))
+        .collect();
+    let plan = providerfile::load(&text, &clusters, &classes).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+    for warning in &plan.warnings {
+        tracing::warn!(file = %path.display(), "{warning}");
+    }
+    let set = providerfile::build(plan, &classes, &flotilla_providers::aws::AwsSettings::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+    tracing::info!(providers = ?set, "capacity providers configured");
+    Ok(flotilla_controllers::Capacity { provider: std::sync::Arc::new(set), materialize: false })
 }
 
 async fn control_client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
@@ -101,6 +144,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let client = control_client(args.kubeconfig.as_ref()).await?;
+    // Provider files are checked before the lease is sought: a bad one stops the process here.
+    let capacity = capacity(&args, &client).await?;
     let id = identity(&args);
     let metrics = Metrics::default();
     let probes = Probes::default();
@@ -149,7 +194,7 @@ async fn main() -> anyhow::Result<()> {
             observe: Duration::from_secs(args.member_timeout_seconds),
         },
         field_manager: "flotilla-controller".into(),
-        capacity: capacity(&args, &client).await?,
+        capacity,
         stage_image: args.stage_image.clone(),
         ..Default::default()
     };
@@ -197,4 +242,25 @@ async fn main() -> anyhow::Result<()> {
     }
     let _ = server.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::{CommandFactory, Parser};
+
+    use super::Args;
+
+    #[test]
+    fn flags_are_consistent_and_the_two_provider_files_exclude_each_other() {
+        Args::command().debug_assert();
+        let args = Args::try_parse_from(["flotilla-controller", "--capacity-provider", "/etc/flotilla/providers.yaml"])
+            .unwrap();
+        assert_eq!(args.capacity_provider.unwrap().to_str(), Some("/etc/flotilla/providers.yaml"));
+        let e = Args::try_parse_from(["flotilla-controller", "--capacity-provider", "a", "--sim-cloud", "b"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot be used with"), "{e}");
+    }
 }

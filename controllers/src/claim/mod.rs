@@ -7,6 +7,7 @@
 //! `sizing` decides, for a ModelDeployment, which claim it should own.
 
 pub mod nodes;
+pub mod providerfile;
 pub mod simfile;
 pub mod sizing;
 pub mod usage;
@@ -227,7 +228,7 @@ async fn materialize(ctx: &ClaimContext, claim: &str, acquisitions: &[Acquisitio
 
 async fn cleanup(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
     let status = claim.status.clone().unwrap_or_default();
-    let failed = ctx.engine.release_all(&status, ctx.provider.as_ref()).await;
+    let failed = ctx.engine.release_all(&key(&claim), &status, ctx.provider.as_ref()).await;
     if ctx.materialize
         && let Err(e) = materialize(&ctx, &key(&claim), &[]).await
     {

@@ -8,8 +8,11 @@
 mod discover;
 mod errors;
 mod nodegroups;
+mod spot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_lifecycle;
 
 pub use errors::{from_code, kind_of};
 
@@ -190,5 +193,14 @@ impl CapacityProvider for AwsProvider {
 
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {
         nodegroups::release(self.clients(region)?, id).await
+    }
+
+    async fn held_by(&self, claim: &str) -> Result<Vec<(String, String)>, ProviderError> {
+        let mut out = Vec::new();
+        for c in &self.regions {
+            let ids = nodegroups::held_by(c, claim).await?;
+            out.extend(ids.into_iter().map(|id| (c.target.region.clone(), id)));
+        }
+        Ok(out)
     }
 }

@@ -4,7 +4,8 @@
 //! adapter reads back in `describe`. Reserved requests are checked against the named
 //! capacity reservation first and target it through a launch template (which also carries a
 //! cluster placement group when asked for). `describe` maps node group status and health to
-//! an acquisition; `resize` updates its scaling config; `release` deletes the node group.
+//! an acquisition (a spot node group whose instances EC2 reclaimed is `Interrupted`, see
+//! `spot`); `resize` updates its scaling config; `release` deletes the node group.
 
 use aws_sdk_ec2::types::{
     CapacityReservationTarget, CapacityReservationType, LaunchTemplateCapacityReservationSpecificationRequest,
@@ -17,6 +18,7 @@ use aws_sdk_eks::types::{
     TaintEffect as EksTaintEffect,
 };
 use flotilla_apis::common::{CapacityType, TaintEffect};
+use flotilla_apis::constants::labels::CLAIM as CLAIM_LABEL;
 use k8s_openapi::jiff::Timestamp;
 
 use super::RegionClients;
@@ -208,7 +210,16 @@ pub(super) async fn describe(c: &RegionClients, id: &str) -> Result<Acquisition,
     let ng = out.nodegroup().ok_or_else(|| {
         ProviderError::new(ErrorKind::InvalidRequest, "ResourceNotFoundException", format!("no node group {id}"))
     })?;
-    Ok(to_acquisition(&c.target.region, ng, Timestamp::now()))
+    let now = Timestamp::now();
+    let mut acquisition = to_acquisition(&c.target.region, ng, now);
+    let live = matches!(acquisition.state, AcquisitionState::Active | AcquisitionState::Provisioning);
+    if live && acquisition.capacity_type == CapacityType::Spot {
+        let lost = super::spot::reclaimed(c, id).await?;
+        if !lost.is_empty() {
+            super::spot::interrupt(&mut acquisition, lost, now);
+        }
+    }
+    Ok(acquisition)
 }
 
 pub(super) async fn resize(c: &RegionClients, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
@@ -233,6 +244,50 @@ pub(super) async fn release(c: &RegionClients, id: &str) -> Result<(), ProviderE
         Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(()),
         Err(e) => Err(from_sdk("DeleteNodegroup", &e)),
     }
+}
+
+/// Node groups of the EKS cluster labelled `flotilla.dev/claim=<claim>` (the request's labels
+/// become the node group's), except those already being deleted: ListNodegroups, every
+/// page, then DescribeNodegroup of each (a group deleted in between is skipped). A missing
+/// EKS cluster holds nothing.
+pub(super) async fn held_by(c: &RegionClients, claim: &str) -> Result<Vec<String>, ProviderError> {
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = match c
+            .eks
+            .list_nodegroups()
+            .cluster_name(&c.target.eks_cluster)
+            .set_next_token(token.clone())
+            .send()
+            .await
+        {
+            Ok(page) => page,
+            // No EKS cluster, no node group of it.
+            Err(e) if e.code() == Some("ResourceNotFoundException") => return Ok(Vec::new()),
+            Err(e) => return Err(from_sdk("ListNodegroups", &e)),
+        };
+        names.extend(page.nodegroups().iter().cloned());
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    let mut held = Vec::new();
+    for name in names {
+        let out = c.eks.describe_nodegroup().cluster_name(&c.target.eks_cluster).nodegroup_name(&name).send().await;
+        let ng = match out {
+            Ok(out) => out.nodegroup().cloned(),
+            Err(e) if e.code() == Some("ResourceNotFoundException") => None,
+            Err(e) => return Err(from_sdk("DescribeNodegroup", &e)),
+        };
+        let Some(ng) = ng else { continue };
+        let labelled = ng.labels().and_then(|l| l.get(CLAIM_LABEL)).is_some_and(|v| v == claim);
+        if labelled && ng.status() != Some(&NodegroupStatus::Deleting) {
+            held.push(name);
+        }
+    }
+    Ok(held)
 }
 
 /// A node group as an acquisition, at `now` (a capacity block past its end is interrupted).

@@ -155,20 +155,34 @@ impl ClaimEngine {
     }
 
     /// Releases everything a claim holds (for the `flotilla.dev/capacity-release`
-    /// finalizer). Returns the allocations that could not be released yet.
+    /// finalizer): the allocations its status records plus whatever the provider says it
+    /// holds for `claim` (`<namespace>.<name>`), which covers an acquisition made by a step
+    /// whose status write never landed. Returns what could not be released yet, by id; a
+    /// provider that cannot list what the claim holds is reported too (`held_by` as the id),
+    /// so the finalizer retries instead of dropping the claim with capacity still held.
     pub async fn release_all(
         &self,
+        claim: &str,
         status: &CapacityClaimStatus,
         provider: &dyn CapacityProvider,
     ) -> Vec<(String, crate::error::ProviderError)> {
         let regions = provider.regions();
         let mut failed = Vec::new();
+        let mut targets: Vec<(String, String)> = Vec::new();
         for alloc in &status.allocations {
-            let Some(region) = regions.iter().find(|r| r.cluster == alloc.cluster) else {
-                continue;
-            };
-            if let Err(e) = provider.release(&region.name, &alloc.pool).await {
-                failed.push((alloc.pool.clone(), e));
+            if let Some(region) = regions.iter().find(|r| r.cluster == alloc.cluster) {
+                targets.push((region.name.clone(), alloc.pool.clone()));
+            }
+        }
+        match provider.held_by(claim).await {
+            Ok(held) => targets.extend(held),
+            Err(e) => failed.push(("held_by".to_string(), e)),
+        }
+        targets.sort();
+        targets.dedup();
+        for (region, id) in targets {
+            if let Err(e) = provider.release(&region, &id).await {
+                failed.push((id, e));
             }
         }
         failed

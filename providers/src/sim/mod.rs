@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use flotilla_apis::common::CapacityType;
+use flotilla_apis::constants::labels;
 use k8s_openapi::jiff::Timestamp;
 
 pub use config::{FailureRule, SimCloud, SimOffering, SimRegion};
@@ -272,6 +273,7 @@ impl SimProvider {
             ends_at: offering.ends_at,
             interrupt_at: None,
             released: false,
+            claim: request.labels.get(labels::CLAIM).cloned(),
         };
         let view = acquisition.at(now);
         state.acquisitions.insert(request.name.clone(), acquisition);
@@ -463,5 +465,15 @@ impl CapacityProvider for SimProvider {
             acq.released = true;
         }
         Ok(())
+    }
+
+    async fn held_by(&self, claim: &str) -> Result<Vec<(String, String)>, ProviderError> {
+        Ok(self
+            .state()
+            .acquisitions
+            .values()
+            .filter(|a| !a.released && a.claim.as_deref() == Some(claim))
+            .map(|a| (a.view.region.clone(), a.view.id.clone()))
+            .collect())
     }
 }

@@ -47,6 +47,8 @@ pub(super) struct SimAcquisition {
     pub ends_at: Option<Timestamp>,
     pub interrupt_at: Option<Timestamp>,
     pub released: bool,
+    /// The request's `flotilla.dev/claim` label.
+    pub claim: Option<String>,
 }
 
 impl SimAcquisition {
