@@ -218,7 +218,10 @@ async fn capacity_claims_on_real_api_servers() {
     drain_before_release(&control, &claims, &eu2).await;
 }
 
-async fn surplus(claims: &Api<CapacityClaim>, name: &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+async fn surplus(
+    claims: &Api<CapacityClaim>,
+    name: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     claims.get(name).await.ok()?.status?.conditions.get("Surplus").cloned()
 }
 

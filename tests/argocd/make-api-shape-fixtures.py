@@ -122,6 +122,20 @@ o["status"] = {"observedGeneration": 1, "devicesRequested": 16, "devicesObtained
                      "capacityType": "reserved", "nodes": 1, "pods": 1}]}
 write("capacityclaim-partially-fulfilled", o)
 
+o = copy.deepcopy(claim)
+drain = ("1 of the 1 surplus node(s) of tp8-replicas-h100-3f2a91c0 (h100-sxm-80g in us-iad-1) still run pods "
+         "(spec.disruption.scaleDown: ApplicationDrainOnly): drain ip-10-0-3-17 (1 pod(s)) to release them.")
+o["status"] = {"observedGeneration": 2, "devicesRequested": 8, "devicesObtained": 16, "conditions": [
+    cond("Fulfilled", "True", "Fulfilled", "Fulfilled: 2 node(s) on-demand h100-sxm-80g in us-iad-1."),
+    cond("Provisioning", "False", "Fulfilled", "No provider request is in flight."),
+    cond("Ready", "True", "Fulfilled", "Fulfilled: 2 node(s) on-demand h100-sxm-80g in us-iad-1."),
+    cond("Surplus", "True", "DrainRequired", drain)],
+    "allocations": [{"podSet": "tp8-replicas", "cluster": "us-iad-1", "pool": "tp8-replicas-h100-3f2a91c0",
+                     "class": "h100-sxm-80g", "capacityType": "on-demand", "nodes": 2, "pods": 2,
+                     "since": T}]}
+o["metadata"]["generation"] = 2
+write("capacityclaim-drain-required", o)
+
 md = base("modeldeployment-ready.json")
 o = copy.deepcopy(md)
 for c in o["status"]["conditions"]:

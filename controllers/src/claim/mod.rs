@@ -72,7 +72,7 @@ pub async fn reconcile(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Res
             status: &status,
             classes: &classes,
             usage: &usage,
-            now: Timestamp::now(),
+            now: whole_seconds(),
         };
         if let Some(step) = ctx.engine.hold_for_drain(input) {
             write_status(&ctx, &claim, &step).await?;
@@ -109,7 +109,7 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
         status: &status,
         classes: &classes,
         usage: &usage,
-        now: Timestamp::now(),
+        now: whole_seconds(),
     };
     let step = ctx.engine.step(input, ctx.provider.as_ref()).await;
     let mut requeue = step.requeue_after;
@@ -121,6 +121,12 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
     }
     write_status(&ctx, &claim, &step).await?;
     Ok(Action::requeue(requeue.max(Duration::from_millis(500))))
+}
+
+/// Now, to the second: the API server keeps condition and attempt times to the second, so a
+/// finer `now` would make the first status differ from what is read back and write again.
+fn whole_seconds() -> Timestamp {
+    Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now())
 }
 
 /// Writes `step.status` when the step changed it (conditional on the claim's resourceVersion).

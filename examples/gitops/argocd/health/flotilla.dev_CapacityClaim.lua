@@ -4,9 +4,9 @@
 --   or capacity type, said in the message), or Ready=True.
 -- Degraded: a failure reason (CapacityUnavailable, QuotaExceeded, ReservationMismatch, Expired,
 --   Interrupted, InvalidSpec), Accepted=False, or PartiallyFulfilled with no request in flight.
--- Progressing: no status yet (no CapacityClaim controller ships yet: claims stay Progressing),
---   status older than the spec, Provisioning=True, a scale-down waiting for the application to
---   drain (DrainRequired).
+-- Progressing: no status yet (the controller runs only with a capacity provider configured),
+--   status older than the spec, Provisioning=True, surplus waiting for the application to drain
+--   (Surplus=True DrainRequired; also while a deleted claim waits for it).
 -- Lua 5.1 (Argo CD runs gopher-lua).
 local hs = {}
 local failures = {CapacityUnavailable = true, QuotaExceeded = true, ReservationMismatch = true,
