@@ -209,4 +209,27 @@ pub struct PoolStatus {
     /// those replicas again, so it counts their devices as available to them).
     #[serde(default)]
     pub devices_managed: i64,
+    /// Nodes of the pool set aside for one CapacityClaim (tainted
+    /// `flotilla.dev/claim=<namespace>.<name>:NoSchedule`): only the deployment owning that
+    /// claim is placed on them. Not counted in the figures above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub reserved: Vec<ReservedCapacity>,
+}
+
+/// Capacity of a pool that a CapacityClaim obtained for its owner.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservedCapacity {
+    /// The claim, `<namespace>.<name>`.
+    pub claim: String,
+    /// Ready nodes.
+    pub nodes: i32,
+    /// Devices on those nodes.
+    pub devices_total: i64,
+    /// Devices allocated to pods or claims.
+    pub devices_allocated: i64,
+    /// Of those, held by replicas Flotilla manages.
+    #[serde(default)]
+    pub devices_managed: i64,
 }

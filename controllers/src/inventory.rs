@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use flotilla_apis::class::InferenceClassSpec;
-use flotilla_apis::cluster::{NodePool, PoolStatus};
+use flotilla_apis::cluster::{NodePool, PoolStatus, ReservedCapacity};
 use flotilla_apis::common::DeviceAttribute;
 use flotilla_apis::constants::labels;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -147,6 +147,18 @@ fn claimed(driver: &str, pools: &BTreeSet<String>, claims: &[ResourceClaim]) -> 
     (count(false), count(true))
 }
 
+/// The claim a node is set aside for: its `flotilla.dev/claim=<namespace>.<name>:NoSchedule`
+/// taint (what the CapacityClaim controller asks providers to put on the nodes it obtains).
+fn reserved_for(node: &Node) -> Option<String> {
+    node.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == labels::CLAIM && t.effect == "NoSchedule")
+        .map(|t| t.value.clone().unwrap_or_default())
+}
+
 /// Observed capacity for every declared pool.
 pub fn observe(
     pools: &[NodePool],
@@ -180,13 +192,32 @@ pub fn observe(
                         (gpu_quantity(alloc), pods_all, pods_mine)
                     }
                 };
-            status.nodes += 1;
-            status.devices_total += devices;
-            status.devices_allocated += allocated.min(devices);
-            status.devices_managed += mine.min(devices);
+            match reserved_for(node) {
+                Some(claim) => {
+                    let at = match status.reserved.iter().position(|r| r.claim == claim) {
+                        Some(i) => i,
+                        None => {
+                            status.reserved.push(ReservedCapacity { claim, ..Default::default() });
+                            status.reserved.len() - 1
+                        }
+                    };
+                    let r = &mut status.reserved[at];
+                    r.nodes += 1;
+                    r.devices_total += devices;
+                    r.devices_allocated += allocated.min(devices);
+                    r.devices_managed += mine.min(devices);
+                }
+                None => {
+                    status.nodes += 1;
+                    status.devices_total += devices;
+                    status.devices_allocated += allocated.min(devices);
+                    status.devices_managed += mine.min(devices);
+                }
+            }
         }
         status.devices_free = status.devices_total - status.devices_allocated;
-        if status.nodes == 0 {
+        status.reserved.sort_by(|a, b| a.claim.cmp(&b.claim));
+        if status.nodes == 0 && status.reserved.is_empty() {
             out.empty_pools.push(pool.name.clone());
         }
         out.pools.push(status);

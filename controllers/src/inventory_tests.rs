@@ -104,3 +104,31 @@ fn devices_held_by_flotilla_replicas_are_counted_apart() {
     assert_eq!(inv.pools[0].devices_allocated, 6);
     assert_eq!(inv.pools[0].devices_managed, 4, "only the Flotilla pod's devices");
 }
+
+#[test]
+fn nodes_a_claim_obtained_are_reserved_for_it_and_not_counted_as_the_pools() {
+    let mut claimed = node("c1", "h100", true, Some("8"));
+    claimed.spec = serde_json::from_value(json!({"taints": [
+        {"key": "flotilla.dev/claim", "value": "ml.big", "effect": "NoSchedule"}]}))
+    .unwrap();
+    let mut other = node("c2", "h100", true, Some("8"));
+    other.spec = serde_json::from_value(json!({"taints": [
+        {"key": "flotilla.dev/claim", "value": "ml.big", "effect": "NoSchedule"}]}))
+    .unwrap();
+    let seen = MemberObservation {
+        nodes: vec![node("n1", "h100", true, Some("8")), claimed, other],
+        pods: vec![pod("c1", "8", "Running"), pod("n1", "2", "Running")],
+        ..Default::default()
+    };
+    let inv = observe(&pools(), &class(), &seen);
+    let p = &inv.pools[0];
+    assert_eq!((p.nodes, p.devices_total, p.devices_free), (1, 8, 6), "the claim's nodes are not the pool's");
+    assert_eq!(p.reserved.len(), 1);
+    let r = &p.reserved[0];
+    assert_eq!((r.claim.as_str(), r.nodes, r.devices_total, r.devices_allocated), ("ml.big", 2, 16, 8));
+    assert_eq!(inv.total(), 8, "free and total figures are the shared pool's");
+
+    // Only reserved nodes: the pool is not empty.
+    let seen = MemberObservation { nodes: seen.nodes[1..].to_vec(), ..Default::default() };
+    assert!(observe(&pools(), &class(), &seen).empty_pools.is_empty());
+}

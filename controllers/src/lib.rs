@@ -372,13 +372,10 @@ async fn run_claim_controller(
         tracing::info!("no capacity provider configured: CapacityClaims are not reconciled");
         return;
     };
-    let settings = flotilla_providers::EngineSettings {
-        // Claim nodes stay usable by any deployment the solver places there: the solver does
-        // not model per-claim reservations yet, and a tainted node it counts as free would
-        // leave replicas Pending.
-        taint_nodes: false,
-        ..Default::default()
-    };
+    // Claim nodes are tainted `flotilla.dev/claim=<namespace>.<name>:NoSchedule`: the
+    // inventory reports them as reserved for the claim, the solver places only the owning
+    // deployment there, and its pods tolerate the taint.
+    let settings = flotilla_providers::EngineSettings::default();
     let ctx = Arc::new(claim::ClaimContext {
         client: client.clone(),
         provider: capacity.provider,

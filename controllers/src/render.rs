@@ -146,8 +146,13 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
                 "ports": [{"name": "http", "containerPort": port}],
                 "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5}
             });
+            // Nodes a CapacityClaim obtained for this deployment (same namespace and name) are
+            // tainted for it; the solver places only this deployment there.
             let mut pod_spec = json!({
                 "nodeSelector": {labels::POOL: w.pool},
+                "tolerations": [{"key": labels::CLAIM, "operator": "Equal",
+                                 "value": format!("{}.{}", kube::ResourceExt::namespace(md).unwrap_or_default(), kube::ResourceExt::name_any(md)),
+                                 "effect": "NoSchedule"}],
                 "containers": []
             });
             if dra {

@@ -203,6 +203,20 @@ impl Ctx<'_, '_> {
         assignments.sort_by(|a, b| {
             a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)).then(a.fallback_rank.cmp(&b.fallback_rank))
         });
+        // A pool's shared nodes and those a claim set aside for this deployment are one pool
+        // to the member: one assignment.
+        assignments.dedup_by(|b, a| {
+            let same = a.cluster == b.cluster
+                && a.pool == b.pool
+                && a.fallback_rank == b.fallback_rank
+                && a.class == b.class
+                && a.capacity_type == b.capacity_type;
+            if same {
+                a.replicas += b.replicas;
+                a.cost_micros_per_hour += b.cost_micros_per_hour;
+            }
+            same
+        });
         let unmet_minimums = d
             .spec
             .devices

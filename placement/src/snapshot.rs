@@ -68,6 +68,10 @@ pub struct PoolView {
     pub capacity_type: Option<CapacityType>,
     /// Free devices per ready node, after devices used by anything Flotilla does not manage.
     pub free_per_node: Vec<u32>,
+    /// Set aside for one CapacityClaim (`<namespace>.<name>`): only the deployment of that
+    /// namespace and name (the claim's owner) is placed here. A pool with claimed nodes appears
+    /// once for its shared nodes and once per claim.
+    pub reserved_for: Option<String>,
 }
 
 /// A class as the solver sees it.
@@ -241,7 +245,7 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
         .spec
         .pools
         .iter()
-        .map(|p| {
+        .flat_map(|p| {
             let per_node = classes.get(&p.class).map_or(0, ClassView::devices_per_node);
             let observed = c.status.as_ref().and_then(|s| s.pools.iter().find(|o| o.name == p.name));
             let free = match observed {
@@ -253,12 +257,27 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
                 }
                 None => free_per_node(p.nodes.unwrap_or(0).max(0) as u32, per_node, 0),
             };
-            PoolView {
+            let shared = PoolView {
                 name: p.name.clone(),
                 class: p.class.clone(),
                 capacity_type: p.capacity_types.first().copied(),
                 free_per_node: free,
-            }
+                reserved_for: None,
+            };
+            let reserved: Vec<PoolView> = observed
+                .into_iter()
+                .flat_map(|o| o.reserved.iter())
+                .map(|r| PoolView {
+                    reserved_for: Some(r.claim.clone()),
+                    free_per_node: free_per_node(
+                        r.nodes.max(0) as u32,
+                        per_node,
+                        (r.devices_allocated - r.devices_managed).max(0) as u64,
+                    ),
+                    ..shared.clone()
+                })
+                .collect();
+            std::iter::once(shared).chain(reserved)
         })
         .collect();
     ClusterView {

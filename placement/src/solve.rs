@@ -44,6 +44,8 @@ struct Candidate {
     sticky_quota: u32,
     /// Only current replicas may stay (cordoned, or a `NoSchedule` taint): no new ones.
     sticky_only: bool,
+    /// Nodes a CapacityClaim of this deployment obtained: used before shared capacity.
+    reserved: bool,
     initial_slots: u32,
     placed: u32,
 }
@@ -181,6 +183,7 @@ impl Ctx<'_, '_> {
             .iter()
             .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
             .collect();
+        let own_claim = format!("{}.{}", d.namespace, d.name);
         for (ci, cluster) in clusters.iter().enumerate() {
             let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
             // Verdicts with words only in explain mode; otherwise just the first refusal
@@ -202,6 +205,10 @@ impl Ctx<'_, '_> {
             let before = candidates.len();
             let mut device_verdicts = Vec::new();
             for (pi, pool) in cluster.pools.iter().enumerate() {
+                // Capacity a claim obtained is its owner's alone.
+                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                    continue;
+                }
                 for (ai, accepts) in class_matches.iter().enumerate() {
                     *self.evaluations += 1;
                     let rank = ai as u32 + 1;
@@ -247,6 +254,7 @@ impl Ctx<'_, '_> {
         candidates.sort_by(|a, b| {
             (b.sticky_quota > 0)
                 .cmp(&(a.sticky_quota > 0))
+                .then(b.reserved.cmp(&a.reserved))
                 .then(a.prefer_not.cmp(&b.prefer_not))
                 .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
                 .then(b.cache_ready.cmp(&a.cache_ready))
@@ -439,6 +447,7 @@ impl Ctx<'_, '_> {
             replica_price,
             sticky_quota,
             sticky_only,
+            reserved: pool.reserved_for.is_some(),
             initial_slots,
             placed: 0,
         })

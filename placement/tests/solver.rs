@@ -32,6 +32,7 @@ fn pool(name: &str, class: &str, nodes: u32, per_node: u32, cap: CapacityType) -
         class: class.into(),
         capacity_type: Some(cap),
         free_per_node: free_per_node(nodes, per_node, 0),
+        reserved_for: None,
     }
 }
 
@@ -426,4 +427,32 @@ fn a_ready_cache_is_preferred_over_a_cheaper_cold_cluster() {
     big.clusters[2].ready_caches.insert(flotilla_placement::cache_key("ml", "weights"));
     let plan = solve1(&big);
     assert_eq!((on(&plan, "us-1"), on(&plan, "eu-1"), plan.unplaced), (4, 2, 0));
+}
+
+#[test]
+fn capacity_a_claim_obtained_goes_to_its_owner_alone() {
+    // eu-1's shared H100 pool has one node; a claim of ml/big set two more aside.
+    let od = CapacityType::OnDemand;
+    let eu_only = json!({"placement": {"sovereignty": {"allowedJurisdictions": ["EU"]}},
+                         "topology": {"type": "TensorParallel", "devicesPerReplica": 8}});
+    let mut other = deployment("other", 3, eu_only.clone());
+    other.spec.placement.priority = Some(1000);
+    let big = deployment("big", 3, eu_only);
+    let mut snap = fleet(vec![other, big]);
+    let reserved = PoolView { reserved_for: Some("ml.big".into()), ..pool("h100", "h100", 2, 8, od) };
+    snap.clusters[0].pools = vec![pool("h100", "h100", 1, 8, od), reserved];
+    let plan = solve(&snap, &SolveOptions::default());
+    let (other, big) = (&plan.deployments[0], &plan.deployments[1]);
+    assert_eq!(other.name, "other");
+    assert_eq!(on(other, "eu-1"), 1, "the higher-priority deployment gets the shared node only");
+    assert_eq!(other.unplaced, 2, "and none of the claim's nodes");
+    assert_eq!(on(big, "eu-1"), 2, "the owner gets its claim's two nodes");
+    assert_eq!(big.assignments.len(), 1, "one assignment per pool: {:?}", big.assignments);
+    assert_eq!(big.assignments[0].pool, "h100");
+
+    // Negative twin: without the claim's mark, the higher-priority deployment takes them.
+    snap.clusters[0].pools[1].reserved_for = None;
+    let plan = solve(&snap, &SolveOptions::default());
+    assert_eq!(on(&plan.deployments[0], "eu-1"), 3);
+    assert_eq!(on(&plan.deployments[1], "eu-1"), 0);
 }
