@@ -1,14 +1,15 @@
-//! `--sim-cloud FILE`: a simulated cloud for demos and end-to-end tests, as YAML. Each region
-//! names the InferenceCluster its nodes join; each offering names an InferenceClass, whose
-//! device description the offered nodes carry (so selectors match them exactly as they match
-//! the class). Turned into the providers crate's `SimCloud`.
+//! A simulated cloud as YAML: the controller's `--sim-cloud FILE` (demos, end-to-end tests)
+//! and `fleetctl plan --cloud FILE` (previewing claims offline) read the same file. Each
+//! region names the InferenceCluster its nodes join; each offering names an InferenceClass,
+//! whose device description the offered nodes carry (so selectors match them exactly as they
+//! match the class). Turned into a `SimCloud`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::{SimCloud, SimOffering, SimRegion};
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::common::{CapacityType, parse_price_micros};
-use flotilla_providers::{SimCloud, SimOffering, SimRegion};
 use serde::Deserialize;
 
 /// The file.
