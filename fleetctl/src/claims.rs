@@ -32,7 +32,9 @@ pub struct ClaimPreview {
     /// Replicas the plan could not place.
     pub unplaced: u32,
     /// `Claim` (a claim would be made and something offers it), `NoOffering` (a claim would
-    /// be made but nothing offers it), `NoTemplate` (no claim would be made).
+    /// be made but nothing offers it), `NoTemplate` (no claim would be made), `ClaimExists`
+    /// (the files hold a claim of the deployment's name, which the controller would leave
+    /// alone).
     pub outcome: &'static str,
     /// The claim that would be created.
     pub claim: Option<ClaimSummary>,
@@ -128,7 +130,19 @@ pub fn previews(
             tries: Vec::new(),
             message: no_template(d.unplaced),
         };
-        if let ClaimDecision::Apply(claim) = decide(md, d, None) {
+        let clash = objects.iter().any(|o| {
+            matches!(&o.value, FleetObject::Claim(c)
+                if c.metadata.name.as_deref() == Some(d.name.as_str())
+                    && c.metadata.namespace.as_deref().unwrap_or("default") == d.namespace)
+        });
+        if clash && md.spec.placement.capacity_claim_template.is_some() {
+            p.outcome = "ClaimExists";
+            p.message = format!(
+                "the files hold a CapacityClaim {}/{} of the deployment's name: the controller leaves a claim it \
+                 does not own alone and creates none; rename one of them",
+                d.namespace, d.name
+            );
+        } else if let ClaimDecision::Apply(claim) = decide(md, d, None) {
             let (regions, offerings) = crate::live::block_on(preview::gather(&claim.spec, &set))?
                 .map_err(|e| anyhow::anyhow!("listing offerings for {}/{}: {e}", d.namespace, d.name))?;
             match preview::preview(&claim.spec, &classes, &regions, &offerings, &engine) {

@@ -173,6 +173,29 @@ fn without_offerings_or_template_the_preview_says_what_to_add() {
 }
 
 #[test]
+fn a_claim_of_the_same_name_in_the_files_is_left_alone() {
+    let dir = fleet_with_replicas(&[("llama-3.3-70b-eu", 40)]);
+    let claim = std::fs::read_to_string(dir.join("claims.yaml"))
+        .unwrap()
+        .replace("name: llama-405b-launch", "name: llama-3.3-70b-eu")
+        .replace("allowedJurisdictions: [US]", "allowedJurisdictions: [EU]")
+        .replace("deniedRegions: [us-west-2]", "deniedRegions: []");
+    std::fs::write(dir.join("claims.yaml"), claim).unwrap();
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--cloud", "examples/cloud/sim.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = stdout(&out);
+    let claims = claims_section(&text);
+    assert!(
+        claims.contains(
+            "ml/llama-3.3-70b-eu: the files hold a CapacityClaim ml/llama-3.3-70b-eu of the deployment's name"
+        ),
+        "{claims}"
+    );
+    assert!(!claims.contains("would create") && !claims.contains("first try"), "{claims}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn invalid_input_exits_1_and_plans_nothing() {
     let out = fleetctl(&["plan", "-f", "tests/fixtures/invalid/05-negative-replicas.yaml"]);
     assert_eq!(out.status.code(), Some(1));
