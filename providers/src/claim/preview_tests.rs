@@ -164,3 +164,32 @@ fn offerings_without_free_nodes_or_room_for_a_pod_are_skipped() {
             .unwrap();
     assert_eq!(order(&tries)[0], (OnDemand, "h200", "a-h200-dear"));
 }
+
+#[tokio::test]
+async fn gather_lists_only_allowed_regions_and_asks_for_nothing() {
+    use std::sync::Arc;
+
+    use crate::clock::ManualClock;
+    use crate::sim::SimProvider;
+
+    let yaml = r#"
+regions:
+- {name: eu-b, jurisdiction: EU, cluster: eu-b-cluster, zones: [eu-ba],
+   offerings: [{instanceType: b-h200, class: h200, capacityType: on-demand, pricePerHour: "80.00", nodesPerZone: 4}]}
+- {name: us-a, jurisdiction: US, cluster: us-a-cluster, zones: [us-aa],
+   offerings: [{instanceType: us-h200, class: h200, capacityType: on-demand, pricePerHour: "1.00", nodesPerZone: 4}]}
+"#;
+    let cloud = crate::sim::file::load(yaml, &classes()).unwrap();
+    let sim = SimProvider::new(cloud, Arc::new(ManualClock::new(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)));
+    let spec = spec(&["on-demand"], &["EU"]);
+    let (regions, offerings) = super::gather(&spec, &sim).await.unwrap();
+    assert_eq!(regions.len(), 2);
+    assert!(offerings.iter().all(|o| o.region == "eu-b"), "{offerings:?}");
+    let tries = preview(&spec, &classes(), &regions, &offerings, &SelectorEngine::new()).unwrap();
+    assert_eq!(order(&tries), vec![(OnDemand, "h200", "b-h200")]);
+    assert_eq!((tries[0].provider.as_str(), tries[0].available_nodes), ("sim", Some(4)));
+    // Absence: the US region was never asked, and nothing was acquired.
+    let calls = sim.calls();
+    assert_eq!(calls.offerings, vec!["eu-b".to_string()]);
+    assert_eq!(calls.total(), 1);
+}
