@@ -83,6 +83,7 @@ const GET_EXAMPLES: &str = "Examples:
 const PLAN_EXAMPLES: &str = "Examples:
   fleetctl plan -f examples/fleet
   fleetctl plan -f examples/fleet -o json
+  fleetctl plan -f examples/fleet --cloud examples/cloud/sim.yaml
   fleetctl plan -f fleet/ --live --kubeconfig control.kubeconfig
   fleetctl plan --live";
 
@@ -121,6 +122,11 @@ pub enum Command {
     /// what would change against what runs now: per deployment and cluster, current replicas →
     /// planned, clusters added and removed, replicas newly left unplaced and why.
     ///
+    /// Offline, for every deployment with unplaced replicas, a CLAIMS section (and a `claims`
+    /// field in -o json|yaml) previews the CapacityClaim the controller would create from its
+    /// capacityClaimTemplate and the offering the claim engine would try first, against the
+    /// pools of the files' `static` InferenceClusters and the simulated cloud of --cloud.
+    ///
     /// Exit code: 0 when every replica is placed, 2 when some could not be (the UNPLACED
     /// section says why, per cluster), 1 when the input is invalid (nothing is planned), 3 when
     /// the live fleet cannot be read.
@@ -142,6 +148,11 @@ pub enum Command {
         /// Plan over the live fleet of the control cluster and show the difference.
         #[arg(long)]
         live: bool,
+        /// A simulated cloud (the controller's --sim-cloud YAML: regions with jurisdiction,
+        /// cluster, zones and offerings) to preview claims against, besides the static pools
+        /// of the files. Offline only.
+        #[arg(long, value_name = "FILE", conflicts_with = "live")]
+        cloud: Option<PathBuf>,
         /// The control cluster (with --live).
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -242,8 +253,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "--kubeconfig and --context choose the control cluster of --live: add --live, or leave them out"
             )
         }
-        Command::Plan { files, output, live: false, .. } => commands::plan(&files, output),
-        Command::Plan { files, output, live: true, cluster } => commands::plan_live(&files, output, &cluster),
+        Command::Plan { files, output, live: false, cloud, .. } => commands::plan(&files, output, cloud.as_deref()),
+        Command::Plan { files, output, live: true, cluster, .. } => commands::plan_live(&files, output, &cluster),
         Command::Explain { files, target, namespace, output, live, cluster } => {
             let live = live.then_some(&cluster);
             commands::explain(&files, &target, namespace.as_deref(), output, live)
@@ -303,6 +314,12 @@ mod tests {
         assert!(Cli::try_parse_from(["fleetctl", "plan", "--live"]).is_ok());
         assert!(Cli::try_parse_from(["fleetctl", "explain", "md/x", "-n", "ml"]).is_err());
         assert!(Cli::try_parse_from(["fleetctl", "explain", "--live", "md/x", "-n", "ml"]).is_ok());
+    }
+
+    #[test]
+    fn cloud_is_offline_only() {
+        assert!(Cli::try_parse_from(["fleetctl", "plan", "-f", "x", "--cloud", "sim.yaml"]).is_ok());
+        assert!(Cli::try_parse_from(["fleetctl", "plan", "--live", "--cloud", "sim.yaml"]).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::cli::Output;
 use crate::live::{self, ClusterArgs, Control, LiveError};
 use crate::overlay::{self, LiveFleet, Overlaid};
 use crate::progress::Progress;
-use crate::{diff, load, render};
+use crate::{claims, diff, load, render};
 
 /// `fleetctl validate`.
 pub fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Result<ExitCode> {
@@ -85,13 +85,31 @@ fn solve_with_progress(snapshot: &FleetSnapshot, options: &SolveOptions) -> flot
     plan
 }
 
-/// `fleetctl plan` (offline).
-pub fn plan(files: &[PathBuf], output: Output) -> anyhow::Result<ExitCode> {
+/// What offline `plan -o json|yaml` prints: the plan's fields, plus `claims`.
+#[derive(Serialize)]
+struct OfflinePlan<'a> {
+    #[serde(flatten)]
+    plan: &'a flotilla_placement::Plan,
+    /// For each deployment with unplaced replicas: the claim that would be made, and what the
+    /// claim engine would try first.
+    claims: &'a [claims::ClaimPreview],
+}
+
+/// `fleetctl plan` (offline); `cloud` is a simulated cloud file to preview claims against.
+pub fn plan(files: &[PathBuf], output: Output, cloud: Option<&Path>) -> anyhow::Result<ExitCode> {
     let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
+    let cloud = match cloud {
+        Some(path) => Some(claims::load_cloud(path, &claims::classes(&fleet.parsed.objects))?),
+        None => None,
+    };
     let plan = solve_with_progress(&fleet.snapshot(), &SolveOptions::default());
+    let previews = claims::previews(&fleet.parsed.objects, &plan, cloud)?;
     match output {
-        Output::Table => std::io::stdout().write_all(render::plan_table(&plan).as_bytes())?,
-        _ => print_structured(&plan, output)?,
+        Output::Table => {
+            let text = render::plan_table(&plan) + &claims::render(&previews);
+            std::io::stdout().write_all(text.as_bytes())?;
+        }
+        _ => print_structured(&OfflinePlan { plan: &plan, claims: &previews }, output)?,
     }
     Ok(if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) })
 }

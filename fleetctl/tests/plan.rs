@@ -37,6 +37,8 @@ fn plan_json_is_byte_identical_across_runs() {
         eu["assignments"].as_array().unwrap().iter().map(|a| a["cluster"].as_str().unwrap()).collect();
     assert!(!clusters.is_empty());
     assert!(clusters.iter().all(|c| c.starts_with("eu-")), "{clusters:?}");
+    // Everything fits: no claim would be made.
+    assert_eq!(plan["claims"], serde_json::json!([]));
 }
 
 #[test]
@@ -69,6 +71,127 @@ fn unplaced_replicas_exit_2_with_reasons_per_cluster() {
             "{us} reason missing:\n{text}"
         );
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A copy of the example fleet with some deployments' replicas changed.
+fn fleet_with_replicas(changes: &[(&str, u32)]) -> PathBuf {
+    let dir = tempdir();
+    copy_dir(&repo().join("examples/fleet"), &dir);
+    for (name, replicas) in changes {
+        let file = dir.join(format!("deployments/{name}.yaml"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let text = text
+            .lines()
+            .map(|l| if l.starts_with("  replicas:") { format!("  replicas: {replicas}") } else { l.to_string() })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&file, text).unwrap();
+    }
+    dir
+}
+
+fn claims_section(text: &str) -> &str {
+    text.split_once("\nCLAIMS").map_or("", |(_, claims)| claims)
+}
+
+#[test]
+fn unplaced_deployment_previews_its_claim_and_first_offering() {
+    let dir = fleet_with_replicas(&[("llama-3.3-70b-eu", 40)]);
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--cloud", "examples/cloud/sim.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = stdout(&out);
+    let claims = claims_section(&text);
+    let lines: Vec<&str> = claims.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| {
+            l.starts_with(
+                "ml/llama-3.3-70b-eu: would create CapacityClaim ml/llama-3.3-70b-eu with 1 pod set(s): replicas ",
+            )
+        })
+        .unwrap_or_else(|| panic!("no claim line:\n{text}"));
+    assert!(lines[at].ends_with("pod(s) × 4 device(s)"), "{}", lines[at]);
+    // Reserved before on-demand, H200 before the selector alternative, cheapest first; the
+    // sim cloud's cheaper US reservation is outside the deployment's EU sovereignty.
+    assert!(
+        lines[at + 1].starts_with(
+            "  first try: reserved h200-141g p5en.48xlarge in eu-central-1/eu-central-1a (sim, joins eu-fra-1), "
+        ),
+        "{}",
+        lines[at + 1]
+    );
+    assert!(lines[at + 1].contains("at $60.50/node-h; then "), "{}", lines[at + 1]);
+    // Absence: nothing outside the EU, and no claim for the deployments that fit.
+    assert!(!claims.contains("us-east-1") && !claims.contains("us-iad-1"), "{claims}");
+    for fits in ["gpt-oss-120b", "llama-3.1-8b-spot", "llama-3.1-405b-fp8", "qwen3-235b-disagg"] {
+        assert!(!claims.contains(fits), "{fits} fits but has a claim:\n{claims}");
+    }
+
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--cloud", "examples/cloud/sim.yaml", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["deployments"].as_array().is_some_and(|d| d.len() == 5));
+    let previews = doc["claims"].as_array().unwrap();
+    assert_eq!(previews.len(), 1, "{previews:?}");
+    let p = &previews[0];
+    assert_eq!((p["deployment"].as_str(), p["outcome"].as_str()), (Some("llama-3.3-70b-eu"), Some("Claim")));
+    assert_eq!(p["claim"]["podSets"][0]["devicesPerPod"], 4);
+    let tries = p["tries"].as_array().unwrap();
+    assert_eq!(
+        (tries[0]["region"].as_str(), tries[0]["capacityType"].as_str()),
+        (Some("eu-central-1"), Some("reserved"))
+    );
+    assert!(tries.iter().all(|t| ["eu-central-1", "eu-west-3", "nl-ams"].contains(&t["region"].as_str().unwrap())));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn without_offerings_or_template_the_preview_says_what_to_add() {
+    // The 405B deployment is US-only; without --cloud the only provider is the static
+    // Amsterdam site. The 8B one has no capacityClaimTemplate.
+    let dir = fleet_with_replicas(&[("llama-3.1-405b-fp8", 6), ("llama-3.1-8b-spot", 40)]);
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = stdout(&out);
+    let claims = claims_section(&text);
+    assert!(claims.contains("ml/llama-3.1-405b-fp8: would create CapacityClaim"), "{claims}");
+    assert!(
+        claims.contains(
+            "no provider offers capacity in a region spec.capacity.sovereignty allows (regions served: nl-ams (EU))"
+        ),
+        "{claims}"
+    );
+    assert!(claims.contains("add a --cloud file or a static pool of h200-141g in an allowed region"), "{claims}");
+    assert!(!claims.contains("first try"), "{claims}");
+    assert!(
+        claims.lines().any(|l| l.starts_with("ml/llama-3.1-8b-spot: no CapacityClaim would be made")
+            && l.contains("no spec.placement.capacityClaimTemplate; add one")),
+        "{claims}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_claim_of_the_same_name_in_the_files_is_left_alone() {
+    let dir = fleet_with_replicas(&[("llama-3.3-70b-eu", 40)]);
+    let claim = std::fs::read_to_string(dir.join("claims.yaml"))
+        .unwrap()
+        .replace("name: llama-405b-launch", "name: llama-3.3-70b-eu")
+        .replace("allowedJurisdictions: [US]", "allowedJurisdictions: [EU]")
+        .replace("deniedRegions: [us-west-2]", "deniedRegions: []");
+    std::fs::write(dir.join("claims.yaml"), claim).unwrap();
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--cloud", "examples/cloud/sim.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = stdout(&out);
+    let claims = claims_section(&text);
+    assert!(
+        claims.contains(
+            "ml/llama-3.3-70b-eu: the files hold a CapacityClaim ml/llama-3.3-70b-eu of the deployment's name"
+        ),
+        "{claims}"
+    );
+    assert!(!claims.contains("would create") && !claims.contains("first try"), "{claims}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

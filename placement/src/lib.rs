@@ -2,6 +2,7 @@
 //! ModelDeployment replica runs, with a machine-readable reason for every cluster that was
 //! rejected. No I/O, no clock, no global state: the same snapshot gives the same plan.
 
+pub mod claim;
 pub mod devices;
 pub mod filters;
 pub mod generate;

@@ -1,7 +1,9 @@
 //! Capacity providers: the `CapacityProvider` trait and its adapters (AWS EKS/EC2, static
 //! inventory, simulated clouds) that obtain accelerator nodes, and the claim engine that
 //! turns a `CapacityClaim` spec plus its previous status into provider calls and a new status.
+//! The AWS adapter is behind the `aws` feature (on by default).
 
+#[cfg(feature = "aws")]
 pub mod aws;
 pub mod claim;
 pub mod clock;

@@ -6,10 +6,12 @@
 //! obtained (releasing what was interrupted or is now outside the allowed regions), then walks
 //! capacity types × device-class fallback × allowed regions, cheapest offering first,
 //! recording every provider attempt and remembering unavailable offerings with a cool-down.
+//! `preview` lists, without acquiring anything, the offerings that walk would try.
 
 mod disrupt;
 mod duration;
 mod memory;
+pub mod preview;
 mod report;
 mod run;
 pub mod search;
@@ -27,6 +29,7 @@ pub use disrupt::{
 };
 pub use duration::parse as parse_duration;
 pub use memory::OfferingKey;
+pub use preview::{NoTry, Try, preview};
 
 use crate::provider::CapacityProvider;
 use crate::types::Acquisition;

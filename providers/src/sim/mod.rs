@@ -6,6 +6,7 @@
 //! "provisioned" for the controller to materialise (e.g. as kwok fake nodes).
 
 mod config;
+pub mod file;
 mod state;
 
 use std::collections::BTreeMap;
