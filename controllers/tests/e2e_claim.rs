@@ -3,7 +3,8 @@
 //! CapacityClaims against a simulated cloud (`--sim-cloud`) whose nodes become kwok nodes.
 //! An EU-only deployment that does not fit gets a claim; the simulated provider adds nodes to
 //! eu2 (never the cheaper US region); the replicas become Ready there. A deployment that fits
-//! gets no claim. An impossible claim says why and stops writing. Deleting the deployment
+//! gets no claim. The claim's nodes are tainted for the deployment and reported as reserved for
+//! it. An impossible claim says why and stops writing. Deleting the deployment
 //! releases the capacity and the nodes go. Then disruption intent: a claim with
 //! `scaleDown: ApplicationDrainOnly` marks its nodes do-not-disrupt for node autoscalers,
 //! keeps busy surplus nodes (`DrainRequired`) when it shrinks, gives back exactly the node the
@@ -177,6 +178,24 @@ async fn capacity_claims_on_real_api_servers() {
         "the claim did not grow once its nodes came"
     );
     assert!(claim_nodes(&us1).await.is_empty(), "the cheaper US region got nothing");
+    // The claim's nodes are big's: tainted for it, and eu2 reports them as reserved, not shared.
+    for n in Api::<Node>::all(eu2.clone()).list(&ListParams::default().labels("flotilla.dev/claim")).await.unwrap() {
+        let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+        assert!(
+            taints.iter().any(|t| t.key == "flotilla.dev/claim"
+                && t.value.as_deref() == Some("ml.big")
+                && t.effect == "NoSchedule"),
+            "{taints:?}"
+        );
+    }
+    let clusters: Api<flotilla_apis::InferenceCluster> = Api::all(control.clone());
+    let pool = wait_for("eu2 reports the reserved nodes", Duration::from_secs(30), || async {
+        let p = clusters.get("eu2").await.ok()?.status?.pools.into_iter().next()?;
+        (p.reserved.len() == 1 && p.reserved[0].nodes == 2).then_some(p)
+    })
+    .await;
+    assert_eq!(pool.reserved[0].claim, "ml.big");
+    assert_eq!((pool.nodes, pool.devices_free), (0, 0), "nothing of it is shared: {pool:?}");
 
     // An impossible claim (class a100 does not exist): it says why, and then writes nothing.
     apply(
