@@ -15,6 +15,31 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ModelCache::crd(),
         CapacityClaim::crd(),
     ]
+    .into_iter()
+    .map(kubernetes_formats)
+    .collect()
+}
+
+/// Drops the integer formats schemars gives unsigned fields (`uint32`, `uint64`, ...), which
+/// the API server does not know and `kubectl apply` warns about; the bounds stay (a minimum of
+/// 0 where the field had none).
+fn kubernetes_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if map.get("format").and_then(|f| f.as_str()).is_some_and(|f| f.starts_with("uint")) {
+                    map.remove("format");
+                    map.entry("minimum").or_insert(serde_json::json!(0.0));
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut value) = serde_json::to_value(&crd) else { return crd };
+    walk(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
 }
 
 /// The file name a CRD is committed under (`inferenceclusters.flotilla.dev.yaml`).

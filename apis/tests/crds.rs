@@ -78,3 +78,14 @@ fn committed_crds_match_the_types() {
     expected_files.sort();
     assert_eq!(present, expected_files, "stale CRD files in {}", dir.display());
 }
+
+#[test]
+fn only_formats_the_api_server_knows() {
+    // `kubectl apply` warns on formats it does not know (schemars writes `uint32` for u32).
+    let known = ["int32", "int64", "float", "double", "byte", "date", "date-time", "duration", "uri", "uuid"];
+    let yaml = crd::all_yaml().unwrap();
+    for line in yaml.lines().filter_map(|l| l.trim().strip_prefix("format: ")) {
+        assert!(known.contains(&line), "format {line} is not one the API server knows");
+    }
+    assert!(!yaml.contains("uint"), "no unsigned formats");
+}
