@@ -7,9 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::cluster::InferenceClusterSpec;
@@ -17,44 +15,14 @@ use flotilla_apis::common::CapacityType;
 use flotilla_controllers::claim::providerfile;
 use flotilla_providers::CapacityProvider;
 use flotilla_providers::aws::AwsSettings;
-use serde_json::json;
 
-/// Starts moto on a free loopback port; a watchdog shell stops it when this process exits.
-fn moto() -> (String, std::process::Child) {
-    let bin = std::env::var("FLOTILLA_MOTO_SERVER").unwrap_or_else(|_| {
-        let cache = std::env::var("FLOTILLA_CACHE")
-            .unwrap_or_else(|_| format!("{}/.cache/flotilla", std::env::var("HOME").unwrap_or_default()));
-        format!("{cache}/venv/bin/moto_server")
-    });
-    assert!(
-        std::path::Path::new(&bin).exists(),
-        "moto server not found at {bin}: run scripts/setup.sh (or scripts/setup-moto.sh), or set FLOTILLA_MOTO_SERVER"
-    );
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let script = format!(
-        "\"$0\" -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill $m",
-        pid = std::process::id()
-    );
-    let watchdog = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg(&bin)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start moto");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto did not listen on port {port} within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (format!("http://127.0.0.1:{port}"), watchdog)
-}
+#[path = "../../providers/tests/moto/mod.rs"]
+mod moto;
+use serde_json::json;
 
 #[tokio::test]
 async fn a_provider_file_with_an_aws_region_on_moto_lists_offerings_through_the_provider_set() {
-    let (url, _watchdog) = moto();
+    let (url, _watchdog) = moto::start();
     let clusters: BTreeMap<String, InferenceClusterSpec> = BTreeMap::from([(
         "fra-dc".to_string(),
         serde_json::from_value(json!({"provider": {"static": {}}, "region": "onprem-fra", "zones": ["fra-dc-1"],

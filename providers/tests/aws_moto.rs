@@ -7,10 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_eks::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_eks::types::{CapacityTypes, VpcConfigRequest};
@@ -18,46 +16,15 @@ use flotilla_apis::common::{CapacityType, TaintEffect};
 use flotilla_providers::aws::{AwsProvider, AwsSettings, AwsTarget};
 use flotilla_providers::{AcquireRequest, AcquisitionState, CapacityProvider, ErrorKind, NodeTaint};
 
+mod moto;
+
 const REGION: &str = "us-east-1";
 
 /// The moto server's URL; starts it on first use. Fails (never skips) when moto is missing.
 fn moto() -> &'static str {
     // The watchdog's handle lives as long as the test process; the watchdog reaps moto.
     static SERVER: OnceLock<(String, std::process::Child)> = OnceLock::new();
-    &SERVER
-        .get_or_init(|| {
-        let bin = std::env::var("FLOTILLA_MOTO_SERVER").unwrap_or_else(|_| {
-            let cache = std::env::var("FLOTILLA_CACHE")
-                .unwrap_or_else(|_| format!("{}/.cache/flotilla", std::env::var("HOME").unwrap_or_default()));
-            format!("{cache}/venv/bin/moto_server")
-        });
-        assert!(
-            std::path::Path::new(&bin).exists(),
-            "moto server not found at {bin}: run scripts/setup.sh (or scripts/setup-moto.sh), or set FLOTILLA_MOTO_SERVER"
-        );
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        // A watchdog shell stops moto when this test process exits.
-        let script = format!(
-            "\"$0\" -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill $m",
-            pid = std::process::id()
-        );
-        let watchdog = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .arg(&bin)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto did not listen on port {port} within 60 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        (format!("http://127.0.0.1:{port}"), watchdog)
-    })
-    .0
+    &SERVER.get_or_init(moto::start).0
 }
 
 fn target(eks_cluster: &str) -> AwsTarget {
