@@ -42,6 +42,10 @@ pub enum Error {
     /// Member objects could not all be removed; the finalizer stays.
     #[error("cleanup incomplete: {0}")]
     Cleanup(String),
+    /// The object changed between the read and a finalizer patch (its JSON-patch `test`
+    /// failed, or a conflict): looked at again shortly, from the newer version.
+    #[error("object changed meanwhile: {0}")]
+    Stale(String),
 }
 
 /// A finalizer-wrapped reconcile's error as the reconcile's own: the inner error as it was, a
@@ -50,6 +54,11 @@ pub(crate) fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error
     use kube::runtime::finalizer::Error as F;
     match e {
         F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+        F::AddFinalizer(kube::Error::Api(s)) | F::RemoveFinalizer(kube::Error::Api(s))
+            if s.code == 409 || s.code == 422 =>
+        {
+            Error::Stale(s.message)
+        }
         F::AddFinalizer(e) | F::RemoveFinalizer(e) => Error::Kube(e),
         other => Error::Finalizer(other.to_string()),
     }
@@ -274,9 +283,8 @@ async fn run_cache_controller(
                     kube::ResourceExt::namespace(obj.as_ref()).unwrap_or_default(),
                     kube::ResourceExt::name_any(obj.as_ref())
                 );
-                let wait = backoff(&failures, &key);
+                let wait = retry_after(&failures, "ModelCache", &key, err, Duration::MAX);
                 ctx.metrics.reconciled(metrics::Kind::ModelCache, metrics::Outcome::Error, Duration::ZERO);
-                tracing::warn!(cache = %key, "reconcile failed ({err}); retrying in {wait:?}");
                 Action::requeue(wait)
             },
             Arc::new(ctx),
@@ -287,6 +295,24 @@ async fn run_cache_controller(
             }
         })
         .await;
+}
+
+/// After a failed reconcile: logs it (a stale read at debug, the rest as warnings) and says when
+/// to look again (soon after a stale read; otherwise backing off per object, up to `cap`).
+fn retry_after(
+    failures: &std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    kind: &str,
+    key: &str,
+    err: &Error,
+    cap: Duration,
+) -> Duration {
+    if let Error::Stale(why) = err {
+        tracing::debug!(kind, object = %key, "{why}; looking again");
+        return Duration::from_millis(500);
+    }
+    let wait = backoff(failures, key).min(cap);
+    tracing::warn!(kind, object = %key, "reconcile failed ({err}); retrying in {wait:?}");
+    wait
 }
 
 fn backoff(failures: &std::sync::Mutex<std::collections::HashMap<String, u32>>, key: &str) -> Duration {
@@ -344,9 +370,8 @@ async fn run_deployment_controller(
             },
             move |obj, err, ctx: Arc<deployment::DeploymentContext>| {
                 let key = kube::ResourceExt::name_any(obj.as_ref());
-                let wait = backoff(&failures, &key);
+                let wait = retry_after(&failures, "ModelDeployment", &key, err, Duration::MAX);
                 ctx.metrics.reconciled(metrics::Kind::ModelDeployment, metrics::Outcome::Error, Duration::ZERO);
-                tracing::warn!(deployment = %key, "reconcile failed ({err}); retrying in {wait:?}");
                 Action::requeue(wait)
             },
             ctx,
@@ -394,9 +419,8 @@ async fn run_claim_controller(
             claim::reconcile,
             move |obj, err, ctx: Arc<claim::ClaimContext>| {
                 let key = kube::ResourceExt::name_any(obj.as_ref());
-                let wait = backoff(&failures, &key).min(Duration::from_secs(30));
+                let wait = retry_after(&failures, "CapacityClaim", &key, err, Duration::from_secs(30));
                 ctx.metrics.reconciled(metrics::Kind::CapacityClaim, metrics::Outcome::Error, Duration::ZERO);
-                tracing::warn!(claim = %key, "reconcile failed ({err}); retrying in {wait:?}");
                 Action::requeue(wait)
             },
             ctx,
@@ -411,9 +435,8 @@ async fn run_claim_controller(
 
 fn error_policy(obj: Arc<InferenceCluster>, err: &Error, ctx: Arc<Context>) -> Action {
     let key = kube::ResourceExt::name_any(obj.as_ref());
-    let wait = backoff(&ctx.failures, &key);
+    let wait = retry_after(&ctx.failures, "InferenceCluster", &key, err, Duration::MAX);
     ctx.metrics.reconciled(metrics::Kind::InferenceCluster, metrics::Outcome::Error, Duration::ZERO);
-    tracing::warn!(cluster = %key, "reconcile failed ({err}); retrying in {wait:?}");
     Action::requeue(wait)
 }
 
@@ -454,4 +477,35 @@ async fn run_cluster_controller(
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::finalizer::Error as F;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            serde_json::from_value(serde_json::json!({"status": "Failure", "message": "the test failed",
+                "reason": "Invalid", "code": code}))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_finalizer_patch_on_a_stale_read_is_looked_at_again_not_reported() {
+        assert!(matches!(from_finalizer(F::AddFinalizer(api(422))), Error::Stale(_)));
+        assert!(matches!(from_finalizer(F::RemoveFinalizer(api(409))), Error::Stale(_)));
+        assert!(matches!(from_finalizer(F::AddFinalizer(api(403))), Error::Kube(_)), "a refusal stays an error");
+        let failures = Default::default();
+        let stale = Error::Stale("x".into());
+        assert_eq!(
+            retry_after(&failures, "ModelDeployment", "ml/a", &stale, Duration::MAX),
+            Duration::from_millis(500)
+        );
+        assert!(failures.lock().unwrap().is_empty(), "a stale read is not a failure");
+        let hard = Error::Finalizer("x".into());
+        assert_eq!(retry_after(&failures, "ModelDeployment", "ml/a", &hard, Duration::MAX), Duration::from_secs(1));
+        assert_eq!(retry_after(&failures, "ModelDeployment", "ml/a", &hard, Duration::MAX), Duration::from_secs(2));
+    }
 }
