@@ -175,7 +175,7 @@ pub async fn run_controllers(
 ) {
     let members = Arc::new(member::MemberClients::default());
     let (classes, mut class_ticks, _class_task) = spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2);
-    let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 2);
+    let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 3);
     let (caches, mut cache_ticks, _cache_task) = spawn_reflector(Api::<ModelCache>::all(client.clone()), 1);
     let (deployments, mut deployment_ticks, _deployment_task) =
         spawn_reflector(Api::<ModelDeployment>::all(client.clone()), 1);
@@ -197,11 +197,13 @@ pub async fn run_controllers(
         Some(class_tick_b),
         Some(cluster_tick_a),
         Some(cluster_tick_b),
+        Some(cluster_tick_c),
         Some(cache_tick),
         Some(deployment_tick),
     ) = (
         class_ticks.pop(),
         class_ticks.pop(),
+        cluster_ticks.pop(),
         cluster_ticks.pop(),
         cluster_ticks.pop(),
         cache_ticks.pop(),
@@ -219,9 +221,24 @@ pub async fn run_controllers(
         (classes.clone(), clusters.clone()),
         stop(rx.clone()),
     );
+    // A deleted InferenceCluster's client and watches go with it.
+    let forget = {
+        let (members, clusters, stop) = (members.clone(), clusters.clone(), stop(rx.clone()));
+        async move {
+            let prune = cluster_tick_c.for_each(|()| {
+                let names = clusters.state().iter().map(|c| kube::ResourceExt::name_any(c.as_ref())).collect();
+                for gone in members.retain(&names) {
+                    tracing::info!(cluster = %gone, "InferenceCluster deleted: its member client and watches stopped");
+                }
+                async {}
+            });
+            tokio::select! { () = prune => {}, () = stop => {} }
+        }
+    };
     tokio::join!(
         relay,
         claims,
+        forget,
         run_cluster_controller(
             client.clone(),
             config.clone(),

@@ -134,6 +134,17 @@ impl MemberClients {
         Ok(client)
     }
 
+    /// Drops the clients and watches of clusters not in `keep`; returns their names.
+    pub fn retain(&self, keep: &std::collections::HashSet<String>) -> Vec<String> {
+        let Ok(mut cache) = self.cache.lock() else { return Vec::new() };
+        let mut gone: Vec<String> = cache.keys().filter(|k| !keep.contains(*k)).cloned().collect();
+        gone.sort();
+        for name in &gone {
+            cache.remove(name);
+        }
+        gone
+    }
+
     /// The member's watches (started on first use, kept while its Secret does not change).
     pub async fn watch(&self, cluster: &str, client: &Client, t: Timeouts) -> Result<Arc<MemberWatch>, MemberError> {
         if let Ok(cache) = self.cache.lock()
@@ -284,5 +295,30 @@ fn classify(e: &kube::Error) -> MemberError {
             s.code
         )),
         _ => MemberError::Unreachable(format!("the member API server did not answer: {}", brief(e))),
+    }
+}
+
+#[cfg(test)]
+mod retain_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_deleted_clusters_client_is_dropped_and_the_others_kept() {
+        crate::install_crypto();
+        let members = MemberClients::default();
+        let client = Client::try_from(Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        for name in ["eu1", "eu2", "us1"] {
+            members
+                .cache
+                .lock()
+                .unwrap()
+                .insert(name.to_string(), Member { secret_version: "1".into(), client: client.clone(), watch: None });
+        }
+        let keep = ["eu1".to_string(), "us1".to_string()].into_iter().collect();
+        assert_eq!(members.retain(&keep), ["eu2"]);
+        let mut left: Vec<String> = members.cache.lock().unwrap().keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["eu1", "us1"]);
+        assert!(members.retain(&keep).is_empty());
     }
 }
