@@ -53,8 +53,11 @@ pub async fn observe(
         let name = node.name_any();
         let acquisition = node.labels().get(labels::ACQUISITION).cloned().unwrap_or_default();
         let on_node = pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))).await?;
-        if let Some(patch) = protection_patch(&node, protect(&acquisition)) {
-            nodes.patch(&name, &PatchParams::apply(field_manager), &Patch::Merge(&patch)).await?;
+        if let Some(patch) = protection_patch(&node, protect(&acquisition))
+            && let Err(e) = nodes.patch(&name, &PatchParams::apply(field_manager), &Patch::Merge(&patch)).await
+        {
+            // The pods are still seen; only the autoscalers' hint is missing (RBAC: nodes/patch).
+            tracing::warn!(node = %name, claim, error = %crate::member::brief(&e), "could not mark the claim's node for node autoscalers");
         }
         out.push(NodeUse { name, acquisition, pods: app_pods(&on_node.items) });
     }
