@@ -29,6 +29,7 @@ use crate::deployment::CelExpression;
         json_path = ".status.conditions[?(@.type==\"Fulfilled\")].status"
     ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Fulfilled\")].reason"),
+    printcolumn(name = "Surplus", type_ = "string", json_path = ".status.conditions[?(@.type==\"Surplus\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
