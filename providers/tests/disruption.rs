@@ -228,6 +228,9 @@ fn autoscalers_may_remove_only_what_the_claim_lets_go() {
     spec.disruption = Some(policy(Some("1h"), Consolidation::WhenUnderutilized, ScaleDown::Any));
     assert!(!autoscaler_may_remove(&spec, since, t0()), "too young");
     assert!(autoscaler_may_remove(&spec, since, later));
+    spec.latency.as_mut().unwrap().warm = true;
+    assert!(!autoscaler_may_remove(&spec, since, later), "warm capacity is not idle capacity");
+    spec.latency.as_mut().unwrap().warm = false;
     for (c, s) in [
         (Consolidation::WhenEmpty, ScaleDown::Any),
         (Consolidation::Disabled, ScaleDown::Any),

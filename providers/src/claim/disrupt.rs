@@ -67,9 +67,14 @@ fn policy(spec: &CapacityClaimSpec) -> DisruptionPolicy {
 }
 
 /// Whether a node autoscaler may remove the claim's nodes obtained at `since` (at `now`): only
-/// when the claim lets anything go (`WhenUnderutilized`, `scaleDown: Any`) and `minLifetime`
-/// has passed. Otherwise the nodes carry the autoscalers' do-not-disrupt annotations.
+/// when the claim lets anything go (`WhenUnderutilized`, `scaleDown: Any`), `minLifetime` has
+/// passed, and the claim is not `latency.warm` (kept running while no pod uses it, which an
+/// autoscaler would otherwise take for idle). Otherwise the nodes carry the autoscalers'
+/// do-not-disrupt annotations.
 pub fn autoscaler_may_remove(spec: &CapacityClaimSpec, since: Option<Timestamp>, now: Timestamp) -> bool {
+    if spec.latency.as_ref().is_some_and(|l| l.warm) {
+        return false;
+    }
     let p = policy(spec);
     let young = match (p.min_lifetime.as_deref().and_then(duration::parse), since) {
         (Some(life), Some(since)) => now < add(since, life),
