@@ -54,6 +54,9 @@ pub struct DeploymentContext {
     pub config: ControllerConfig,
     /// Event recorder.
     pub recorder: Recorder,
+    /// The last plan and the fingerprint of the objects it was solved from: every deployment
+    /// reconciled against an unchanged fleet (a tick reconciles them all) reuses one solve.
+    plans: std::sync::Mutex<Option<(u64, Arc<flotilla_placement::Plan>)>>,
 }
 
 impl DeploymentContext {
@@ -71,7 +74,40 @@ impl DeploymentContext {
     ) -> Self {
         let reporter = Reporter { controller: "flotilla-controller".into(), instance: None };
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, clusters, classes, caches, deployments, members, metrics, config, recorder }
+        Self {
+            client,
+            clusters,
+            classes,
+            caches,
+            deployments,
+            members,
+            metrics,
+            config,
+            recorder,
+            plans: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The fleet's plan: solved again only when an object the snapshot reads changed (the
+    /// solver is deterministic, so the same objects give the same plan).
+    fn plan(&self) -> Arc<flotilla_placement::Plan> {
+        let key = fingerprint(
+            self.classes.state().iter().map(|o| &o.metadata),
+            self.clusters.state().iter().map(|o| &o.metadata),
+            self.caches.state().iter().map(|o| &o.metadata),
+            self.deployments.state().iter().map(|o| &o.metadata),
+        );
+        if let Ok(cached) = self.plans.lock()
+            && let Some((k, plan)) = cached.as_ref()
+            && *k == key
+        {
+            return plan.clone();
+        }
+        let plan = Arc::new(solve(&self.snapshot(), &SolveOptions::default()));
+        if let Ok(mut cached) = self.plans.lock() {
+            *cached = Some((key, plan.clone()));
+        }
+        plan
     }
 
     /// The same snapshot `fleetctl plan --live` builds from the same objects.
@@ -91,6 +127,38 @@ impl DeploymentContext {
     fn cluster(&self, name: &str) -> Option<Arc<InferenceCluster>> {
         self.clusters.state().into_iter().find(|c| c.name_any() == name)
     }
+}
+
+/// A fingerprint of the objects a fleet snapshot is built from: each one's uid,
+/// resourceVersion and whether it is being deleted, per kind, in a fixed order.
+fn fingerprint<'a>(
+    classes: impl Iterator<Item = &'a kube::api::ObjectMeta>,
+    clusters: impl Iterator<Item = &'a kube::api::ObjectMeta>,
+    caches: impl Iterator<Item = &'a kube::api::ObjectMeta>,
+    deployments: impl Iterator<Item = &'a kube::api::ObjectMeta>,
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (kind, metas) in [
+        ("class", classes.collect::<Vec<_>>()),
+        ("cluster", clusters.collect()),
+        ("cache", caches.collect()),
+        ("deployment", deployments.collect()),
+    ] {
+        let mut keys: Vec<(&str, &str, bool)> = metas
+            .iter()
+            .map(|m| {
+                (
+                    m.uid.as_deref().unwrap_or(""),
+                    m.resource_version.as_deref().unwrap_or(""),
+                    m.deletion_timestamp.is_some(),
+                )
+            })
+            .collect();
+        keys.sort_unstable();
+        (kind, keys).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// Reconciles one ModelDeployment (with its finalizer).
@@ -113,7 +181,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     let ns = md.namespace().unwrap_or_else(|| "default".into());
     let name = md.name_any();
     tracing::debug!(deployment = %format!("{ns}/{name}"), "planning");
-    let plan = solve(&ctx.snapshot(), &SolveOptions::default());
+    let plan = ctx.plan();
     let Some(dp) = plan.get(&ns, &name).cloned() else {
         return Ok(Action::requeue(ctx.config.poll));
     };
@@ -417,5 +485,38 @@ async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Resul
         Ok(Action::await_change())
     } else {
         Err(Error::Cleanup(failed.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod plan_cache_tests {
+    use super::fingerprint;
+    use kube::api::ObjectMeta;
+
+    fn meta(uid: &str, rv: &str) -> ObjectMeta {
+        ObjectMeta { uid: Some(uid.into()), resource_version: Some(rv.into()), ..Default::default() }
+    }
+
+    #[test]
+    fn the_plan_is_solved_again_exactly_when_an_input_object_changed() {
+        let classes = [meta("c1", "1")];
+        let clusters = [meta("k1", "5"), meta("k2", "6")];
+        let deps = [meta("d1", "9"), meta("d2", "10")];
+        let key = |clusters: &[ObjectMeta], deps: &[ObjectMeta]| {
+            fingerprint(classes.iter(), clusters.iter(), [].iter(), deps.iter())
+        };
+        let base = key(&clusters, &deps);
+        let reordered = [meta("k2", "6"), meta("k1", "5")];
+        assert_eq!(key(&reordered, &deps), base, "store order does not matter");
+        assert_ne!(key(&[meta("k1", "5"), meta("k2", "7")], &deps), base, "a cluster status changed");
+        assert_ne!(key(&clusters, &deps[..1]), base, "a deployment went away");
+        let mut deleting = deps.clone();
+        deleting[1].deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+        assert_ne!(key(&clusters, &deleting), base, "a deployment is being deleted");
+        // The same uid under another kind is another input.
+        assert_ne!(
+            fingerprint([].iter(), classes.iter(), [].iter(), [].iter()),
+            fingerprint(classes.iter(), [].iter(), [].iter(), [].iter())
+        );
     }
 }
