@@ -253,6 +253,28 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             .collect();
         observed.cache = Some(status::CacheWait { cache: format!("{ns}/{cache_ref}"), waiting });
     }
+    // Write-ahead: a cluster about to get this deployment's objects is recorded in status
+    // first. Status placements are what later reconciles observe, prune and clean up; objects
+    // created where no landed status names them (the status write after them lost a conflict)
+    // would run on, unobserved, forever.
+    let (mut base_status, mut base_rv) = (md.status.clone(), md.resource_version());
+    let recorded: BTreeSet<&str> =
+        md.status.iter().flat_map(|s| s.placements.iter()).map(|p| p.cluster.as_str()).collect();
+    let fresh: BTreeSet<&str> = next
+        .iter()
+        .filter(|(k, r)| **r > 0 && states.contains_key(&k.0) && !recorded.contains(k.0.as_str()))
+        .map(|(k, _)| k.0.as_str())
+        .collect();
+    if !fresh.is_empty() {
+        let ahead =
+            status::desired(md.status.as_ref(), md.metadata.generation, &dp, &observed, &Time(Timestamp::now()));
+        if fresh.iter().all(|c| ahead.placements.iter().any(|p| p.cluster == *c)) {
+            let written = write_status(&ctx, &md, base_status.as_ref(), base_rv.clone(), &ahead).await?;
+            tracing::debug!(deployment = %format!("{ns}/{name}"), clusters = ?fresh, "recorded before applying");
+            base_rv = written.resource_version();
+            base_status = written.status;
+        }
+    }
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
     let mut writes = 0usize;
     for (cluster, (client, state)) in &states {
@@ -306,8 +328,8 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
 
     // Status, written only when it changes.
     let now = Time(Timestamp::now());
-    let next_status = status::desired(md.status.as_ref(), md.metadata.generation, &dp, &observed, &now);
-    let changed = md.status.as_ref() != Some(&next_status);
+    let next_status = status::desired(base_status.as_ref(), md.metadata.generation, &dp, &observed, &now);
+    let changed = base_status.as_ref() != Some(&next_status);
     if changed {
         let old_targets: BTreeSet<(String, String, i32)> = md
             .status
@@ -326,15 +348,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             .filter(|p| p.desired > 0)
             .map(|p| (p.cluster.clone(), p.pool.clone(), p.desired))
             .collect();
-        let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-        // The resourceVersion makes the write conditional: a merge patch replaces the whole
-        // conditions list, so a write based on a stale copy would drop a condition another
-        // writer (the gateway's `Serving`) added since. A conflict requeues with fresh data.
-        let mut patch =
-            crate::status_patch::status_patch(md.status.as_ref(), &next_status).map_err(kube::Error::SerdeError)?;
-        patch["metadata"] = serde_json::json!({"resourceVersion": md.resource_version()});
-        api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
-        ctx.metrics.status_write(Kind::ModelDeployment);
+        write_status(&ctx, &md, base_status.as_ref(), base_rv, &next_status).await?;
         tracing::info!(
             deployment = %format!("{ns}/{name}"),
             ready = next_status.ready_replicas,
@@ -373,6 +387,26 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     } else {
         Duration::from_secs(2).min(ctx.config.poll)
     }))
+}
+
+/// Writes `next` over `current` (the status as of `resource_version`). The resourceVersion
+/// makes the write conditional: a merge patch replaces the whole conditions list, so a write
+/// based on a stale copy would drop a condition another writer (the gateway's `Serving`) added
+/// since. A conflict requeues with fresh data.
+async fn write_status(
+    ctx: &DeploymentContext,
+    md: &ModelDeployment,
+    current: Option<&flotilla_apis::deployment::ModelDeploymentStatus>,
+    resource_version: Option<String>,
+    next: &flotilla_apis::deployment::ModelDeploymentStatus,
+) -> Result<ModelDeployment, Error> {
+    let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &md.namespace().unwrap_or_default());
+    let mut patch = crate::status_patch::status_patch(current, next).map_err(kube::Error::SerdeError)?;
+    patch["metadata"] = serde_json::json!({"resourceVersion": resource_version});
+    let written =
+        api.patch_status(&md.name_any(), &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
+    ctx.metrics.status_write(Kind::ModelDeployment);
+    Ok(written)
 }
 
 /// Create, update or delete the CapacityClaim the deployment owns (`claim::sizing` decides).
