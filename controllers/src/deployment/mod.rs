@@ -258,6 +258,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     // created where no landed status names them (the status write after them lost a conflict)
     // would run on, unobserved, forever.
     let (mut base_status, mut base_rv) = (md.status.clone(), md.resource_version());
+    let mut wrote_ahead = false;
     let recorded: BTreeSet<&str> =
         md.status.iter().flat_map(|s| s.placements.iter()).map(|p| p.cluster.as_str()).collect();
     let fresh: BTreeSet<&str> = next
@@ -273,6 +274,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             tracing::debug!(deployment = %format!("{ns}/{name}"), clusters = ?fresh, "recorded before applying");
             base_rv = written.resource_version();
             base_status = written.status;
+            wrote_ahead = true;
         }
     }
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
@@ -330,7 +332,9 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     let now = Time(Timestamp::now());
     let next_status = status::desired(base_status.as_ref(), md.metadata.generation, &dp, &observed, &now);
     let changed = base_status.as_ref() != Some(&next_status);
-    if changed {
+    // The event compares with the status this reconcile started from, so a write-ahead does
+    // not hide the change from it.
+    if changed || wrote_ahead {
         let old_targets: BTreeSet<(String, String, i32)> = md
             .status
             .as_ref()
@@ -348,7 +352,9 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             .filter(|p| p.desired > 0)
             .map(|p| (p.cluster.clone(), p.pool.clone(), p.desired))
             .collect();
-        write_status(&ctx, &md, base_status.as_ref(), base_rv, &next_status).await?;
+        if changed {
+            write_status(&ctx, &md, base_status.as_ref(), base_rv, &next_status).await?;
+        }
         tracing::info!(
             deployment = %format!("{ns}/{name}"),
             ready = next_status.ready_replicas,
@@ -374,7 +380,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     }
     ctx.metrics.reconciled(
         Kind::ModelDeployment,
-        if changed { Outcome::Changed } else { Outcome::Unchanged },
+        if changed || wrote_ahead { Outcome::Changed } else { Outcome::Unchanged },
         started.elapsed(),
     );
     let settled = next_status.ready_replicas >= desired_total && observed.unreachable.is_empty() && next == target;
