@@ -189,17 +189,7 @@ async fn the_newest_allocation_is_given_back_first_and_whole() {
 async fn a_deleted_claim_waits_for_the_application_to_drain() {
     let h = fulfilled(policy(None, Consolidation::WhenEmpty, ScaleDown::ApplicationDrainOnly)).await;
     let (acq, nodes) = held(&h);
-    let input = |usage| ClaimInput {
-        namespace: "ml",
-        name: "llama",
-        generation: Some(1),
-        created: t0(),
-        spec: &h.spec,
-        status: &h.status,
-        classes: &h.classes,
-        usage,
-        now: t0(),
-    };
+    let input = |usage| ClaimInput { usage, ..h.input() };
     let busy = usage("cl-eu-central-1", &acq, &[(&nodes[0], 0), (&nodes[1], 2)]);
     let step = h.engine.hold_for_drain(input(&busy)).expect("busy node holds the release");
     let c = step.status.conditions.get(condition::SURPLUS).unwrap();

@@ -165,18 +165,7 @@ async fn a_provider_set_searches_a_static_site_and_a_cloud_in_one_step() {
     c.provisioning_delay = Duration::ZERO;
     let h = Harness::new(c, claim(3, &[Reserved, OnDemand], &["h100"], &["EU"]));
     let set = ProviderSet::new(vec![Arc::new(static_fleet()), h.sim.clone()]).unwrap();
-    let input = flotilla_providers::ClaimInput {
-        namespace: "ml",
-        name: "llama",
-        generation: Some(1),
-        created: t0(),
-        spec: &h.spec,
-        status: &h.status,
-        classes: &h.classes,
-        usage: &flotilla_providers::ClaimUsage::default(),
-        now: t0(),
-    };
-    let out = h.engine.step(input, &set).await;
+    let out = h.engine.step(h.input(), &set).await;
     let got: Vec<_> = out.status.allocations.iter().map(|a| (a.cluster.as_str(), a.capacity_type, a.nodes)).collect();
     assert_eq!(got, [("fra-dc", Some(Reserved), 2), ("cl-eu-central-1", Some(OnDemand), 1)], "the declared site first");
     let walk: Vec<_> = out

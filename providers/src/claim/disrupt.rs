@@ -106,7 +106,7 @@ pub fn drain_pending(spec: &CapacityClaimSpec, status: &CapacityClaimStatus, usa
         format!(
             "Deleting: spec.disruption.scaleDown is ApplicationDrainOnly, so nothing is released while the application \
              runs on the claim's nodes: {}. Scale the workload down or move it; the capacity is released once they are \
-             empty.",
+             empty",
             waits.join("; ")
         )
     })

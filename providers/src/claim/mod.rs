@@ -138,12 +138,10 @@ impl ClaimEngine {
     /// its capacity must wait for the application to leave, the status to write (`Surplus`=True,
     /// `DrainRequired`, naming the nodes) and when to look again; `None` once it may be released.
     pub fn hold_for_drain(&self, input: ClaimInput<'_>) -> Option<ClaimStep> {
-        use flotilla_apis::conditions::{Desired, Status, merge};
-        use flotilla_apis::constants::{condition, reason};
         let message = drain_pending(input.spec, input.status, input.usage)?;
-        let desired = [Desired::new(condition::SURPLUS, Status::True, reason::DRAIN_REQUIRED, message)];
+        let desired = [report::surplus(&[(flotilla_apis::constants::reason::DRAIN_REQUIRED, message)])];
         let mut status = input.status.clone();
-        status.conditions = flotilla_apis::Conditions(merge(
+        status.conditions = flotilla_apis::Conditions(flotilla_apis::conditions::merge(
             &input.status.conditions.0,
             &desired,
             input.generation,

@@ -350,27 +350,19 @@ impl CapacityProvider for SimProvider {
         let now = self.clock.now();
         let mut state = self.state();
         state.calls.describe.push((region.to_string(), id.to_string()));
-        match state.acquisitions.get(id).filter(|a| a.view.region == region) {
-            Some(acq) => Ok(acq.at(now)),
-            None => Err(ProviderError::new(
-                ErrorKind::InvalidRequest,
-                "ResourceNotFoundException",
-                format!("no acquisition {id} in {region}"),
-            )),
-        }
+        state
+            .acquisitions
+            .get(id)
+            .filter(|a| a.view.region == region)
+            .map(|a| a.at(now))
+            .ok_or_else(|| not_found(region, id))
     }
 
     async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
         let now = self.clock.now();
         let mut state = self.state();
         state.calls.resize.push((region.to_string(), id.to_string(), nodes));
-        let not_found = || {
-            ProviderError::new(
-                ErrorKind::InvalidRequest,
-                "ResourceNotFoundException",
-                format!("no acquisition {id} in {region}"),
-            )
-        };
+        let not_found = || not_found(region, id);
         let acq =
             state.acquisitions.get(id).filter(|a| a.view.region == region && a.holds(now)).ok_or_else(not_found)?;
         let view = acq.view.clone();
@@ -430,28 +422,15 @@ impl CapacityProvider for SimProvider {
         let now = self.clock.now();
         let grows = {
             let state = self.state();
-            let acq =
-                state.acquisitions.get(id).filter(|a| a.view.region == region && a.holds(now)).ok_or_else(|| {
-                    ProviderError::new(
-                        ErrorKind::InvalidRequest,
-                        "ResourceNotFoundException",
-                        format!("no acquisition {id} in {region}"),
-                    )
-                })?;
-            nodes > acq.view.nodes_granted
+            let held = state.acquisitions.get(id).filter(|a| a.view.region == region && a.holds(now));
+            held.ok_or_else(|| not_found(region, id))?.view.nodes_granted < nodes
         };
         if grows {
             return self.resize(region, id, nodes).await;
         }
         let mut state = self.state();
         state.calls.resize.push((region.to_string(), id.to_string(), nodes));
-        let Some(acq) = state.acquisitions.get_mut(id) else {
-            return Err(ProviderError::new(
-                ErrorKind::InvalidRequest,
-                "ResourceNotFoundException",
-                format!("no acquisition {id} in {region}"),
-            ));
-        };
+        let acq = state.acquisitions.get_mut(id).ok_or_else(|| not_found(region, id))?;
         // The named nodes go first, then (if the claim named fewer) the newest.
         acq.view.nodes.retain(|n| !names.contains(&n.name));
         acq.view.nodes.truncate(nodes as usize);
@@ -477,4 +456,13 @@ impl CapacityProvider for SimProvider {
             .map(|a| (a.view.region.clone(), a.view.id.clone()))
             .collect())
     }
+}
+
+/// The provider's answer for an acquisition it does not hold (EKS's code for a missing node group).
+fn not_found(region: &str, id: &str) -> ProviderError {
+    ProviderError::new(
+        ErrorKind::InvalidRequest,
+        "ResourceNotFoundException",
+        format!("no acquisition {id} in {region}"),
+    )
 }

@@ -141,10 +141,9 @@ impl Harness {
         }
     }
 
-    /// One reconcile at the clock's time; the new status is kept as the controller would.
-    pub async fn step(&mut self) -> ClaimStep {
-        let provider: Arc<dyn flotilla_providers::CapacityProvider> = self.sim.clone();
-        let input = ClaimInput {
+    /// What the controller would pass for this claim at the clock's time.
+    pub fn input(&self) -> ClaimInput<'_> {
+        ClaimInput {
             namespace: "ml",
             name: "llama",
             generation: Some(1),
@@ -154,8 +153,13 @@ impl Harness {
             classes: &self.classes,
             usage: &self.usage,
             now: flotilla_providers::Clock::now(&self.clock),
-        };
-        let out = self.engine.step(input, provider.as_ref()).await;
+        }
+    }
+
+    /// One reconcile at the clock's time; the new status is kept as the controller would.
+    pub async fn step(&mut self) -> ClaimStep {
+        let provider: Arc<dyn flotilla_providers::CapacityProvider> = self.sim.clone();
+        let out = self.engine.step(self.input(), provider.as_ref()).await;
         self.status = out.status.clone();
         self.last = Some(out.clone());
         out
