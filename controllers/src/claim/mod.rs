@@ -176,18 +176,18 @@ async fn usage(
                 continue;
             }
         };
-        let seen = tokio::time::timeout(
-            ctx.config.timeouts.observe,
-            usage::observe(&client, &claim_key, &ctx.config.field_manager, protect),
-        )
-        .await;
+        let t = ctx.config.timeouts;
+        let seen = match ctx.members.watch(&cluster, &client, t).await {
+            Ok(w) => w.observation(t).await,
+            Err(e) => Err(e),
+        };
         match seen {
-            Ok(Ok(nodes)) => {
+            Ok(seen) => {
+                let nodes = usage::observe(&client, &seen, &claim_key, &ctx.config.field_manager, protect).await;
                 out.clusters.insert(cluster);
                 out.nodes.extend(nodes);
             }
-            Ok(Err(e)) => tracing::debug!(claim = %claim_key, %cluster, error = %brief(&e), "claim nodes not observed"),
-            Err(_) => tracing::debug!(claim = %claim_key, %cluster, "claim nodes not observed in time"),
+            Err(e) => tracing::debug!(claim = %claim_key, %cluster, error = %e, "claim nodes not observed"),
         }
     }
     out

@@ -1,5 +1,5 @@
-//! What a claim's nodes run, read from a member: every node labelled for the claim, with the
-//! pods the application has there (not DaemonSet or mirror pods, not finished ones), so the
+//! What a claim's nodes run, read from a member's watch caches (the ones inventory uses): every
+//! node labelled for the claim, with the pods the application has there (not DaemonSet or mirror pods, not finished ones), so the
 //! claim engine can tell empty nodes from busy ones. The same pass puts the disruption policy
 //! onto the nodes as the annotations cluster-autoscaler and Karpenter honour: a node the claim
 //! keeps is marked do-not-disrupt, one it lets go is not.
@@ -8,18 +8,21 @@ use flotilla_apis::constants::labels;
 use flotilla_providers::NodeUse;
 use flotilla_providers::claim::{CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED, KARPENTER_DO_NOT_DISRUPT};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-/// Pods of the application among `pods` (all on one node).
-pub fn app_pods(pods: &[Pod]) -> u32 {
+use crate::inventory::MemberObservation;
+
+/// Pods of the application on `node` among `pods` (not DaemonSet or mirror pods, not finished).
+pub fn app_pods(node: &str, pods: &[Pod]) -> u32 {
     let counted = pods.iter().filter(|p| {
+        let here = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
         let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
         let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
         let done =
             p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
-        !daemon && !mirror && !done
+        here && !daemon && !mirror && !done
     });
     u32::try_from(counted.count()).unwrap_or(u32::MAX)
 }
@@ -37,31 +40,29 @@ pub fn protection_patch(node: &Node, protect: bool) -> Option<Value> {
     Some(json!({"metadata": {"annotations": {keys[0]: value, keys[1]: value}}}))
 }
 
-/// The nodes of claim `claim` (`<namespace>.<name>`) in one member, with their application
-/// pods; marks each do-not-disrupt when `protect(acquisition)` says so.
+/// The nodes of claim `claim` (`<namespace>.<name>`) in what the member's watches hold, with
+/// their application pods; marks each do-not-disrupt when `protect(acquisition)` says so.
 pub async fn observe(
     client: &Client,
+    seen: &MemberObservation,
     claim: &str,
     field_manager: &str,
     protect: impl Fn(&str) -> bool,
-) -> Result<Vec<NodeUse>, kube::Error> {
+) -> Vec<NodeUse> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
-    let lp = ListParams::default().labels(&format!("{}={claim}", labels::CLAIM));
     let mut out = Vec::new();
-    for node in nodes.list(&lp).await?.items {
+    for node in seen.nodes.iter().filter(|n| n.labels().get(labels::CLAIM).is_some_and(|c| c == claim)) {
         let name = node.name_any();
         let acquisition = node.labels().get(labels::ACQUISITION).cloned().unwrap_or_default();
-        let on_node = pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))).await?;
-        if let Some(patch) = protection_patch(&node, protect(&acquisition))
+        if let Some(patch) = protection_patch(node, protect(&acquisition))
             && let Err(e) = nodes.patch(&name, &PatchParams::apply(field_manager), &Patch::Merge(&patch)).await
         {
             // The pods are still seen; only the autoscalers' hint is missing (RBAC: nodes/patch).
             tracing::warn!(node = %name, claim, error = %crate::member::brief(&e), "could not mark the claim's node for node autoscalers");
         }
-        out.push(NodeUse { name, acquisition, pods: app_pods(&on_node.items) });
+        out.push(NodeUse { pods: app_pods(&name, &seen.pods), name, acquisition });
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -72,18 +73,25 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn on(node: &str) -> Value {
+        json!({"nodeName": node, "containers": [{"name": "c", "image": "i"}]})
+    }
+
     #[test]
     fn only_the_applications_running_pods_count() {
         let pods = [
-            pod(json!({"metadata": {"name": "llama-0"}, "status": {"phase": "Running"}})),
-            pod(json!({"metadata": {"name": "llama-1"}, "status": {"phase": "Pending"}})),
+            pod(json!({"metadata": {"name": "llama-0"}, "spec": on("n1"), "status": {"phase": "Running"}})),
+            pod(json!({"metadata": {"name": "llama-1"}, "spec": on("n1"), "status": {"phase": "Pending"}})),
             pod(json!({"metadata": {"name": "dcgm", "ownerReferences": [{"apiVersion": "apps/v1",
-                "kind": "DaemonSet", "name": "dcgm", "uid": "u"}]}, "status": {"phase": "Running"}})),
-            pod(json!({"metadata": {"name": "static", "annotations": {"kubernetes.io/config.mirror": "x"}}})),
-            pod(json!({"metadata": {"name": "job"}, "status": {"phase": "Succeeded"}})),
+                "kind": "DaemonSet", "name": "dcgm", "uid": "u"}]}, "spec": on("n1"), "status": {"phase": "Running"}})),
+            pod(json!({"metadata": {"name": "static", "annotations": {"kubernetes.io/config.mirror": "x"}},
+                "spec": on("n1")})),
+            pod(json!({"metadata": {"name": "job"}, "spec": on("n1"), "status": {"phase": "Succeeded"}})),
+            pod(json!({"metadata": {"name": "elsewhere"}, "spec": on("n2"), "status": {"phase": "Running"}})),
         ];
-        assert_eq!(app_pods(&pods), 2);
-        assert_eq!(app_pods(&[]), 0);
+        assert_eq!(app_pods("n1", &pods), 2);
+        assert_eq!(app_pods("n2", &pods), 1);
+        assert_eq!(app_pods("n3", &pods), 0);
     }
 
     #[test]
