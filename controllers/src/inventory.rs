@@ -192,7 +192,8 @@ pub fn observe(
                         (gpu_quantity(alloc), pods_all, pods_mine)
                     }
                 };
-            match reserved_for(node) {
+            // A claim's nodes are counted for the claim, the rest for the pool.
+            let (nodes, total, alloc, managed) = match reserved_for(node) {
                 Some(claim) => {
                     let at = match status.reserved.iter().position(|r| r.claim == claim) {
                         Some(i) => i,
@@ -202,18 +203,19 @@ pub fn observe(
                         }
                     };
                     let r = &mut status.reserved[at];
-                    r.nodes += 1;
-                    r.devices_total += devices;
-                    r.devices_allocated += allocated.min(devices);
-                    r.devices_managed += mine.min(devices);
+                    (&mut r.nodes, &mut r.devices_total, &mut r.devices_allocated, &mut r.devices_managed)
                 }
-                None => {
-                    status.nodes += 1;
-                    status.devices_total += devices;
-                    status.devices_allocated += allocated.min(devices);
-                    status.devices_managed += mine.min(devices);
-                }
-            }
+                None => (
+                    &mut status.nodes,
+                    &mut status.devices_total,
+                    &mut status.devices_allocated,
+                    &mut status.devices_managed,
+                ),
+            };
+            *nodes += 1;
+            *total += devices;
+            *alloc += allocated.min(devices);
+            *managed += mine.min(devices);
         }
         status.devices_free = status.devices_total - status.devices_allocated;
         status.reserved.sort_by(|a, b| a.claim.cmp(&b.claim));

@@ -60,21 +60,8 @@ pub async fn reconcile(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Res
     if claim.metadata.deletion_timestamp.is_some() && claim.finalizers().iter().any(|f| f == FINALIZER_CAPACITY_RELEASE)
     {
         // `scaleDown: ApplicationDrainOnly`: nothing is released while the application runs there.
-        let status = claim.status.clone().unwrap_or_default();
-        let usage = usage(&ctx, &claim, &status).await;
-        let classes = BTreeMap::new();
-        let input = ClaimInput {
-            namespace: &ns,
-            name: &claim.name_any(),
-            generation: claim.metadata.generation,
-            created: claim.metadata.creation_timestamp.as_ref().map_or_else(Timestamp::now, |t| t.0),
-            spec: &claim.spec,
-            status: &status,
-            classes: &classes,
-            usage: &usage,
-            now: whole_seconds(),
-        };
-        if let Some(step) = ctx.engine.hold_for_drain(input) {
+        let seen = Look::at(&ctx, &claim).await;
+        if let Some(step) = ctx.engine.hold_for_drain(seen.input(&claim, &BTreeMap::new())) {
             write_status(&ctx, &claim, &step).await?;
             return Ok(Action::requeue(step.requeue_after));
         }
@@ -93,25 +80,47 @@ fn key(claim: &CapacityClaim) -> String {
     format!("{}.{}", claim.namespace().unwrap_or_default(), claim.name_any())
 }
 
+/// What one look at a claim reads besides the classes: its status (default when none) and
+/// what its nodes run.
+struct Look {
+    namespace: String,
+    name: String,
+    status: flotilla_apis::claim::CapacityClaimStatus,
+    usage: ClaimUsage,
+}
+
+impl Look {
+    async fn at(ctx: &ClaimContext, claim: &CapacityClaim) -> Self {
+        let status = claim.status.clone().unwrap_or_default();
+        let usage = usage(ctx, claim, &status).await;
+        Self { namespace: claim.namespace().unwrap_or_else(|| "default".into()), name: claim.name_any(), status, usage }
+    }
+
+    /// The engine's input, now (to the second).
+    fn input<'a>(
+        &'a self,
+        claim: &'a CapacityClaim,
+        classes: &'a BTreeMap<String, flotilla_apis::class::InferenceClassSpec>,
+    ) -> ClaimInput<'a> {
+        ClaimInput {
+            namespace: &self.namespace,
+            name: &self.name,
+            generation: claim.metadata.generation,
+            created: claim.metadata.creation_timestamp.as_ref().map_or_else(Timestamp::now, |t| t.0),
+            spec: &claim.spec,
+            status: &self.status,
+            classes,
+            usage: &self.usage,
+            now: whole_seconds(),
+        }
+    }
+}
+
 async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
-    let ns = claim.namespace().unwrap_or_else(|| "default".into());
-    let name = claim.name_any();
+    let (ns, name) = (claim.namespace().unwrap_or_else(|| "default".into()), claim.name_any());
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
-    let status = claim.status.clone().unwrap_or_default();
-    let created = claim.metadata.creation_timestamp.as_ref().map_or_else(Timestamp::now, |t| t.0);
-    let usage = usage(&ctx, &claim, &status).await;
-    let input = ClaimInput {
-        namespace: &ns,
-        name: &name,
-        generation: claim.metadata.generation,
-        created,
-        spec: &claim.spec,
-        status: &status,
-        classes: &classes,
-        usage: &usage,
-        now: whole_seconds(),
-    };
-    let step = ctx.engine.step(input, ctx.provider.as_ref()).await;
+    let seen = Look::at(&ctx, &claim).await;
+    let step = ctx.engine.step(seen.input(&claim, &classes), ctx.provider.as_ref()).await;
     let mut requeue = step.requeue_after;
     if ctx.materialize
         && let Err(e) = materialize(&ctx, &key(&claim), &step.acquisitions).await
