@@ -248,20 +248,20 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
         .flat_map(|p| {
             let per_node = classes.get(&p.class).map_or(0, ClassView::devices_per_node);
             let observed = c.status.as_ref().and_then(|s| s.pools.iter().find(|o| o.name == p.name));
-            let free = match observed {
-                Some(o) => {
-                    // Flotilla's own replicas are placed again by the solver: only devices held by
-                    // anything else are taken away.
-                    let others = (o.devices_allocated - o.devices_managed).max(0) as u64;
-                    free_per_node(o.nodes.max(0) as u32, per_node, others)
-                }
-                None => free_per_node(p.nodes.unwrap_or(0).max(0) as u32, per_node, 0),
+            // Flotilla's own replicas are placed again by the solver: only devices held by
+            // anything else are taken away.
+            let free = |nodes: i32, allocated: i64, managed: i64| {
+                free_per_node(nodes.max(0) as u32, per_node, (allocated - managed).max(0) as u64)
+            };
+            let shared_free = match observed {
+                Some(o) => free(o.nodes, o.devices_allocated, o.devices_managed),
+                None => free(p.nodes.unwrap_or(0), 0, 0),
             };
             let shared = PoolView {
                 name: p.name.clone(),
                 class: p.class.clone(),
                 capacity_type: p.capacity_types.first().copied(),
-                free_per_node: free,
+                free_per_node: shared_free,
                 reserved_for: None,
             };
             let reserved: Vec<PoolView> = observed
@@ -269,11 +269,7 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
                 .flat_map(|o| o.reserved.iter())
                 .map(|r| PoolView {
                     reserved_for: Some(r.claim.clone()),
-                    free_per_node: free_per_node(
-                        r.nodes.max(0) as u32,
-                        per_node,
-                        (r.devices_allocated - r.devices_managed).max(0) as u64,
-                    ),
+                    free_per_node: free(r.nodes, r.devices_allocated, r.devices_managed),
                     ..shared.clone()
                 })
                 .collect();
@@ -336,6 +332,34 @@ mod tests {
             })
             .collect();
         assert_eq!(names, ["a/z", "ml/a", "ml/b"]);
+    }
+
+    #[test]
+    fn a_pools_claimed_nodes_become_a_view_reserved_for_the_claim() {
+        let class: flotilla_apis::InferenceClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass", "metadata": {"name": "h100"},
+            "spec": {"device": {"driver": "gpu.nvidia.com"}, "devicesPerNode": 8}}))
+        .unwrap();
+        let cluster: flotilla_apis::InferenceCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": "eu2"},
+            "spec": {"provider": {"sim": {"cloud": "x"}}, "region": "eu-west-3", "jurisdiction": "EU",
+                     "pools": [{"name": "h100", "class": "h100", "maxNodes": 8, "capacityTypes": ["on-demand"]}]},
+            "status": {"pools": [{"name": "h100", "class": "h100", "nodes": 1, "devicesTotal": 8,
+                                  "devicesAllocated": 2, "devicesFree": 6,
+                                  "reserved": [{"claim": "ml.big", "nodes": 2, "devicesTotal": 16,
+                                                "devicesAllocated": 8, "devicesManaged": 8}]}]}}))
+        .unwrap();
+        let snap = super::FleetSnapshot::from_live([class], [cluster], [], []);
+        let pools: Vec<_> = snap.clusters[0]
+            .pools
+            .iter()
+            .map(|p| (p.name.as_str(), p.reserved_for.as_deref(), p.free_per_node.clone()))
+            .collect();
+        assert_eq!(
+            pools,
+            [("h100", None, vec![6]), ("h100", Some("ml.big"), vec![8, 8])],
+            "the shared node has what others left; the claim's nodes count the owner's replicas as its own"
+        );
     }
 
     #[test]
