@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use flotilla_apis::ModelDeployment;
+use flotilla_apis::{InferenceCluster, ModelDeployment};
 use flotilla_enginesim::{Fault, SimConfig, SimHandle};
 use flotilla_gateway::keys::{hex, sha256};
 use flotilla_gateway::{AppState, GatewayConfig, feed};
@@ -222,6 +222,18 @@ async fn gateway_fed_by_the_control_cluster() {
     })
     .await;
     assert!(model_ids(&http, &gw.url).await.is_empty(), "nothing is deployed yet");
+    // Every member observed before anything is placed: a deployment solved while a member has
+    // no status yet goes elsewhere first and moves later (make-before-break), which this test
+    // is not about (placement/tests/solver.rs: spread_rebalances_when_more_domains_become_eligible).
+    let clusters: Api<InferenceCluster> = Api::all(control.clone());
+    for (name, _, _) in MEMBERS {
+        wait_for(&format!("{name} Ready"), Duration::from_secs(60), || async {
+            let ic = clusters.get(name).await.ok()?;
+            let ready = ic.status?.conditions.get("Ready")?.status == "True";
+            ready.then_some(())
+        })
+        .await;
+    }
 
     // Apply: routable within seconds of the replicas being Ready.
     let applied = Instant::now();
@@ -250,8 +262,12 @@ async fn gateway_fed_by_the_control_cluster() {
         })
         .await;
     }
-    let (_, _, msg) = serving(&api, "chat-any").await.unwrap();
-    assert!(msg.contains("eu1") && msg.contains("eu2") && msg.contains("us1"), "{msg}");
+    // Spread by cluster: served through all three once each replica is Ready there.
+    wait_for("chat-any Serving through eu1, eu2 and us1", Duration::from_secs(60), || async {
+        let (_, _, msg) = serving(&api, "chat-any").await?;
+        (msg.contains("eu1") && msg.contains("eu2") && msg.contains("us1")).then_some(())
+    })
+    .await;
 
     // Keys from the Secret: the EU key is refused the US-only model, and its requests for an
     // unrestricted model never reach the US cluster.

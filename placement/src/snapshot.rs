@@ -138,6 +138,10 @@ impl FleetSnapshot {
     /// Flotilla manages (`devicesManaged`) are counted free, since the solver places them anew.
     /// A ModelCache's status says in which clusters it is Ready (`ClusterView::ready_caches`).
     pub fn from_objects<'a>(objects: impl IntoIterator<Item = &'a FleetObject>) -> Self {
+        Self::build(objects, Evidence::Declared)
+    }
+
+    fn build<'a>(objects: impl IntoIterator<Item = &'a FleetObject>, evidence: Evidence) -> Self {
         let mut snap = FleetSnapshot::default();
         let mut order = 0i64;
         let mut clusters = Vec::new();
@@ -174,7 +178,7 @@ impl FleetSnapshot {
             }
         }
         for c in clusters {
-            let mut view = cluster_view(c, &snap.classes);
+            let mut view = cluster_view(c, &snap.classes, evidence);
             view.ready_caches = ready_caches.remove(&view.name).unwrap_or_default();
             snap.clusters.push(view);
         }
@@ -189,13 +193,17 @@ impl FleetSnapshot {
     /// both agree: every class and cluster (with its observed status), every ModelCache (where
     /// it is Ready), and every ModelDeployment not being deleted, in (namespace, name) order,
     /// with the placements its status records.
+    ///
+    /// Unlike [`FleetSnapshot::from_objects`], a live cluster whose status the controller has
+    /// not written yet is not ready (`not observed yet`): replicas go only where a member was
+    /// seen, never on a declared capacity nobody has observed.
     pub fn from_live(
         classes: impl IntoIterator<Item = InferenceClass>,
         clusters: impl IntoIterator<Item = InferenceCluster>,
         caches: impl IntoIterator<Item = ModelCache>,
         deployments: impl IntoIterator<Item = ModelDeployment>,
     ) -> Self {
-        FleetSnapshot::from_objects(live_objects(classes, clusters, caches, deployments).iter())
+        FleetSnapshot::build(live_objects(classes, clusters, caches, deployments).iter(), Evidence::Observed)
     }
 }
 
@@ -230,7 +238,19 @@ pub fn cluster_labels(c: &InferenceCluster) -> BTreeMap<String, String> {
     labels
 }
 
-fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> ClusterView {
+/// What a cluster without a status is taken to be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Evidence {
+    /// Files: a declared cluster is assumed up with its declared nodes (`fleetctl plan -f`).
+    Declared,
+    /// A live fleet: only what the controller observed counts.
+    Observed,
+}
+
+/// Why a live cluster without a status takes no replicas.
+pub const NOT_OBSERVED: &str = "not observed yet: the controller has not written this cluster's status";
+
+fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>, evidence: Evidence) -> ClusterView {
     let name = c.metadata.name.clone().unwrap_or_default();
     let labels = cluster_labels(c);
     let (ready, not_ready_reason) = match &c.status {
@@ -239,6 +259,7 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>) -> 
             Some(r) => (false, Some(format!("{}: {}", r.reason, r.message))),
             None => (false, Some("no Ready condition yet".to_string())),
         },
+        _ if evidence == Evidence::Observed => (false, Some(NOT_OBSERVED.to_string())),
         _ => (true, None),
     };
     let pools = c
@@ -360,6 +381,21 @@ mod tests {
             [("h100", None, vec![6]), ("h100", Some("ml.big"), vec![8, 8])],
             "the shared node has what others left; the claim's nodes count the owner's replicas as its own"
         );
+    }
+
+    #[test]
+    fn a_live_cluster_nobody_observed_takes_nothing_while_files_assume_it_up() {
+        let cluster: flotilla_apis::InferenceCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": "new"},
+            "spec": {"provider": {"sim": {"cloud": "x"}}, "region": "eu-west-3", "jurisdiction": "EU",
+                     "pools": [{"name": "h100", "class": "h100", "nodes": 2, "maxNodes": 8, "capacityTypes": ["on-demand"]}]}}))
+        .unwrap();
+        let live = super::FleetSnapshot::from_live([], [cluster.clone()], [], []);
+        assert!(!live.clusters[0].ready);
+        assert_eq!(live.clusters[0].not_ready_reason.as_deref(), Some(super::NOT_OBSERVED));
+        // Twin: the same object read from files is assumed up, as `fleetctl plan -f` documents.
+        let files = super::FleetSnapshot::from_objects([&FleetObject::Cluster(cluster)]);
+        assert!(files.clusters[0].ready);
     }
 
     #[test]

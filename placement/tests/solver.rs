@@ -328,6 +328,22 @@ fn spread_max_skew() {
 }
 
 #[test]
+fn spread_rebalances_when_more_domains_become_eligible() {
+    // Placed while only us-1 could take replicas (the EU clusters were not observed yet): once
+    // they can, the plan spreads again; the rollout moves make-before-break.
+    let spread = json!({"placement": {"spread": {"by": "cluster", "maxSkew": 1},
+        "sovereignty": {"allowedJurisdictions": ["EU", "US"]}}});
+    let mut snap = fleet(vec![deployment("m", 4, spread)]);
+    snap.deployments[0].current = vec![placement("us-1", "h100", 1, 4)];
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (2, 2), "{:?}", plan.assignments);
+    // Twin: without spread the placement sticks where it runs.
+    snap.deployments[0].spec.placement.spread = None;
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (0, 4), "{:?}", plan.assignments);
+}
+
+#[test]
 fn stickiness_keeps_a_healthy_placement() {
     let mut snap = fleet(vec![deployment("m", 2, json!({}))]);
     snap.deployments[0].current = vec![placement("us-1", "h100", 1, 2)];
