@@ -125,13 +125,21 @@ pub struct GatewayConfig {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Time a client has to send its whole request body once the head has arrived, in
+    /// milliseconds; slower bodies get 408. No concurrency slot is held while a body arrives.
+    #[arg(long, default_value_t = 30_000)]
+    pub body_timeout_ms: u64,
+    /// Largest upstream server-sent event, in bytes; a longer one (or one that never ends)
+    /// ends the stream with an error event (502 before the first byte).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_event_bytes: usize,
     /// Largest request head (request line and headers), in bytes.
     #[arg(long, default_value_t = 64 << 10)]
     pub max_header_bytes: usize,
     /// Most request header fields accepted (each repeated field counts); more get 431.
     #[arg(long, default_value_t = 100)]
     pub max_headers: usize,
-    /// Requests served at once; more get 503 with `Retry-After`.
+    /// Requests served at once (counted once their body has arrived); more get 503 with `Retry-After`.
     #[arg(long, default_value_t = 1024)]
     pub max_concurrency: usize,
     /// `Retry-After` seconds sent with 503 when no allowed cluster can serve.

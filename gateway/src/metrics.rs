@@ -1,7 +1,7 @@
 //! The gateway's Prometheus metrics. Every label value is a closed enum or a name from the
 //! routing table (never text from a request): requests by model and outcome, attempts by
 //! cluster and result, in-flight and circuit state per cluster, stream endings, fallbacks,
-//! table reloads, tokens and latency.
+//! table reloads, bodies in transit, tokens and latency.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -91,6 +91,8 @@ pub enum StreamEnd {
     truncated,
     /// The upstream sent an error event.
     upstream_error,
+    /// An event longer than `--max-event-bytes` (or one that never ended).
+    oversized,
     /// The client went away.
     client_gone,
 }
@@ -193,6 +195,7 @@ pub struct Metrics {
     status_writes: Family<WriteLabels, Counter>,
     feed_stale: Gauge,
     leader: Gauge,
+    body_reads: Gauge,
 }
 
 impl Default for Metrics {
@@ -211,6 +214,7 @@ impl Default for Metrics {
             status_writes: Family::default(),
             feed_stale: Gauge::default(),
             leader: Gauge::default(),
+            body_reads: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -235,6 +239,11 @@ impl Default for Metrics {
             "feed_stale",
             "1 while the control-cluster watch is failing and the last good table is in use",
             m.feed_stale.clone(),
+        );
+        registry.register(
+            "body_reads",
+            "Requests whose body is still arriving (they hold no concurrency slot)",
+            m.body_reads.clone(),
         );
         registry.register("feedback_leader", "1 while this replica writes the Serving conditions", m.leader.clone());
         Metrics { registry, ..m }
@@ -283,6 +292,10 @@ impl Metrics {
     /// Set the feed's staleness.
     pub fn set_feed_stale(&self, stale: bool) {
         self.feed_stale.set(i64::from(stale));
+    }
+    /// The gauge of requests whose body is still arriving.
+    pub fn body_reads(&self) -> &Gauge {
+        &self.body_reads
     }
     /// Set whether this replica leads the status feedback.
     pub fn set_leader(&self, leader: bool) {

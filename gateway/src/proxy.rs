@@ -214,6 +214,7 @@ async fn try_model(
             stream: p.stream,
             deadline: deadline.min(Instant::now() + budget),
             max_body: 64 << 20,
+            max_event: cfg.max_event_bytes,
         };
         let sent = Instant::now();
         let failure = match upstream::attempt(&st.client, out).await {
@@ -334,7 +335,14 @@ fn respond(
                 // chunk counts as a token and four bytes of prompt as one.
                 charge.pay(&st, tokens.total.unwrap_or(tokens.chunks + (charge.prompt_bytes / 4) as u64));
                 metrics.stream(&name, end);
-                if matches!(end, StreamEnd::cut | StreamEnd::stalled | StreamEnd::malformed | StreamEnd::truncated) {
+                if matches!(
+                    end,
+                    StreamEnd::cut
+                        | StreamEnd::stalled
+                        | StreamEnd::malformed
+                        | StreamEnd::truncated
+                        | StreamEnd::oversized
+                ) {
                     tracing::warn!(cluster = %name, end = ?end, "stream broke after the first byte; ended with an error event");
                     guard.health().record_failure(Instant::now());
                 }
