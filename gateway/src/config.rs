@@ -101,7 +101,11 @@ pub struct GatewayConfig {
     /// Longest upstream `Retry-After` the gateway waits for itself, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub max_retry_after_ms: u64,
-    /// Consecutive failures that open a cluster's circuit.
+    /// Longest `Retry-After` passed on to a client when every route is rate limited, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub retry_after_cap_s: u64,
+    /// Consecutive failures that open a circuit (a cluster's for transport failures, a
+    /// model's on a cluster for its engine's 5xx).
     #[arg(long, default_value_t = 5)]
     pub breaker_failures: u32,
     /// How long a circuit stays open before a half-open probe, in milliseconds (doubles on a failed probe).

@@ -307,9 +307,8 @@ async fn models(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap)
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let table = st.table.load();
     let now = Instant::now();
-    let serving = table.models().any(|m| {
-        table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| st.health.get(&r.cluster.name).breaker_available(now))
-    });
+    let serving =
+        table.models().any(|m| table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| r.health.available(now)));
     let feed = st.feed.describe(now);
     if !st.feed.synced() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {feed}")).into_response();

@@ -97,6 +97,16 @@ pub enum StreamEnd {
     client_gone,
 }
 
+impl StreamEnd {
+    /// Whether the stream broke (it was ended with an error event by the gateway).
+    pub fn broken(self) -> bool {
+        matches!(
+            self,
+            StreamEnd::cut | StreamEnd::stalled | StreamEnd::malformed | StreamEnd::truncated | StreamEnd::oversized
+        )
+    }
+}
+
 /// Result of a routing-table reload.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
