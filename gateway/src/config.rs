@@ -84,7 +84,7 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = 1000)]
     pub connect_timeout_ms: u64,
     /// Time to first token of a streamed answer before failing over, in milliseconds.
-    #[arg(long, default_value_t = 15_000)]
+    #[arg(long, default_value_t = 10_000)]
     pub ttft_timeout_ms: u64,
     /// Time for a whole non-streamed answer before failing over, in milliseconds.
     #[arg(long, default_value_t = 300_000)]
@@ -114,6 +114,13 @@ pub struct GatewayConfig {
     /// Longest open period, in milliseconds.
     #[arg(long, default_value_t = 60_000)]
     pub breaker_max_open_ms: u64,
+    /// How often an ejected route's cluster is probed (`GET /v1/models`, jittered by ±25%),
+    /// in milliseconds (0: never; circuits then reopen only when their period ends).
+    #[arg(long, default_value_t = 2000)]
+    pub probe_interval_ms: u64,
+    /// Time a probe may take, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub probe_timeout_ms: u64,
     /// How a cluster is chosen.
     #[arg(long, value_enum, default_value_t = RoutingMode::Prefix)]
     pub routing: RoutingMode,
@@ -186,5 +193,15 @@ mod tests {
     fn cli_is_consistent() {
         GatewayConfig::command().debug_assert();
         assert_eq!(GatewayConfig::with_table("t.yaml").max_attempts, 3);
+    }
+
+    #[test]
+    fn defaults_bound_failover_and_recovery_to_ten_seconds() {
+        let c = GatewayConfig::with_table("t.yaml");
+        assert!(c.ttft_timeout_ms <= 10_000, "a silent route fails over within 10 s");
+        // The first probe comes at most 1.25 intervals (plus a tick of a quarter) after the
+        // route was ejected, and takes at most the probe timeout.
+        let recovery = c.probe_interval_ms * 5 / 4 + c.probe_interval_ms / 4 + c.probe_timeout_ms;
+        assert!(c.probe_interval_ms > 0 && recovery <= 10_000, "recovery within {recovery} ms");
     }
 }

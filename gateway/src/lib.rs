@@ -3,7 +3,8 @@
 //! chain and attempt loop, choosing with `pick` over `health`) → `upstream` (one attempt) →
 //! `sse` (stream relay); the routing `table` is swapped atomically, from a file by `serve`'s
 //! reload loop or from the control cluster by `feed` (built by `fleet`). API `keys` are
-//! checked in `http`; what the gateway sees is kept by `feedback` and written back by `feed`.
+//! checked in `http`; what the gateway sees is kept by `feedback` and written back by `feed`;
+//! `probe` brings ejected routes back without spending user requests on them.
 
 pub mod breaker;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod pick;
+pub mod probe;
 pub mod proxy;
 pub mod serve;
 pub mod sse;
