@@ -30,10 +30,17 @@ pub fn router(state: Arc<SimState>) -> axum::Router {
             }),
         )
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route(
+            "/health",
+            get(|State(s): State<Arc<SimState>>| async move {
+                s.count_probe();
+                StatusCode::OK
+            }),
+        )
         .route("/metrics", get(|State(s): State<Arc<SimState>>| async move { crate::metrics::render(&s) }))
         .route("/sim/fault", post(set_fault).delete(clear_fault))
         .route("/sim/stats", get(stats))
+        .route("/sim/model", post(crate::models::set_model))
         .with_state(state)
 }
 
@@ -198,7 +205,7 @@ async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
     let prompt = prompt_of(&v, kind);
     let head = prompt.split_whitespace().take(8).collect::<Vec<_>>().join(" ");
     s.record(&path, &model, head, headers);
-    let fault = s.take_fault();
+    let fault = s.fault_for(&model);
     if let Some(r) = fault_response(fault, kill, &model).await {
         return r;
     }
@@ -259,7 +266,7 @@ async fn embeddings(s: Arc<SimState>, req: Request) -> Response {
         _ => Vec::new(),
     };
     s.record(&path, &model, inputs.first().cloned().unwrap_or_default(), headers);
-    if let Some(r) = fault_response(s.take_fault(), kill, &model).await {
+    if let Some(r) = fault_response(s.fault_for(&model), kill, &model).await {
         return r;
     }
     let mut tokens = 0u64;
@@ -282,10 +289,12 @@ async fn embeddings(s: Arc<SimState>, req: Request) -> Response {
 }
 
 async fn models(State(s): State<Arc<SimState>>) -> Json<Value> {
+    s.count_probe();
     let data: Vec<Value> = s
         .config
         .models
         .iter()
+        .filter(|m| !s.model_down(m))
         .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "vllm", "max_model_len": s.config.max_model_len}))
         .collect();
     Json(json!({"object": "list", "data": data}))

@@ -67,6 +67,14 @@ pub struct SimConfig {
     /// measuring a proxy's own throughput.
     #[arg(long)]
     pub fixed_response: bool,
+    /// `MODEL=FAULT`: a fault for that model's requests only (repeatable), e.g.
+    /// `llama=rate-limit:30` beside a healthy model on the same engine.
+    #[arg(long = "model-fault", value_name = "MODEL=FAULT")]
+    pub model_faults: Vec<crate::models::ModelFault>,
+    /// `MODEL=MS`: the model is down (503, absent from `/v1/models`) for MS milliseconds from
+    /// the start, then healthy (repeatable).
+    #[arg(long = "model-down", value_name = "MODEL=MS")]
+    pub model_down: Vec<crate::models::ModelDown>,
 }
 
 impl Default for SimConfig {
@@ -88,6 +96,8 @@ impl Default for SimConfig {
             fault_count: None,
             response_headers: Vec::new(),
             fixed_response: false,
+            model_faults: Vec::new(),
+            model_down: Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod config;
 pub mod generate;
 pub mod metrics;
+pub mod models;
 pub mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +61,7 @@ pub struct SimState {
     pub(crate) completed: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) ttft: Mutex<metrics::Histogram>,
+    pub(crate) outages: models::Outages,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,6 +84,7 @@ impl SimState {
             completed: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             ttft: Mutex::new(metrics::Histogram::default()),
+            outages: models::Outages::new(&config.model_faults, &config.model_down),
             config,
         })
     }

@@ -20,7 +20,7 @@ pub struct ConnKill(pub Arc<Notify>);
 
 /// Serve until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, state: Arc<SimState>, shutdown: impl Future<Output = ()>) {
-    let router = crate::api::router(state);
+    let router = crate::api::router(state.clone());
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -33,13 +33,19 @@ pub async fn serve(listener: TcpListener, state: Arc<SimState>, shutdown: impl F
             },
             () = &mut shutdown => return,
         };
-        let router = router.clone();
+        let (router, state) = (router.clone(), state.clone());
         tokio::spawn(async move {
             let kill = Arc::new(Notify::new());
             let k = kill.clone();
             let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 req.extensions_mut().insert(ConnKill(k.clone()));
-                router.clone().oneshot(req.map(Body::new))
+                let (router, state, k) = (router.clone(), state.clone(), k.clone());
+                async move {
+                    if crate::models::engine_down_hook(&state, req.uri().path(), &k) {
+                        std::future::pending::<()>().await;
+                    }
+                    router.oneshot(req.map(Body::new)).await
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
             tokio::select! {

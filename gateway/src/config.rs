@@ -84,7 +84,7 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = 1000)]
     pub connect_timeout_ms: u64,
     /// Time to first token of a streamed answer before failing over, in milliseconds.
-    #[arg(long, default_value_t = 15_000)]
+    #[arg(long, default_value_t = 10_000)]
     pub ttft_timeout_ms: u64,
     /// Time for a whole non-streamed answer before failing over, in milliseconds.
     #[arg(long, default_value_t = 300_000)]
@@ -101,7 +101,11 @@ pub struct GatewayConfig {
     /// Longest upstream `Retry-After` the gateway waits for itself, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub max_retry_after_ms: u64,
-    /// Consecutive failures that open a cluster's circuit.
+    /// Longest `Retry-After` passed on to a client when every route is rate limited, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub retry_after_cap_s: u64,
+    /// Consecutive failures that open a circuit (a cluster's for transport failures, a
+    /// model's on a cluster for its engine's 5xx).
     #[arg(long, default_value_t = 5)]
     pub breaker_failures: u32,
     /// How long a circuit stays open before a half-open probe, in milliseconds (doubles on a failed probe).
@@ -110,6 +114,13 @@ pub struct GatewayConfig {
     /// Longest open period, in milliseconds.
     #[arg(long, default_value_t = 60_000)]
     pub breaker_max_open_ms: u64,
+    /// How often an ejected route's cluster is probed (`GET /v1/models`, jittered by ±25%),
+    /// in milliseconds (0: never; circuits then reopen only when their period ends).
+    #[arg(long, default_value_t = 2000)]
+    pub probe_interval_ms: u64,
+    /// Time a probe may take, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub probe_timeout_ms: u64,
     /// How a cluster is chosen.
     #[arg(long, value_enum, default_value_t = RoutingMode::Prefix)]
     pub routing: RoutingMode,
@@ -125,13 +136,21 @@ pub struct GatewayConfig {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Time a client has to send its whole request body once the head has arrived, in
+    /// milliseconds; slower bodies get 408. No concurrency slot is held while a body arrives.
+    #[arg(long, default_value_t = 30_000)]
+    pub body_timeout_ms: u64,
+    /// Largest upstream server-sent event, in bytes; a longer one (or one that never ends)
+    /// ends the stream with an error event (502 before the first byte).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_event_bytes: usize,
     /// Largest request head (request line and headers), in bytes.
     #[arg(long, default_value_t = 64 << 10)]
     pub max_header_bytes: usize,
     /// Most request header fields accepted (each repeated field counts); more get 431.
     #[arg(long, default_value_t = 100)]
     pub max_headers: usize,
-    /// Requests served at once; more get 503 with `Retry-After`.
+    /// Requests served at once (counted once their body has arrived); more get 503 with `Retry-After`.
     #[arg(long, default_value_t = 1024)]
     pub max_concurrency: usize,
     /// `Retry-After` seconds sent with 503 when no allowed cluster can serve.
@@ -174,5 +193,15 @@ mod tests {
     fn cli_is_consistent() {
         GatewayConfig::command().debug_assert();
         assert_eq!(GatewayConfig::with_table("t.yaml").max_attempts, 3);
+    }
+
+    #[test]
+    fn defaults_bound_failover_and_recovery_to_ten_seconds() {
+        let c = GatewayConfig::with_table("t.yaml");
+        assert!(c.ttft_timeout_ms <= 10_000, "a silent route fails over within 10 s");
+        // The first probe comes at most 1.25 intervals (plus a tick of a quarter) after the
+        // route was ejected, and takes at most the probe timeout.
+        let recovery = c.probe_interval_ms * 5 / 4 + c.probe_interval_ms / 4 + c.probe_timeout_ms;
+        assert!(c.probe_interval_ms > 0 && recovery <= 10_000, "recovery within {recovery} ms");
     }
 }

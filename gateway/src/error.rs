@@ -35,6 +35,21 @@ pub enum GatewayError {
     /// The request body is above the limit.
     #[error("request body is larger than {0} bytes: send a shorter prompt or raise --max-body-bytes")]
     TooLarge(usize),
+    /// The request body did not arrive within the body timeout.
+    #[error(
+        "the request body did not arrive within {0} ms: send the whole body promptly (the gateway's --body-timeout-ms)"
+    )]
+    BodyTimeout(u64),
+    /// The path exists, but not for this method.
+    #[error("{method} is not allowed on {path}: use {allow}")]
+    MethodNotAllowed {
+        /// The method used.
+        method: String,
+        /// The path (cut short).
+        path: String,
+        /// The methods the path takes.
+        allow: &'static str,
+    },
     /// The request has more header fields than the limit.
     #[error(
         "the request has {count} header fields, more than the gateway accepts ({limit}): send fewer headers or raise --max-headers"
@@ -124,6 +139,8 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
             GatewayError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden { .. } => StatusCode::FORBIDDEN,
@@ -144,6 +161,8 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
             GatewayError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
+            GatewayError::BodyTimeout(_) => ("invalid_request_error", "request_timeout"),
+            GatewayError::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
             GatewayError::TooManyHeaders { .. } => ("invalid_request_error", "too_many_headers"),
             GatewayError::Unauthorized => ("authentication_error", "invalid_api_key"),
             GatewayError::Forbidden { code, .. } => ("permission_error", code),
@@ -185,6 +204,16 @@ impl IntoResponse for GatewayError {
         if let Some(secs) = self.retry_after() {
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        match self {
+            GatewayError::MethodNotAllowed { allow, .. } => {
+                r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            // The client may be mid-body: tell it the connection will not be read further.
+            GatewayError::BodyTimeout(_) | GatewayError::TooLarge(_) => {
+                r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
+        }
         r
     }
 }
@@ -208,5 +237,10 @@ mod tests {
         let up = GatewayError::Upstream { model: "m".into(), reason: "reset".into() };
         assert_eq!(up.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(up.body()["error"]["code"], "upstream_failed");
+        let slow = GatewayError::BodyTimeout(10).into_response();
+        assert_eq!(slow.status(), StatusCode::REQUEST_TIMEOUT);
+        let wrong = GatewayError::MethodNotAllowed { method: "GET".into(), path: "/v1/x".into(), allow: "POST" };
+        assert_eq!(wrong.body()["error"]["code"], "method_not_allowed");
+        assert_eq!(wrong.into_response().headers()[header::ALLOW], "POST");
     }
 }

@@ -239,7 +239,7 @@ fn rebuild(
                     clusters = t.clusters().count(),
                     "routing table updated from the control cluster"
                 );
-                st.table.store(Arc::new(t));
+                st.set_table(t);
                 st.metrics.reload(ReloadResult::applied);
                 last.file = Some(file);
             }
@@ -322,7 +322,7 @@ pub async fn write_serving(
                 .map(|r| Endpoint {
                     cluster: r.cluster.name.clone(),
                     ready: r.weight,
-                    ejected: st.health.get(&r.cluster.name).circuit_open(),
+                    ejected: r.health.ejected(),
                     seen: st.stats.observe(&model.name, &r.cluster.name, now),
                 })
                 .collect();

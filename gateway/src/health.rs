@@ -1,6 +1,12 @@
-//! Per-cluster runtime health: in-flight count, scraped queue depth, latency EWMA, a
-//! `Retry-After` cool-down and the circuit breaker. Attempts report into it through an
-//! [`AttemptGuard`]; the chooser reads it. It outlives table reloads (keyed by cluster name).
+//! Runtime health in two scopes. A cluster ([`ClusterHealth`]) carries what every model on it
+//! shares: in-flight count, scraped queue depth, latency EWMA and a circuit breaker fed by
+//! transport failures (connect error, reset, timeout). A route, one model on one cluster
+//! ([`RouteHealth`]), carries what the model's engine answers: its own breaker fed by 5xx and
+//! malformed answers, and its `Retry-After` cool-down. So one model's trouble never blocks
+//! another model on the same cluster, and a model's breaker counts its own failures whatever
+//! the others do. Routes get their health when a table is put in force
+//! ([`HealthRegistry::bind`]), so the hot path follows an `Arc` instead of looking names up;
+//! the registry keeps health across table reloads (keyed by cluster and model name).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,105 +15,11 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
 
+pub use crate::breaker::{Breaker, BreakerConfig, BreakerState};
+use crate::table::RoutingTable;
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Circuit breaker settings.
-#[derive(Clone, Copy, Debug)]
-pub struct BreakerConfig {
-    /// Consecutive failures that open the circuit.
-    pub failures: u32,
-    /// First open period.
-    pub open: Duration,
-    /// Longest open period.
-    pub max_open: Duration,
-}
-
-/// The breaker's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakerState {
-    /// Traffic flows; `failures` consecutive failures so far.
-    Closed {
-        /// Consecutive failures.
-        failures: u32,
-    },
-    /// No traffic until `until`; then one probe.
-    Open {
-        /// End of the open period.
-        until: Instant,
-        /// Its length (doubles on a failed probe).
-        period: Duration,
-    },
-    /// One probe request is in flight.
-    HalfOpen {
-        /// The open period that preceded it.
-        period: Duration,
-    },
-}
-
-/// A consecutive-failure circuit breaker with half-open probes. Pure: time is passed in.
-#[derive(Clone, Debug)]
-pub struct Breaker {
-    cfg: BreakerConfig,
-    /// Current state.
-    pub state: BreakerState,
-}
-
-impl Breaker {
-    /// A closed breaker.
-    pub fn new(cfg: BreakerConfig) -> Self {
-        Breaker { cfg, state: BreakerState::Closed { failures: 0 } }
-    }
-
-    /// Whether a request may be sent now (closed, or open long enough for a probe).
-    pub fn available(&self, now: Instant) -> bool {
-        match self.state {
-            BreakerState::Closed { .. } => true,
-            BreakerState::Open { until, .. } => now >= until,
-            BreakerState::HalfOpen { .. } => false,
-        }
-    }
-
-    /// A request is being sent: an expired open circuit turns half-open (this request is the probe).
-    pub fn admit(&mut self, now: Instant) {
-        if let BreakerState::Open { until, period } = self.state
-            && now >= until
-        {
-            self.state = BreakerState::HalfOpen { period };
-        }
-    }
-
-    /// The request succeeded: the circuit closes.
-    pub fn success(&mut self) {
-        self.state = BreakerState::Closed { failures: 0 };
-    }
-
-    /// The request failed.
-    pub fn failure(&mut self, now: Instant) {
-        self.state = match self.state {
-            BreakerState::Closed { failures } if failures + 1 >= self.cfg.failures => {
-                BreakerState::Open { until: now + self.cfg.open, period: self.cfg.open }
-            }
-            BreakerState::Closed { failures } => BreakerState::Closed { failures: failures + 1 },
-            BreakerState::HalfOpen { period } | BreakerState::Open { period, .. } => {
-                let period = (period * 2).min(self.cfg.max_open);
-                BreakerState::Open { until: now + period, period }
-            }
-        };
-    }
-
-    /// The request ended without a verdict (client gone): a probe slot is given back.
-    pub fn abandon(&mut self, now: Instant) {
-        if let BreakerState::HalfOpen { period } = self.state {
-            self.state = BreakerState::Open { until: now, period };
-        }
-    }
-
-    /// Whether the circuit is open or probing.
-    pub fn is_open(&self) -> bool {
-        !matches!(self.state, BreakerState::Closed { .. })
-    }
 }
 
 /// What the gateway knows about one cluster right now.
@@ -117,13 +29,23 @@ pub struct ClusterHealth {
     queue_depth: AtomicU64,
     kv_milli: AtomicU64,
     ewma_us: AtomicU64,
-    cooling_until: Mutex<Option<Instant>>,
     breaker: Mutex<Breaker>,
     inflight_gauge: Gauge,
     open_gauge: Gauge,
 }
 
 impl ClusterHealth {
+    fn new(cfg: BreakerConfig, inflight_gauge: Gauge, open_gauge: Gauge) -> Self {
+        ClusterHealth {
+            inflight: AtomicU64::new(0),
+            queue_depth: AtomicU64::new(0),
+            kv_milli: AtomicU64::new(0),
+            ewma_us: AtomicU64::new(0),
+            breaker: Mutex::new(Breaker::new(cfg)),
+            inflight_gauge,
+            open_gauge,
+        }
+    }
     /// Requests this gateway has in flight to the cluster.
     pub fn inflight(&self) -> u64 {
         self.inflight.load(Ordering::Relaxed)
@@ -158,47 +80,101 @@ impl ClusterHealth {
         let v = if old == 0.0 { new } else { 0.7 * old + 0.3 * new };
         self.ewma_us.store(v as u64, Ordering::Relaxed);
     }
-    /// Whether requests may be sent now: breaker available and not cooling down after a 429.
-    pub fn available(&self, now: Instant) -> bool {
-        lock(&self.breaker).available(now) && self.cooling_until().is_none_or(|t| now >= t)
-    }
-    /// Whether the breaker lets a request through now (ignoring cool-down).
+    /// Whether the cluster's (transport) breaker lets a request through now.
     pub fn breaker_available(&self, now: Instant) -> bool {
         lock(&self.breaker).available(now)
     }
-    /// End of the current 429 cool-down, if any.
-    pub fn cooling_until(&self) -> Option<Instant> {
-        *lock(&self.cooling_until)
-    }
-    /// Avoid the cluster until `until` (its `Retry-After`).
-    pub fn cool_down(&self, until: Instant) {
-        let mut c = lock(&self.cooling_until);
-        *c = Some(c.map_or(until, |old| old.max(until)));
-    }
-    /// Whether the circuit is open or probing.
+    /// Whether the cluster's circuit is open or probing.
     pub fn circuit_open(&self) -> bool {
         lock(&self.breaker).is_open()
     }
-    /// Record a failure outside an attempt (mid-stream).
+    /// Record a transport failure (connect, reset, timeout, a stream cut or stalled).
     pub fn record_failure(&self, now: Instant) {
         let mut b = lock(&self.breaker);
         b.failure(now);
         self.open_gauge.set(i64::from(b.is_open()));
     }
+    /// What a background probe found: `Some(true)` the cluster answered, `Some(false)` it did not.
+    pub fn probed(&self, answered: bool, now: Instant) {
+        let mut b = lock(&self.breaker);
+        if answered { b.probe_ok(now) } else { b.probe_failed(now) }
+    }
 }
 
-/// Health of every cluster seen so far.
+#[derive(Debug)]
+struct ModelState {
+    breaker: Breaker,
+    cooling_until: Option<Instant>,
+}
+
+/// One model on one cluster: the cluster's shared health plus the model's own breaker and
+/// `Retry-After` cool-down.
+#[derive(Debug)]
+pub struct RouteHealth {
+    cluster: Arc<ClusterHealth>,
+    model: Mutex<ModelState>,
+}
+
+impl RouteHealth {
+    fn new(cluster: Arc<ClusterHealth>, cfg: BreakerConfig) -> Self {
+        RouteHealth { cluster, model: Mutex::new(ModelState { breaker: Breaker::new(cfg), cooling_until: None }) }
+    }
+
+    /// Health not tied to a registry (a table not yet put in force).
+    pub fn detached() -> Arc<Self> {
+        let cfg = BreakerConfig { failures: 5, open: Duration::from_secs(5), max_open: Duration::from_secs(60) };
+        Arc::new(RouteHealth::new(Arc::new(ClusterHealth::new(cfg, Gauge::default(), Gauge::default())), cfg))
+    }
+
+    /// The cluster's shared health.
+    pub fn cluster(&self) -> &Arc<ClusterHealth> {
+        &self.cluster
+    }
+    /// Whether both breakers (the cluster's and the model's) let a request through now.
+    pub fn available(&self, now: Instant) -> bool {
+        self.cluster.breaker_available(now) && lock(&self.model).breaker.available(now)
+    }
+    /// End of the model's current 429 cool-down on this cluster, if any.
+    pub fn cooling_until(&self) -> Option<Instant> {
+        lock(&self.model).cooling_until
+    }
+    /// Avoid the model on this cluster until `until` (its `Retry-After`).
+    pub fn cool_down(&self, until: Instant) {
+        let mut m = lock(&self.model);
+        m.cooling_until = Some(m.cooling_until.map_or(until, |old| old.max(until)));
+    }
+    /// Whether the model's own circuit on this cluster is open or probing.
+    pub fn model_circuit_open(&self) -> bool {
+        lock(&self.model).breaker.is_open()
+    }
+    /// Whether the route is ejected: the cluster's circuit or the model's is open.
+    pub fn ejected(&self) -> bool {
+        self.cluster.circuit_open() || self.model_circuit_open()
+    }
+    /// Record a failure of the model's engine (5xx, malformed answer or stream).
+    pub fn record_model_failure(&self, now: Instant) {
+        lock(&self.model).breaker.failure(now);
+    }
+    /// What a background probe found about the model: listed by the cluster, or not.
+    pub fn probed(&self, listed: bool, now: Instant) {
+        let b = &mut lock(&self.model).breaker;
+        if listed { b.probe_ok(now) } else { b.probe_failed(now) }
+    }
+}
+
+/// Health of every cluster and route seen so far.
 #[derive(Debug)]
 pub struct HealthRegistry {
     cfg: BreakerConfig,
     clusters: RwLock<HashMap<String, Arc<ClusterHealth>>>,
+    routes: Mutex<HashMap<(String, String), Arc<RouteHealth>>>,
     metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl HealthRegistry {
     /// An empty registry.
     pub fn new(cfg: BreakerConfig, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        HealthRegistry { cfg, clusters: RwLock::new(HashMap::new()), metrics }
+        HealthRegistry { cfg, clusters: RwLock::new(HashMap::new()), routes: Mutex::new(HashMap::new()), metrics }
     }
 
     /// The health of `cluster` (created on first use).
@@ -209,76 +185,119 @@ impl HealthRegistry {
         let mut w = self.clusters.write().unwrap_or_else(|p| p.into_inner());
         w.entry(cluster.to_string())
             .or_insert_with(|| {
-                Arc::new(ClusterHealth {
-                    inflight: AtomicU64::new(0),
-                    queue_depth: AtomicU64::new(0),
-                    kv_milli: AtomicU64::new(0),
-                    ewma_us: AtomicU64::new(0),
-                    cooling_until: Mutex::new(None),
-                    breaker: Mutex::new(Breaker::new(self.cfg)),
-                    inflight_gauge: self.metrics.inflight(cluster),
-                    open_gauge: self.metrics.circuit_open(cluster),
-                })
+                Arc::new(ClusterHealth::new(
+                    self.cfg,
+                    self.metrics.inflight(cluster),
+                    self.metrics.circuit_open(cluster),
+                ))
             })
             .clone()
     }
+
+    /// Give every route of `table` its health (kept from earlier tables for the same cluster
+    /// and model); routes no longer in any table are forgotten.
+    pub fn bind(&self, table: &mut RoutingTable) {
+        let mut routes = lock(&self.routes);
+        let mut kept = HashMap::with_capacity(routes.len());
+        table.bind_health(|cluster, model| {
+            let key = (cluster.to_string(), model.to_string());
+            let h = routes
+                .remove(&key)
+                .or_else(|| kept.get(&key).cloned())
+                .unwrap_or_else(|| Arc::new(RouteHealth::new(self.get(cluster), self.cfg)));
+            kept.insert(key, h.clone());
+            h
+        });
+        *routes = kept;
+    }
 }
 
-/// One attempt in flight to a cluster: counted in its load until dropped, and the verdict
-/// feeds its breaker and latency.
+/// One attempt in flight on a route: counted in its cluster's load until dropped, and the
+/// verdict feeds the breaker of the scope it belongs to.
 #[derive(Debug)]
 pub struct AttemptGuard {
-    health: Arc<ClusterHealth>,
+    route: Arc<RouteHealth>,
     started: Instant,
     settled: bool,
 }
 
 impl AttemptGuard {
-    /// Start an attempt now.
-    pub fn begin(health: Arc<ClusterHealth>) -> Self {
-        let now = Instant::now();
-        health.inflight.fetch_add(1, Ordering::Relaxed);
-        health.inflight_gauge.inc();
-        lock(&health.breaker).admit(now);
-        AttemptGuard { health, started: now, settled: false }
+    /// Start an attempt now if both breakers admit it; an expired open circuit turns half-open
+    /// and this request is its one probe, so a second request is refused until it settles.
+    pub fn begin(route: &Arc<RouteHealth>, now: Instant) -> Option<Self> {
+        let mut cluster = lock(&route.cluster.breaker);
+        let mut model = lock(&route.model);
+        if !(cluster.available(now) && model.breaker.available(now)) {
+            return None;
+        }
+        cluster.admit(now);
+        model.breaker.admit(now);
+        drop((cluster, model));
+        route.cluster.inflight.fetch_add(1, Ordering::Relaxed);
+        route.cluster.inflight_gauge.inc();
+        Some(AttemptGuard { route: route.clone(), started: now, settled: false })
     }
 
-    /// The cluster answered well (latency measured from the start).
+    /// The model answered well (latency measured from the start): both circuits close.
     pub fn success(&mut self) {
-        self.health.observe_latency(self.started.elapsed());
-        lock(&self.health.breaker).success();
-        self.health.open_gauge.set(0);
+        let c = &self.route.cluster;
+        c.observe_latency(self.started.elapsed());
+        lock(&c.breaker).success();
+        c.open_gauge.set(0);
+        lock(&self.route.model).breaker.success();
         self.settled = true;
     }
 
-    /// The cluster failed.
-    pub fn failure(&mut self) {
-        self.health.record_failure(Instant::now());
+    /// The cluster could not be reached or went silent; the model's half-open slot (if it
+    /// held one) is given back, its verdict unknown.
+    pub fn transport_failure(&mut self) {
+        let now = Instant::now();
+        self.route.cluster.record_failure(now);
+        lock(&self.route.model).breaker.abandon(now);
         self.settled = true;
     }
 
-    /// The cluster answered, but neither well nor badly (e.g. 429, a client error).
+    /// The model's engine failed (5xx, malformed answer); the cluster itself answered.
+    pub fn model_failure(&mut self) {
+        self.route.record_model_failure(Instant::now());
+        self.close_half_open_cluster();
+        self.settled = true;
+    }
+
+    /// The engine answered, neither well nor badly (e.g. 429, a client error): a half-open
+    /// circuit closes, since the route is evidently answering.
     pub fn neutral(&mut self) {
-        let mut b = lock(&self.health.breaker);
+        self.close_half_open_cluster();
+        let b = &mut lock(&self.route.model).breaker;
         if matches!(b.state, BreakerState::HalfOpen { .. }) {
             b.success();
-            self.health.open_gauge.set(0);
         }
         self.settled = true;
     }
 
-    /// The cluster's health.
-    pub fn health(&self) -> &Arc<ClusterHealth> {
-        &self.health
+    fn close_half_open_cluster(&self) {
+        let mut b = lock(&self.route.cluster.breaker);
+        if matches!(b.state, BreakerState::HalfOpen { .. }) {
+            b.success();
+            self.route.cluster.open_gauge.set(0);
+        }
+    }
+
+    /// The route's health.
+    pub fn route(&self) -> &Arc<RouteHealth> {
+        &self.route
     }
 }
 
 impl Drop for AttemptGuard {
     fn drop(&mut self) {
-        self.health.inflight.fetch_sub(1, Ordering::Relaxed);
-        self.health.inflight_gauge.dec();
+        let c = &self.route.cluster;
+        c.inflight.fetch_sub(1, Ordering::Relaxed);
+        c.inflight_gauge.dec();
         if !self.settled {
-            lock(&self.health.breaker).abandon(Instant::now());
+            let now = Instant::now();
+            lock(&c.breaker).abandon(now);
+            lock(&self.route.model).breaker.abandon(now);
         }
     }
 }
@@ -287,27 +306,61 @@ impl Drop for AttemptGuard {
 mod tests {
     use super::*;
 
+    fn registry(failures: u32) -> HealthRegistry {
+        let cfg = BreakerConfig { failures, open: Duration::from_secs(5), max_open: Duration::from_secs(60) };
+        HealthRegistry::new(cfg, Arc::default())
+    }
+
+    const TABLE: &str = "clusters:\n  - {name: c, url: \"http://127.0.0.1:1\", jurisdiction: EU}\nmodels:\n  - {name: a, routes: [{cluster: c}]}\n  - {name: b, routes: [{cluster: c}]}\n";
+
+    fn routes(reg: &HealthRegistry) -> (Arc<RouteHealth>, Arc<RouteHealth>) {
+        let mut t = RoutingTable::from_yaml("t", TABLE).unwrap();
+        reg.bind(&mut t);
+        let r = |m: &str| t.resolve(m).unwrap().routes[0].health.clone();
+        (r("a"), r("b"))
+    }
+
     #[test]
-    fn breaker_opens_probes_and_closes() {
-        let cfg = BreakerConfig { failures: 2, open: Duration::from_secs(1), max_open: Duration::from_secs(3) };
-        let mut b = Breaker::new(cfg);
+    fn a_models_failures_open_its_breaker_whatever_the_other_model_does() {
+        let reg = registry(2);
+        let (a, b) = routes(&reg);
+        assert!(Arc::ptr_eq(a.cluster(), b.cluster()), "one cluster, shared");
+        let now = Instant::now();
+        for _ in 0..2 {
+            AttemptGuard::begin(&a, now).unwrap().model_failure();
+            AttemptGuard::begin(&b, now).unwrap().success();
+        }
+        assert!(a.model_circuit_open() && !a.available(now), "a's own failures opened a's breaker");
+        assert!(b.available(now) && !b.ejected(), "b is untouched");
+        assert!(!a.cluster().circuit_open(), "model failures do not count against the cluster");
+        a.cool_down(now + Duration::from_secs(30));
+        assert!(b.cooling_until().is_none(), "a 429 cools only its model");
+        let (a2, _) = routes(&reg);
+        assert!(Arc::ptr_eq(&a, &a2), "health survives a table reload");
+    }
+
+    #[test]
+    fn transport_failures_eject_every_model_of_the_cluster() {
+        let reg = registry(2);
+        let (a, b) = routes(&reg);
+        let now = Instant::now();
+        AttemptGuard::begin(&a, now).unwrap().transport_failure();
+        AttemptGuard::begin(&b, now).unwrap().transport_failure();
+        assert!(a.ejected() && b.ejected() && !b.available(now));
+        assert!(!a.model_circuit_open() && !b.model_circuit_open());
+    }
+
+    #[test]
+    fn half_open_admits_one_real_request_at_a_time() {
+        let reg = registry(1);
+        let (a, _) = routes(&reg);
         let t0 = Instant::now();
-        b.failure(t0);
-        assert!(b.available(t0));
-        b.failure(t0);
-        assert!(!b.available(t0), "two failures open it");
-        let t1 = t0 + Duration::from_secs(1);
-        assert!(b.available(t1), "open period over: a probe may go");
-        b.admit(t1);
-        assert!(!b.available(t1), "only one probe at a time");
-        b.failure(t1);
-        assert_eq!(b.state, BreakerState::Open { until: t1 + Duration::from_secs(2), period: Duration::from_secs(2) });
-        let t2 = t1 + Duration::from_secs(2);
-        b.admit(t2);
-        b.abandon(t2);
-        assert!(b.available(t2), "an abandoned probe frees the slot");
-        b.admit(t2);
-        b.success();
-        assert_eq!(b.state, BreakerState::Closed { failures: 0 });
+        AttemptGuard::begin(&a, t0).unwrap().model_failure();
+        assert!(AttemptGuard::begin(&a, t0).is_none(), "open");
+        let t1 = Instant::now() + Duration::from_secs(6);
+        let probe = AttemptGuard::begin(&a, t1).expect("the period is over: one request may go");
+        assert!(AttemptGuard::begin(&a, t1).is_none(), "a second one waits for the first's verdict");
+        drop(probe);
+        assert!(AttemptGuard::begin(&a, t1).is_some(), "an abandoned probe frees the slot");
     }
 }

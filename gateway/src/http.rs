@@ -1,7 +1,8 @@
 //! The gateway's HTTP surface: `fn app(state) -> Router`. Client requests get a request id,
-//! a concurrency slot, authentication, a bounded body and a known model here; then the
-//! proxy serves them. Also `/v1/models` (the routing table's models and aliases), `/healthz`,
-//! `/readyz` and `/metrics`.
+//! authentication, a body bounded in size and time, only then a concurrency slot, and a known
+//! model here; then the proxy serves them. Also `/v1/models` (the routing table's models and
+//! aliases), `/healthz`, `/readyz` and `/metrics`. Every error, a wrong method or an unknown
+//! path included, leaves in the OpenAI error shape.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
-use crate::config::RoutingMode;
+use crate::config::{RoutingMode, ms};
 use crate::keys::{ApiKey, Limit, Refusal};
 use crate::metrics::{Endpoint, KeyRefusal, Outcome};
 use crate::pick::{hash, prefix_key};
@@ -33,18 +34,33 @@ pub fn app(st: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route(
             "/v1/chat/completions",
-            post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::chat_completions, r)),
+            post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::chat_completions, r))
+                .fallback(|r: Request| wrong_method(r, "POST")),
         )
-        .route("/v1/completions", post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::completions, r)))
-        .route("/v1/embeddings", post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::embeddings, r)))
-        .route("/v1/models", get(models))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(
+            "/v1/completions",
+            post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::completions, r))
+                .fallback(|r: Request| wrong_method(r, "POST")),
+        )
+        .route(
+            "/v1/embeddings",
+            post(|s: State<Arc<AppState>>, r: Request| infer(s, Endpoint::embeddings, r))
+                .fallback(|r: Request| wrong_method(r, "POST")),
+        )
+        .route("/v1/models", get(models).fallback(|r: Request| wrong_method(r, "GET")))
+        .route("/healthz", get(|| async { "ok" }).fallback(|r: Request| wrong_method(r, "GET")))
+        .route("/readyz", get(readyz).fallback(|r: Request| wrong_method(r, "GET")))
+        .route("/metrics", get(metrics).fallback(|r: Request| wrong_method(r, "GET")))
         .fallback(|uri: Uri| async move { GatewayError::NoRoute(uri.path().chars().take(200).collect()) })
         .layer(middleware::from_fn_with_state(st.clone(), header_limit))
         .layer(middleware::from_fn(request_id))
         .with_state(st)
+}
+
+/// 405 in the OpenAI error shape, with `Allow`.
+async fn wrong_method(req: Request, allow: &'static str) -> GatewayError {
+    let path = req.uri().path().chars().take(200).collect();
+    GatewayError::MethodNotAllowed { method: req.method().as_str().chars().take(20).collect(), path, allow }
 }
 
 fn new_id() -> String {
@@ -130,17 +146,19 @@ fn prompt_text(endpoint: Endpoint, v: &Value, limit: usize) -> String {
 
 async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String, Result<Response, GatewayError>) {
     let unknown = || "unknown".to_string();
-    let Ok(permit) = st.limit.clone().try_acquire_owned() else {
-        return (unknown(), Err(GatewayError::Overloaded(st.cfg.max_concurrency)));
-    };
     let key = match authenticate(st, req.headers()) {
         Ok(k) => k,
         Err(e) => return (unknown(), Err(e)),
     };
     let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_else(new_id);
-    let bytes = match axum::body::to_bytes(req.into_body(), st.cfg.max_body_bytes).await {
+    // The whole body arrives (bounded in size and time) before a concurrency slot is taken, so
+    // a client that trickles its body holds only its own connection.
+    let bytes = match read_body(st, req).await {
         Ok(b) => b,
-        Err(_) => return (unknown(), Err(GatewayError::TooLarge(st.cfg.max_body_bytes))),
+        Err(e) => return (unknown(), Err(e)),
+    };
+    let Ok(permit) = st.limit.clone().try_acquire_owned() else {
+        return (unknown(), Err(GatewayError::Overloaded(st.cfg.max_concurrency)));
     };
     let v: Value = match serde_json::from_slice(&bytes) {
         Ok(v @ Value::Object(_)) => v,
@@ -174,14 +192,49 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String
     (model, proxy::serve(st, p, permit).await)
 }
 
+/// Counts a request in `body_reads` while its body arrives.
+struct Reading<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The whole request body: at most `--max-body-bytes` (413, refused from `Content-Length`
+/// before reading when it says so) within `--body-timeout-ms` of the head (408).
+async fn read_body(st: &AppState, req: Request) -> Result<bytes::Bytes, GatewayError> {
+    let limit = st.cfg.max_body_bytes;
+    let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::TooLarge(limit));
+    }
+    let gauge = st.metrics.body_reads();
+    gauge.inc();
+    let _reading = Reading(gauge);
+    let read = axum::body::to_bytes(req.into_body(), limit);
+    match tokio::time::timeout(ms(st.cfg.body_timeout_ms), read).await {
+        Err(_) => Err(GatewayError::BodyTimeout(st.cfg.body_timeout_ms)),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(GatewayError::TooLarge(limit)),
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
+/// (RFC 9110 §11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// The request's API key when keys are in use (`None` when they are not); 401 for a missing,
 /// unknown or revoked one.
 fn authenticate(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Option<Arc<ApiKey>>, GatewayError> {
     if !st.cfg.auth_required() {
         return Ok(None);
     }
-    let presented =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
     match presented.and_then(|k| st.keys.load().authenticate(k)) {
         Some(k) => Ok(Some(k)),
         None => {
@@ -254,9 +307,8 @@ async fn models(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap)
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let table = st.table.load();
     let now = Instant::now();
-    let serving = table.models().any(|m| {
-        table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| st.health.get(&r.cluster.name).breaker_available(now))
-    });
+    let serving =
+        table.models().any(|m| table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| r.health.available(now)));
     let feed = st.feed.describe(now);
     if !st.feed.synced() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {feed}")).into_response();
@@ -277,6 +329,16 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer k1"), Some("k1"));
+        assert_eq!(bearer("bearer k2"), Some("k2"));
+        assert_eq!(bearer("BEARER   k3 "), Some("k3"));
+        assert_eq!(bearer("Basic k4"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("Bearerk5"), None);
+    }
 
     #[test]
     fn a_cut_short_prompt_has_the_whole_prompts_prefix_key() {

@@ -3,8 +3,10 @@
 //! chain and attempt loop, choosing with `pick` over `health`) → `upstream` (one attempt) →
 //! `sse` (stream relay); the routing `table` is swapped atomically, from a file by `serve`'s
 //! reload loop or from the control cluster by `feed` (built by `fleet`). API `keys` are
-//! checked in `http`; what the gateway sees is kept by `feedback` and written back by `feed`.
+//! checked in `http`; what the gateway sees is kept by `feedback` and written back by `feed`;
+//! `probe` brings ejected routes back without spending user requests on them.
 
+pub mod breaker;
 pub mod config;
 pub mod error;
 pub mod feed;
@@ -15,6 +17,7 @@ pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod pick;
+pub mod probe;
 pub mod proxy;
 pub mod serve;
 pub mod sse;
@@ -47,7 +50,7 @@ pub struct AppState {
     pub cfg: GatewayConfig,
     /// The routing table in force; in-flight requests keep the one they started with.
     pub table: ArcSwap<RoutingTable>,
-    /// Per-cluster health.
+    /// Per-cluster and per-route health.
     pub health: HealthRegistry,
     /// Metrics.
     pub metrics: Arc<Metrics>,
@@ -71,15 +74,17 @@ pub struct AppState {
 
 impl AppState {
     /// State with `table` in force.
-    pub fn new(cfg: GatewayConfig, table: RoutingTable) -> Arc<Self> {
+    pub fn new(cfg: GatewayConfig, mut table: RoutingTable) -> Arc<Self> {
         let metrics = Arc::new(Metrics::default());
         let breaker = BreakerConfig {
             failures: cfg.breaker_failures.max(1),
             open: ms(cfg.breaker_open_ms),
             max_open: ms(cfg.breaker_max_open_ms.max(cfg.breaker_open_ms)),
         };
+        let health = HealthRegistry::new(breaker, metrics.clone());
+        health.bind(&mut table);
         Arc::new(AppState {
-            health: HealthRegistry::new(breaker, metrics.clone()),
+            health,
             client: upstream::client(ms(cfg.connect_timeout_ms)),
             limit: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
             jitter: Mutex::new(cfg.seed),
@@ -149,7 +154,7 @@ impl AppState {
         *last = text;
         match parsed {
             Ok(t) => {
-                self.table.store(Arc::new(t));
+                self.set_table(t);
                 self.metrics.reload(ReloadResult::applied);
                 Ok(true)
             }
@@ -158,6 +163,12 @@ impl AppState {
                 Err(e)
             }
         }
+    }
+
+    /// Put `t` in force, its routes bound to the health kept for them.
+    pub fn set_table(&self, mut t: RoutingTable) {
+        self.health.bind(&mut t);
+        self.table.store(Arc::new(t));
     }
 
     pub(crate) fn next_rr(&self) -> u64 {

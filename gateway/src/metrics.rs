@@ -1,7 +1,7 @@
 //! The gateway's Prometheus metrics. Every label value is a closed enum or a name from the
 //! routing table (never text from a request): requests by model and outcome, attempts by
 //! cluster and result, in-flight and circuit state per cluster, stream endings, fallbacks,
-//! table reloads, tokens and latency.
+//! table reloads, probes, bodies in transit, tokens and latency.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -91,8 +91,32 @@ pub enum StreamEnd {
     truncated,
     /// The upstream sent an error event.
     upstream_error,
+    /// An event longer than `--max-event-bytes` (or one that never ended).
+    oversized,
     /// The client went away.
     client_gone,
+}
+
+/// What a background probe of an ejected route's cluster found.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ProbeResult {
+    /// The cluster answered with its model list.
+    ok,
+    /// No answer, or a 5xx.
+    failed,
+    /// Another answer (a 4xx, an unreadable list): circuits are left to their own periods.
+    inconclusive,
+}
+
+impl StreamEnd {
+    /// Whether the stream broke (it was ended with an error event by the gateway).
+    pub fn broken(self) -> bool {
+        matches!(
+            self,
+            StreamEnd::cut | StreamEnd::stalled | StreamEnd::malformed | StreamEnd::truncated | StreamEnd::oversized
+        )
+    }
 }
 
 /// Result of a routing-table reload.
@@ -154,6 +178,11 @@ struct AttemptLabels {
     result: AttemptResult,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    cluster: String,
+    result: ProbeResult,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterLabel {
     cluster: String,
 }
@@ -193,6 +222,8 @@ pub struct Metrics {
     status_writes: Family<WriteLabels, Counter>,
     feed_stale: Gauge,
     leader: Gauge,
+    body_reads: Gauge,
+    probes: Family<ProbeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -211,6 +242,8 @@ impl Default for Metrics {
             status_writes: Family::default(),
             feed_stale: Gauge::default(),
             leader: Gauge::default(),
+            body_reads: Gauge::default(),
+            probes: Family::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -236,6 +269,12 @@ impl Default for Metrics {
             "1 while the control-cluster watch is failing and the last good table is in use",
             m.feed_stale.clone(),
         );
+        registry.register(
+            "body_reads",
+            "Requests whose body is still arriving (they hold no concurrency slot)",
+            m.body_reads.clone(),
+        );
+        registry.register("probes", "Background probes of ejected routes' clusters, by result", m.probes.clone());
         registry.register("feedback_leader", "1 while this replica writes the Serving conditions", m.leader.clone());
         Metrics { registry, ..m }
     }
@@ -251,6 +290,10 @@ impl Metrics {
     /// Count an attempt.
     pub fn attempt(&self, cluster: &str, result: AttemptResult) {
         self.attempts.get_or_create(&AttemptLabels { cluster: cluster.to_string(), result }).inc();
+    }
+    /// Count a probe.
+    pub fn probe(&self, cluster: &str, result: ProbeResult) {
+        self.probes.get_or_create(&ProbeLabels { cluster: cluster.to_string(), result }).inc();
     }
     /// Count a stream ending.
     pub fn stream(&self, cluster: &str, end: StreamEnd) {
@@ -283,6 +326,10 @@ impl Metrics {
     /// Set the feed's staleness.
     pub fn set_feed_stale(&self, stale: bool) {
         self.feed_stale.set(i64::from(stale));
+    }
+    /// The gauge of requests whose body is still arriving.
+    pub fn body_reads(&self) -> &Gauge {
+        &self.body_reads
     }
     /// Set whether this replica leads the status feedback.
     pub fn set_leader(&self, leader: bool) {

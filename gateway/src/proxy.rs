@@ -15,7 +15,7 @@ use http::{HeaderValue, StatusCode, header};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::config::ms;
-use crate::health::{AttemptGuard, ClusterHealth};
+use crate::health::AttemptGuard;
 use crate::keys::{ApiKey, usage_tokens};
 use crate::metrics::{AttemptResult, Endpoint, StreamEnd};
 use crate::pick::{self, Candidate};
@@ -52,8 +52,8 @@ pub struct Prepared {
 enum ModelError {
     /// The upstream rejected the request itself; `context_length` says whether a fallback may help.
     Client { response: Response, context_length: bool },
-    /// No cluster of this model served it.
-    Failed(GatewayError),
+    /// No cluster of this model served it; `attempted`: some cluster was tried.
+    Failed { error: GatewayError, attempted: bool },
 }
 
 #[derive(Debug, Default)]
@@ -97,9 +97,12 @@ pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit
                 }
                 tracing::info!(request_id = %p.request_id, model = %m.name, "context length exceeded; trying the fallback");
             }
-            Err(ModelError::Failed(e)) => {
-                tracing::info!(request_id = %p.request_id, model = %m.name, error = %e, "model could not serve");
-                last = Some(e);
+            Err(ModelError::Failed { error, attempted }) => {
+                tracing::info!(request_id = %p.request_id, model = %m.name, error = %error, "model could not serve");
+                // The original error wins over a fallback that could not even be tried.
+                if last.is_none() || attempted {
+                    last = Some(error);
+                }
                 if Instant::now() >= deadline {
                     break;
                 }
@@ -155,7 +158,8 @@ async fn try_model(
         retry_after: cfg.unavailable_retry_after_s,
     };
     if routes.is_empty() {
-        return Err(ModelError::Failed(unavailable(format!("no ready cluster of `{}` is within its policy", m.name))));
+        let error = unavailable(format!("no ready cluster of `{}` is within its policy", m.name));
+        return Err(ModelError::Failed { error, attempted: false });
     }
     let bytes = if p.body["model"].as_str() == Some(m.name.as_str()) {
         p.raw.clone()
@@ -164,16 +168,15 @@ async fn try_model(
         body["model"] = serde_json::Value::String(m.name.clone());
         Bytes::from(body.to_string())
     };
-    let healths: Vec<Arc<ClusterHealth>> = routes.iter().map(|r| st.health.get(&r.cluster.name)).collect();
     let mut tried: HashMap<&str, Tried> = HashMap::new();
     let (mut attempts, mut last, mut rate_after) = (0u32, None::<Failure>, Duration::ZERO);
+    let name = |i: usize| routes[i].cluster.name.as_str();
     while attempts < cfg.max_attempts && Instant::now() < deadline {
         let now = Instant::now();
-        let name = |i: usize| routes[i].cluster.name.as_str();
         let eligible: Vec<usize> = (0..routes.len())
-            .filter(|&i| !tried.get(name(i)).is_some_and(|t| t.excluded) && healths[i].breaker_available(now))
+            .filter(|&i| !tried.get(name(i)).is_some_and(|t| t.excluded) && routes[i].health.available(now))
             .collect();
-        let ready_at = |i: usize| healths[i].cooling_until().max(tried.get(name(i)).and_then(|t| t.not_before));
+        let ready_at = |i: usize| routes[i].health.cooling_until().max(tried.get(name(i)).and_then(|t| t.not_before));
         let ready_now: Vec<usize> =
             eligible.iter().copied().filter(|&i| ready_at(i).is_none_or(|t| t <= now)).collect();
         if ready_now.is_empty() {
@@ -186,13 +189,16 @@ async fn try_model(
         }
         let cands: Vec<Candidate> = ready_now
             .iter()
-            .map(|&i| Candidate {
-                name: name(i).to_string(),
-                weight: routes[i].weight,
-                inflight: healths[i].inflight(),
-                queue_depth: healths[i].scraped_load(cfg.kv_cache_weight),
-                ewma_ms: healths[i].ewma_ms(),
-                tried: tried.contains_key(name(i)),
+            .map(|&i| {
+                let c = routes[i].health.cluster();
+                Candidate {
+                    name: name(i).to_string(),
+                    weight: routes[i].weight,
+                    inflight: c.inflight(),
+                    queue_depth: c.scraped_load(cfg.kv_cache_weight),
+                    ewma_ms: c.ewma_ms(),
+                    tried: tried.contains_key(name(i)),
+                }
             })
             .collect();
         let rr = st.next_rr();
@@ -202,9 +208,10 @@ async fn try_model(
             let pause = st.backoff(attempts).min(deadline.saturating_duration_since(Instant::now()));
             tokio::time::sleep(pause).await;
         }
-        attempts += 1;
         let route = routes[i];
-        let mut guard = AttemptGuard::begin(healths[i].clone());
+        // A half-open circuit admits one request at a time; another one already took it.
+        let Some(mut guard) = AttemptGuard::begin(&route.health, Instant::now()) else { continue };
+        attempts += 1;
         let budget = ms(if p.stream { cfg.ttft_timeout_ms } else { cfg.request_timeout_ms });
         let out = Outgoing {
             base: &route.cluster.url,
@@ -214,6 +221,7 @@ async fn try_model(
             stream: p.stream,
             deadline: deadline.min(Instant::now() + budget),
             max_body: 64 << 20,
+            max_event: cfg.max_event_bytes,
         };
         let sent = Instant::now();
         let failure = match upstream::attempt(&st.client, out).await {
@@ -240,7 +248,7 @@ async fn try_model(
                     t.not_before = Some(Instant::now() + wait);
                 }
                 if let Some(ra) = retry_after {
-                    healths[i].cool_down(Instant::now() + *ra);
+                    route.health.cool_down(Instant::now() + *ra);
                 }
                 rate_after = rate_after.max(retry_after.unwrap_or(Duration::from_secs(1)));
             }
@@ -256,13 +264,20 @@ async fn try_model(
                 guard.neutral();
                 t.excluded = true;
             }
+            // The engine answered, badly: the model's own breaker on this cluster counts it.
             Failure::Status { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR => {
-                guard.failure();
+                guard.model_failure();
                 st.stats.record(&m.name, name(i), None, Instant::now());
                 t.excluded = t.attempts >= 2;
             }
-            _ => {
-                guard.failure();
+            Failure::Status { .. } | Failure::Malformed(_) => {
+                guard.model_failure();
+                st.stats.record(&m.name, name(i), None, Instant::now());
+                t.excluded = true;
+            }
+            // The cluster did not answer: its breaker counts it, for every model on it.
+            Failure::Connect(_) | Failure::Reset(_) | Failure::Timeout(_) => {
+                guard.transport_failure();
                 st.stats.record(&m.name, name(i), None, Instant::now());
                 t.excluded = true;
             }
@@ -270,15 +285,26 @@ async fn try_model(
         last = Some(failure);
     }
     let now = Instant::now();
-    let exhausted = (0..routes.len()).all(|i| {
-        tried.get(routes[i].cluster.name.as_str()).is_some_and(|t| t.excluded) || !healths[i].breaker_available(now)
-    });
-    Err(ModelError::Failed(match last {
-        Some(Failure::Status { status, .. }) if status == StatusCode::TOO_MANY_REQUESTS => GatewayError::RateLimited {
-            model: origin.name.clone(),
-            retry_after: rate_after.as_secs_f64().ceil().max(1.0) as u64,
+    let open = |i: usize| tried.get(name(i)).is_some_and(|t| t.excluded) || !routes[i].health.available(now);
+    let exhausted = (0..routes.len()).all(open);
+    // Every route still open to this request is cooling down after a 429: that is the answer,
+    // with the longest Retry-After the clusters gave (capped), never a 503.
+    let cooling: Option<Duration> = (0..routes.len())
+        .filter(|&i| !open(i))
+        .map(|i| routes[i].health.cooling_until().filter(|t| *t > now).map(|t| t - now))
+        .try_fold(Duration::ZERO, |longest, left| left.map(|l| longest.max(l)));
+    let rate_limited = |wait: Duration| GatewayError::RateLimited {
+        model: origin.name.clone(),
+        retry_after: (wait.as_secs_f64().ceil() as u64).clamp(1, cfg.retry_after_cap_s.max(1)),
+    };
+    let error = match last {
+        Some(Failure::Status { status, .. }) if status == StatusCode::TOO_MANY_REQUESTS => {
+            rate_limited(rate_after.max(cooling.unwrap_or_default()))
+        }
+        None => match cooling {
+            Some(wait) if !wait.is_zero() => rate_limited(wait),
+            _ => unavailable(format!("every allowed cluster of `{}` has an open circuit or is cooling down", m.name)),
         },
-        None => unavailable(format!("every allowed cluster of `{}` has an open circuit or is cooling down", m.name)),
         Some(f) if exhausted => {
             unavailable(format!("every allowed cluster of `{}` failed; last: {}", m.name, f.describe()))
         }
@@ -286,7 +312,8 @@ async fn try_model(
             GatewayError::UpstreamTimeout { model: origin.name.clone(), reason: f.describe() }
         }
         Some(f) => GatewayError::Upstream { model: origin.name.clone(), reason: f.describe() },
-    }))
+    };
+    Err(ModelError::Failed { error, attempted: attempts > 0 })
 }
 
 /// Who pays for an answer's tokens.
@@ -334,9 +361,17 @@ fn respond(
                 // chunk counts as a token and four bytes of prompt as one.
                 charge.pay(&st, tokens.total.unwrap_or(tokens.chunks + (charge.prompt_bytes / 4) as u64));
                 metrics.stream(&name, end);
-                if matches!(end, StreamEnd::cut | StreamEnd::stalled | StreamEnd::malformed | StreamEnd::truncated) {
+                match end {
+                    // The connection broke or went silent: the cluster's transport.
+                    StreamEnd::cut | StreamEnd::stalled => guard.route().cluster().record_failure(Instant::now()),
+                    // The engine sent a broken answer: the model on this cluster.
+                    StreamEnd::malformed | StreamEnd::truncated | StreamEnd::oversized => {
+                        guard.route().record_model_failure(Instant::now())
+                    }
+                    _ => {}
+                }
+                if end.broken() {
                     tracing::warn!(cluster = %name, end = ?end, "stream broke after the first byte; ended with an error event");
-                    guard.health().record_failure(Instant::now());
                 }
                 drop(guard);
                 drop(permit);

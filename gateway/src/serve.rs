@@ -1,7 +1,7 @@
 //! Running the gateway: the accept loop (HTTP/1 with header limits and a header read
-//! timeout), graceful shutdown that drains in-flight requests, the routing-table reload loop
-//! (file changes and SIGHUP), and the scrape loop that reads each cluster's queue depth from
-//! its vLLM `/metrics`.
+//! timeout), graceful shutdown that stops probing and drains in-flight requests, the
+//! routing-table reload loop (file changes and SIGHUP), the probe loop (`probe`), and the
+//! scrape loop that reads each cluster's queue depth from its vLLM `/metrics`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,6 +27,7 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     let app = crate::app(st.clone());
     let background = [tokio::spawn(reload_loop(st.clone())), tokio::spawn(scrape_loop(st.clone()))];
+    let probes = tokio::spawn(crate::probe::probe_loop(st.clone()));
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -61,6 +62,7 @@ pub async fn run(
         });
     }
     drop(listener);
+    probes.abort();
     tracing::info!("shutting down: draining in-flight requests");
     tokio::select! {
         () = graceful.shutdown() => {}

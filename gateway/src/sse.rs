@@ -34,12 +34,31 @@ pub enum Event {
     Done,
     /// A data event that is not JSON.
     Malformed,
+    /// An event longer than the cap; nothing after it is parsed.
+    Oversized,
 }
 
-/// Splits a byte stream into SSE events.
-#[derive(Debug, Default)]
+/// Splits a byte stream into SSE events in linear time: each byte is scanned for the end of
+/// its event once (give or take the three bytes a separator split across reads may span),
+/// and an event longer than the cap ends the parse with [`Event::Oversized`] instead of
+/// growing the buffer.
+#[derive(Debug)]
 pub struct Parser {
     buf: Vec<u8>,
+    /// Where the search for the pending event's end resumes.
+    scan: usize,
+    max_event: usize,
+    examined: u64,
+    over: bool,
+}
+
+/// The default cap on one event (`--max-event-bytes`).
+pub const DEFAULT_MAX_EVENT: usize = 1 << 20;
+
+impl Default for Parser {
+    fn default() -> Self {
+        Parser::new(DEFAULT_MAX_EVENT)
+    }
 }
 
 fn parse_event(text: &str) -> Option<Event> {
@@ -69,31 +88,71 @@ fn parse_event(text: &str) -> Option<Event> {
 }
 
 impl Parser {
+    /// A parser that refuses events longer than `max_event` bytes.
+    pub fn new(max_event: usize) -> Self {
+        Parser { buf: Vec::new(), scan: 0, max_event: max_event.max(1), examined: 0, over: false }
+    }
+
     /// Feed bytes; complete events come out.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<Event> {
-        self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
-        loop {
-            let lf = find(&self.buf, b"\n\n").map(|i| (i, 2));
-            let crlf = find(&self.buf, b"\r\n\r\n").map(|i| (i, 4));
-            let Some((end, sep)) = [lf, crlf].into_iter().flatten().min_by_key(|(i, _)| *i) else { break };
-            let raw: Vec<u8> = self.buf.drain(..end + sep).collect();
-            match std::str::from_utf8(&raw[..end]) {
-                Ok(text) => out.extend(parse_event(&text.replace('\r', ""))),
+        if self.over {
+            return out;
+        }
+        self.buf.extend_from_slice(chunk);
+        let mut start = 0;
+        while let Some((end, sep)) = self.next_end(start) {
+            if end - start > self.max_event {
+                break;
+            }
+            match std::str::from_utf8(&self.buf[start..end]) {
+                Ok(text) if text.contains('\r') => out.extend(parse_event(&text.replace('\r', ""))),
+                Ok(text) => out.extend(parse_event(text)),
                 Err(_) => out.push(Event::Malformed),
             }
+            start = end + sep;
+            self.scan = start;
+        }
+        self.buf.drain(..start);
+        self.scan -= start;
+        if self.buf.len() > self.max_event {
+            self.over = true;
+            self.buf = Vec::new();
+            self.scan = 0;
+            out.push(Event::Oversized);
         }
         out
+    }
+
+    /// The end of the event starting at `start` and its separator's length (`\n\n` or
+    /// `\r\n\r\n`), searching only bytes not searched before.
+    fn next_end(&mut self, start: usize) -> Option<(usize, usize)> {
+        let from = self.scan.max(start);
+        let b = &self.buf;
+        for i in from..b.len() {
+            let sep = match b[i] {
+                b'\n' if b.get(i + 1) == Some(&b'\n') => 2,
+                b'\r' if b[i..].starts_with(b"\r\n\r\n") => 4,
+                _ => continue,
+            };
+            self.examined += (i + 1 - from) as u64;
+            return Some((i, sep));
+        }
+        self.examined += (b.len() - from) as u64;
+        // A separator may begin in the last three bytes and end in the next read.
+        self.scan = b.len().saturating_sub(3).max(start);
+        None
     }
 
     /// Bytes left that do not form a complete event.
     pub fn pending(&self) -> bool {
         !self.buf.iter().all(u8::is_ascii_whitespace)
     }
-}
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    /// Bytes examined so far while looking for event ends (linear in the bytes pushed).
+    pub fn examined(&self) -> u64 {
+        self.examined
+    }
 }
 
 /// The error event that ends a broken stream.
@@ -131,6 +190,13 @@ async fn forward(events: Vec<Event>, tx: &mpsc::Sender<Bytes>, p: &mut Progress)
                     "upstream_malformed",
                 ),
                 Some(StreamEnd::malformed),
+            ),
+            Event::Oversized => (
+                error_event(
+                    "the upstream engine sent an event larger than the gateway accepts (--max-event-bytes); the answer is incomplete",
+                    "upstream_event_too_large",
+                ),
+                Some(StreamEnd::oversized),
             ),
             Event::Data { raw, finished, error, usage, content } => {
                 p.finished |= finished;
@@ -228,6 +294,42 @@ mod tests {
         assert!(p.pending());
         let err = p.push(b"\n\ndata: {\"error\": {\"message\": \"boom\"}}\n\n");
         assert!(matches!(err[1], Event::Data { error: true, .. }));
+    }
+
+    #[test]
+    fn an_event_over_the_cap_ends_the_parse_and_frees_the_buffer() {
+        let mut p = Parser::new(1000);
+        assert_eq!(p.push(b"data: {\"a\":1}\n\n").len(), 1);
+        let big = vec![b'x'; 600];
+        assert!(p.push(b"data: ").is_empty());
+        assert!(p.push(&big).is_empty(), "under the cap: still pending");
+        assert_eq!(p.push(&big), vec![Event::Oversized], "over the cap without an end");
+        assert!(!p.pending(), "the buffer was dropped");
+        assert!(p.push(b"\n\ndata: {\"b\":2}\n\n").is_empty(), "nothing after an oversized event");
+        // A complete event over the cap, in one read, is refused too.
+        let mut p = Parser::new(100);
+        let whole = format!("data: {{\"t\":\"{}\"}}\n\n", "y".repeat(200));
+        assert_eq!(p.push(whole.as_bytes()), vec![Event::Oversized]);
+    }
+
+    #[test]
+    fn parsing_examines_each_byte_about_once() {
+        // A 20 KB event arriving a byte at a time: rescanning the buffer from its start on
+        // every read would examine about 200 MB; scanning only new bytes examines about 20 KB.
+        let mut p = Parser::new(1 << 20);
+        let text = format!("data: {{\"t\":\"{}\"}}\r\n\r\n", "z".repeat(20_000));
+        let mut events = Vec::new();
+        for b in text.as_bytes() {
+            events.extend(p.push(std::slice::from_ref(b)));
+        }
+        assert!(matches!(events.as_slice(), [Event::Data { .. }]), "{events:?}");
+        let n = text.len() as u64;
+        assert!(p.examined() <= 4 * n, "examined {} bytes for {n} pushed", p.examined());
+        // Many events in one read are split without moving the rest of the buffer per event.
+        let mut p = Parser::default();
+        let many = "data: {\"k\":1}\n\n".repeat(10_000);
+        assert_eq!(p.push(many.as_bytes()).len(), 10_000);
+        assert!(p.examined() <= many.len() as u64);
     }
 
     #[test]

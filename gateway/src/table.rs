@@ -9,6 +9,7 @@ use flotilla_apis::common::Sovereignty;
 use serde::Deserialize;
 
 use crate::GatewayError;
+use crate::health::RouteHealth;
 
 /// The file as written.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -97,6 +98,8 @@ pub struct Route {
     pub weight: u32,
     /// Readiness.
     pub ready: bool,
+    /// The route's health (shared with earlier tables once the table is put in force).
+    pub health: Arc<RouteHealth>,
 }
 
 /// A model, resolved.
@@ -161,7 +164,12 @@ impl RoutingTable {
                 if !seen.insert(r.cluster.clone()) {
                     return Err(err(format!("model `{}`: cluster `{}` routed twice", m.name, r.cluster)));
                 }
-                routes.push(Route { cluster: cluster.clone(), weight: r.weight.max(1), ready: r.ready });
+                routes.push(Route {
+                    cluster: cluster.clone(),
+                    weight: r.weight.max(1),
+                    ready: r.ready,
+                    health: RouteHealth::detached(),
+                });
             }
             let mut fallbacks = Vec::new();
             for f in &m.fallbacks {
@@ -176,6 +184,15 @@ impl RoutingTable {
             t.models.insert(m.name, model);
         }
         Ok(t)
+    }
+
+    /// Give every route its health: `health(cluster, model)`.
+    pub(crate) fn bind_health(&mut self, mut health: impl FnMut(&str, &str) -> Arc<RouteHealth>) {
+        for m in self.models.values_mut() {
+            for r in &mut m.routes {
+                r.health = health(&r.cluster.name, &m.name);
+            }
+        }
     }
 
     /// The model a name or alias refers to.

@@ -113,6 +113,8 @@ pub struct Outgoing<'a> {
     pub deadline: Instant,
     /// Largest non-streamed body accepted.
     pub max_body: usize,
+    /// Largest stream event accepted.
+    pub max_event: usize,
 }
 
 fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
@@ -178,7 +180,7 @@ pub async fn attempt(client: &Client, out: Outgoing<'_>) -> Result<Success, Fail
         return Err(Failure::Malformed("the body is not a JSON object".into()));
     }
     let mut body = resp.into_body();
-    let mut parser = Parser::default();
+    let mut parser = Parser::new(out.max_event);
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(Failure::Timeout(what)),
@@ -188,8 +190,15 @@ pub async fn attempt(client: &Client, out: Outgoing<'_>) -> Result<Success, Fail
         };
         let Ok(data) = frame.into_data() else { continue };
         let events = parser.push(&data);
-        if events.first() == Some(&Event::Malformed) {
-            return Err(Failure::Malformed("the first stream event does not parse".into()));
+        match events.first() {
+            Some(Event::Malformed) => return Err(Failure::Malformed("the first stream event does not parse".into())),
+            Some(Event::Oversized) => {
+                return Err(Failure::Malformed(format!(
+                    "the first stream event is longer than {} bytes",
+                    out.max_event
+                )));
+            }
+            _ => {}
         }
         if !events.is_empty() {
             return Ok(Success::Stream { events, parser, body });

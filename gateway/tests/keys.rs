@@ -133,3 +133,24 @@ async fn keys_narrow_models_and_jurisdictions_and_limit_requests_and_tokens() {
     assert!(!metrics.contains("sk-"), "no key in the metrics");
     let _ = std::fs::remove_file(&keys);
 }
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let a = sim("a", &["m"], |_| {}).await;
+    let yaml =
+        format!("{}models:\n  - {{name: m, routes: [{{cluster: a}}]}}\n", clusters_yaml(&[("a", a.url(), "EU")]));
+    let gw = gateway(&yaml, |c| c.api_keys = vec!["sk-1".into()]).await;
+    let url = gw.url("/v1/chat/completions");
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let auth = format!("{scheme} sk-1");
+        let r = post_with(&url, &chat("m", "hi"), &[("authorization", &auth)]).await;
+        assert_eq!(r.status, 200, "{scheme}: {}", r.text);
+        let r = get_with(&gw.url("/v1/models"), &[("authorization", &auth)]).await;
+        assert_eq!(r.status, 200, "{scheme}: {}", r.text);
+    }
+    for refused in ["Basic sk-1", "Bearersk-1", "bearer sk-2"] {
+        let r = post_with(&url, &chat("m", "hi"), &[("authorization", refused)]).await;
+        assert_eq!(r.status, 401, "{refused}");
+    }
+    assert_eq!(a.state.request_count(), 4);
+}

@@ -46,6 +46,7 @@ def gateway_url():
             "eu-1": ["--model", "m", "--max-model-len", "64", "--default-tokens", "6"],
             "eu-2": ["--model", "limited", "--fault", "rate-limit:30"],
             "eu-3": ["--model", "flaky", "--fault", "cut:2", "--default-tokens", "8"],
+            "eu-4": ["--model", "busy", "--model", "calm", "--model-fault", "busy=rate-limit:30"],
         }.items():
             proc, url = _start([ENGINESIM, "--listen", "127.0.0.1:0", "--name", name, *args])
             procs.append(proc)
@@ -60,6 +61,8 @@ def gateway_url():
             "  - {name: limited, routes: [{cluster: eu-2}]}\n"
             "  - {name: flaky, routes: [{cluster: eu-3}]}\n"
             "  - {name: down, routes: [{cluster: eu-down}]}\n"
+            "  - {name: busy, routes: [{cluster: eu-4}]}\n"
+            "  - {name: calm, routes: [{cluster: eu-4}]}\n"
         )
         path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-"), "routing.yaml")
         with open(path, "w") as f:

@@ -23,7 +23,7 @@ def test_completions_and_models(client):
     resp = client.completions.create(model="m", prompt="once upon a time")
     assert resp.choices[0].text
     ids = [m.id for m in client.models.list()]
-    assert ids == ["down", "flaky", "limited", "m", "m-alias"]
+    assert ids == ["busy", "calm", "down", "flaky", "limited", "m", "m-alias"]
 
 
 def test_streaming_with_include_usage(client):
@@ -94,3 +94,18 @@ def test_mid_stream_failure_raises_api_error(client):
     assert received, "the first tokens arrived before the failure"
     assert not isinstance(e.value, openai.APIConnectionError)
     assert "incomplete" in e.value.message
+
+
+def test_one_models_rate_limit_leaves_its_neighbour_on_the_same_cluster_alone(client):
+    # `busy` and `calm` are served by one engine; only `busy` answers 429 with Retry-After: 30.
+    with pytest.raises(openai.RateLimitError) as e:
+        client.chat.completions.create(model="busy", messages=MESSAGES)
+    assert e.value.code == "rate_limit_exceeded"
+    assert e.value.response.headers["retry-after"] == "30"
+    for _ in range(3):
+        r = client.chat.completions.create(model="calm", messages=MESSAGES)
+        assert r.choices[0].message.content
+    # While `busy` cools down its clients hear the remaining wait, not a 503.
+    with pytest.raises(openai.RateLimitError) as e:
+        client.chat.completions.create(model="busy", messages=MESSAGES)
+    assert 20 <= int(e.value.response.headers["retry-after"]) <= 30

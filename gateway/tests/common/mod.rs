@@ -41,7 +41,7 @@ pub async fn dead_url() -> String {
     format!("http://{addr}")
 }
 
-/// Gateway settings for tests: short timeouts and backoff, no scraping, fast reload.
+/// Gateway settings for tests: short timeouts and backoff, no scraping or probing, fast reload.
 pub fn test_config(path: PathBuf) -> GatewayConfig {
     let mut c = GatewayConfig::with_table(path);
     c.listen = "127.0.0.1:0".into();
@@ -54,6 +54,8 @@ pub fn test_config(path: PathBuf) -> GatewayConfig {
     c.max_retry_after_ms = 1500;
     c.breaker_failures = 100;
     c.scrape_interval_ms = 0;
+    // Tests that exercise probing turn it on; elsewhere circuits reopen on their own period.
+    c.probe_interval_ms = 0;
     c.reload_interval_ms = 50;
     c.routing = RoutingMode::LeastLoad;
     c.drain_ms = 2000;
