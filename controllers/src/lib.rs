@@ -11,6 +11,7 @@ pub mod member;
 pub mod metrics;
 pub mod render;
 pub mod server;
+pub mod solve_once;
 pub mod status_patch;
 
 use std::sync::Arc;
@@ -46,6 +47,9 @@ pub enum Error {
     /// failed, or a conflict): looked at again shortly, from the newer version.
     #[error("object changed meanwhile: {0}")]
     Stale(String),
+    /// The fleet solve did not finish (it panicked): retried with back-off, nothing applied.
+    #[error("fleet solve failed: {0}")]
+    Solve(String),
 }
 
 /// A finalizer-wrapped reconcile's error as the reconcile's own: the inner error as it was, a
@@ -354,8 +358,11 @@ async fn run_deployment_controller(
     ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    // A burst of changes to one deployment (an apply and its status writes) reconciles it
+    // once; bursts across deployments share one solve (`SolveOnce`).
     let controller =
-        Controller::new(Api::<deployment::ModelDeployment>::all(client.clone()), watcher::Config::default());
+        Controller::new(Api::<deployment::ModelDeployment>::all(client.clone()), watcher::Config::default())
+            .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_millis(250)));
     let ctx = Arc::new(deployment::DeploymentContext::new(
         client,
         clusters,

@@ -55,8 +55,9 @@ pub struct DeploymentContext {
     /// Event recorder.
     pub recorder: Recorder,
     /// The last plan and the fingerprint of the objects it was solved from: every deployment
-    /// reconciled against an unchanged fleet (a tick reconciles them all) reuses one solve.
-    plans: std::sync::Mutex<Option<(u64, Arc<flotilla_placement::Plan>)>>,
+    /// reconciled against an unchanged fleet (a tick reconciles them all) reuses one solve,
+    /// and reconciles arriving during a solve wait for it.
+    plans: crate::solve_once::SolveOnce<flotilla_placement::Plan>,
 }
 
 impl DeploymentContext {
@@ -84,30 +85,26 @@ impl DeploymentContext {
             metrics,
             config,
             recorder,
-            plans: std::sync::Mutex::new(None),
+            plans: Default::default(),
         }
     }
 
     /// The fleet's plan: solved again only when an object the snapshot reads changed (the
-    /// solver is deterministic, so the same objects give the same plan).
-    fn plan(&self) -> Arc<flotilla_placement::Plan> {
-        let key = fingerprint(
-            self.classes.state().iter().map(|o| &o.metadata),
-            self.clusters.state().iter().map(|o| &o.metadata),
-            self.caches.state().iter().map(|o| &o.metadata),
-            self.deployments.state().iter().map(|o| &o.metadata),
-        );
-        if let Ok(cached) = self.plans.lock()
-            && let Some((k, plan)) = cached.as_ref()
-            && *k == key
-        {
-            return plan.clone();
-        }
-        let plan = Arc::new(solve(&self.snapshot(), &SolveOptions::default()));
-        if let Ok(mut cached) = self.plans.lock() {
-            *cached = Some((key, plan.clone()));
-        }
-        plan
+    /// solver is deterministic, so the same objects give the same plan), on a blocking thread,
+    /// one solve at a time (`SolveOnce`).
+    async fn plan(&self) -> Result<Arc<flotilla_placement::Plan>, Error> {
+        let key = || {
+            fingerprint(
+                self.classes.state().iter().map(|o| &o.metadata),
+                self.clusters.state().iter().map(|o| &o.metadata),
+                self.caches.state().iter().map(|o| &o.metadata),
+                self.deployments.state().iter().map(|o| &o.metadata),
+            )
+        };
+        self.plans
+            .get(key, || self.snapshot(), |snapshot| solve(&snapshot, &SolveOptions::default()))
+            .await
+            .map_err(Error::Solve)
     }
 
     /// The same snapshot `fleetctl plan --live` builds from the same objects.
@@ -181,7 +178,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     let ns = md.namespace().unwrap_or_else(|| "default".into());
     let name = md.name_any();
     tracing::debug!(deployment = %format!("{ns}/{name}"), "planning");
-    let plan = ctx.plan();
+    let plan = ctx.plan().await?;
     let Some(dp) = plan.get(&ns, &name).cloned() else {
         return Ok(Action::requeue(ctx.config.poll));
     };

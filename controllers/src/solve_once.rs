@@ -1,0 +1,86 @@
+//! One value per key, computed once: the fleet plan keyed by the fingerprint of the objects it
+//! is solved from. The computation runs on a blocking thread (the solver is CPU-bound and must
+//! not hold an async worker that also drives watches), one at a time; callers that arrive while
+//! it runs wait for it and then share its result when their key is the same. A panic in the
+//! computation is an error for the callers, not a dead worker.
+
+use std::sync::Arc;
+
+/// The last value and its key, behind an async lock held across the computation.
+pub struct SolveOnce<V> {
+    last: tokio::sync::Mutex<Option<(u64, Arc<V>)>>,
+}
+
+impl<V> Default for SolveOnce<V> {
+    fn default() -> Self {
+        Self { last: tokio::sync::Mutex::new(None) }
+    }
+}
+
+impl<V: Send + Sync + 'static> SolveOnce<V> {
+    /// The value for the key `key()` returns (read under the lock, so a caller that waited sees
+    /// the newest key): the cached one when the key is unchanged, else `input()` handed to
+    /// `compute` on a blocking thread. `key` runs before `input`: a change landing between them
+    /// leaves a key older than the value, so the next call computes again rather than keep a
+    /// value older than its key.
+    pub async fn get<I: Send + 'static>(
+        &self,
+        key: impl FnOnce() -> u64,
+        input: impl FnOnce() -> I,
+        compute: impl FnOnce(I) -> V + Send + 'static,
+    ) -> Result<Arc<V>, String> {
+        let mut last = self.last.lock().await;
+        let key = key();
+        if let Some((k, v)) = last.as_ref()
+            && *k == key
+        {
+            return Ok(v.clone());
+        }
+        let input = input();
+        let value = Arc::new(tokio::task::spawn_blocking(move || compute(input)).await.map_err(|e| e.to_string())?);
+        *last = Some((key, value.clone()));
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_callers_with_one_key_share_one_computation() {
+        let once = Arc::new(SolveOnce::<u32>::default());
+        let runs = Arc::new(AtomicU32::new(0));
+        let calls = (0..8).map(|_| {
+            let (once, runs) = (once.clone(), runs.clone());
+            tokio::spawn(async move {
+                once.get(
+                    || 7,
+                    || (),
+                    move |()| {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        runs.fetch_add(1, Ordering::SeqCst) + 100
+                    },
+                )
+                .await
+            })
+        });
+        let values: Vec<u32> =
+            futures_util::future::join_all(calls).await.into_iter().map(|r| *r.unwrap().unwrap()).collect();
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "eight reconciles, one solve");
+        assert!(values.iter().all(|v| *v == 100));
+        // A new key computes again.
+        let v = once.get(|| 8, || (), |()| 5).await.unwrap();
+        assert_eq!(*v, 5);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_computation_is_an_error_and_the_next_call_computes_again() {
+        let once = SolveOnce::<u32>::default();
+        let err = once.get(|| 1, || (), |()| -> u32 { panic!("solver bug") }).await.unwrap_err();
+        assert!(err.contains("panic"), "{err}");
+        assert_eq!(*once.get(|| 1, || (), |()| 3).await.unwrap(), 3);
+    }
+}
