@@ -67,6 +67,9 @@ pub struct SimConfig {
     /// measuring a proxy's own throughput.
     #[arg(long)]
     pub fixed_response: bool,
+    /// Per-model stream faults, prefill refusal and non-deterministic regeneration.
+    #[command(flatten)]
+    pub streams: crate::streams::StreamArgs,
 }
 
 impl Default for SimConfig {
@@ -88,6 +91,7 @@ impl Default for SimConfig {
             fault_count: None,
             response_headers: Vec::new(),
             fixed_response: false,
+            streams: crate::streams::StreamArgs::default(),
         }
     }
 }
