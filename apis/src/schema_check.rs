@@ -91,7 +91,11 @@ impl Checker {
             // Every int-or-string field of ours is a resource quantity.
             match value {
                 Json::Number(n) if n.is_i64() || n.is_u64() => {}
-                Json::String(q) if is_quantity(q) => {}
+                Json::String(q) if is_quantity(q) => {
+                    if let Err(message) = crate::quantity::check(q) {
+                        out.push((at(path), message));
+                    }
+                }
                 Json::String(q) => out.push((
                     at(path),
                     format!("{q:?} is not a quantity: write a number with an optional suffix (80Gi, 16G, 500M, 2)"),
