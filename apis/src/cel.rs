@@ -18,6 +18,7 @@ use std::fmt::Write as _;
 use kube_cel::cel::{Context, ExecutionError, Program, Value};
 
 pub use cost::{MAX_COST, NAMESPACED_FUNCTIONS};
+pub(crate) use guard::evaluating;
 pub use guard::{MAX_LIST_LEN, MAX_STRING_BYTES};
 pub use lexical::MAX_NESTING;
 

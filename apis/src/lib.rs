@@ -23,6 +23,7 @@ pub mod reasons;
 pub mod schema_check;
 pub mod stage;
 pub mod validate;
+pub mod yaml_bound;
 
 pub use cache::{ModelCache, ModelCacheSpec, ModelCacheStatus};
 pub use claim::{CapacityClaim, CapacityClaimSpec, CapacityClaimStatus};

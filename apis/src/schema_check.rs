@@ -69,11 +69,17 @@ impl Checker {
         let mut out = Vec::new();
         self.walk(schema, object, "", &mut out);
         check_metadata(kind, object.get("metadata"), &mut out);
-        if out.is_empty()
-            && let Err(errors) = self.validator.validate_compiled(compiled, object, old)
-        {
-            for e in errors.iter() {
-                out.push((e.field_path.clone(), e.message.clone()));
+        if out.is_empty() {
+            // kube-cel evaluates the CRD's rules on the object: behind the same boundary as
+            // selectors, so a panic there is this object's error.
+            match crate::cel::evaluating(|| self.validator.validate_compiled(compiled, object, old)) {
+                Ok(Ok(())) => {}
+                Ok(Err(errors)) => {
+                    for e in errors.iter() {
+                        out.push((e.field_path.clone(), e.message.clone()));
+                    }
+                }
+                Err(panic) => out.push((String::new(), format!("the CRD's validation rules failed on it: {panic}"))),
             }
         }
         out
