@@ -10,7 +10,7 @@ use flotilla_apis::deployment::SplitStrategy;
 
 use crate::devices::{ClassMatch, DeviceMatcher, ReplicaShape, misfit};
 use crate::filters::{first_refusal, prefers_not, static_verdicts};
-use crate::plan::{DeploymentPlan, Plan, Reason, Rejection, Verdict};
+use crate::plan::{DeploymentPlan, InvalidSpec, Plan, Reason, Rejection, Verdict};
 use crate::snapshot::{ClusterView, DeploymentView, FleetSnapshot};
 
 /// Knobs of one solve. No clock: the budget counts candidate evaluations, so a solve that
@@ -119,6 +119,25 @@ fn budget_exhausted(d: &DeploymentView) -> DeploymentPlan {
     }
 }
 
+/// A deployment whose spec cannot be used: nothing placed, nothing consumed, one rejection
+/// that names the field, and the field again in `invalid` for the controller's `InvalidSpec`.
+fn invalid_spec(d: &DeploymentView, field: String, message: String) -> DeploymentPlan {
+    DeploymentPlan {
+        namespace: d.namespace.clone(),
+        name: d.name.clone(),
+        model: d.spec.model.name.clone(),
+        desired: d.spec.replicas.max(0) as u32,
+        unplaced: d.spec.replicas.max(0) as u32,
+        rejections: vec![Rejection {
+            cluster: "*".into(),
+            reason: Reason::SelectorError,
+            message: format!("{field}: {message}"),
+        }],
+        invalid: Some(InvalidSpec { field, message }),
+        ..Default::default()
+    }
+}
+
 struct Ctx<'a, 's> {
     snapshot: &'s FleetSnapshot,
     free: &'a mut Vec<Vec<Vec<u32>>>,
@@ -162,6 +181,9 @@ impl<T> PerCluster<T> {
 
 impl Ctx<'_, '_> {
     fn solve_one(&mut self, d: &DeploymentView) -> DeploymentPlan {
+        if let Some((field, message)) = self.matcher.invalid_selector(&d.spec.devices.alternatives) {
+            return invalid_spec(d, field, message);
+        }
         let spec = &d.spec;
         let policy = &spec.placement;
         let shape = ReplicaShape::of(&spec.topology);
