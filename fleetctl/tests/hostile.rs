@@ -9,15 +9,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+
+mod fixture_cases;
+
+use fixture_cases::repo;
 
 const MEMORY_LIMIT: &str = "--as=268435456";
 const KILL_AFTER_SECONDS: &str = "20";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn available(tool: &str) -> bool {
     Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
@@ -48,20 +48,9 @@ fn describe(out: &Output) -> String {
 
 #[test]
 fn every_hostile_fixture_fails_with_its_error_and_never_crashes() {
-    let dir = repo().join("tests/fixtures/hostile");
-    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    fixtures.sort();
-    assert!(fixtures.len() >= 13, "at least 13 hostile fixtures, found {}", fixtures.len());
     let mut failures = Vec::new();
-    for fixture in &fixtures {
-        let rel = fixture.strip_prefix(repo()).unwrap().to_string_lossy().to_string();
-        let expect = std::fs::read_to_string(fixture.with_extension("expect")).unwrap_or_else(|e| panic!("{rel}: {e}"));
-        let mut lines = expect.lines();
-        let (field, message) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    for fixture_cases::Case { rel, field, message } in fixture_cases::cases("hostile", 13) {
+        let (field, message) = (field.as_str(), message.as_str());
         let out = guarded(&["validate", "-f", &rel]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let line =

@@ -103,37 +103,26 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
 }
 
 fn budget_exhausted(d: &DeploymentView) -> DeploymentPlan {
-    DeploymentPlan {
-        namespace: d.namespace.clone(),
-        name: d.name.clone(),
-        model: d.spec.model.name.clone(),
-        desired: d.spec.replicas.max(0) as u32,
-        unplaced: d.spec.replicas.max(0) as u32,
-        rejections: vec![Rejection {
-            cluster: "*".into(),
-            reason: Reason::BudgetExhausted,
-            message: "the solver's evaluation budget ran out before this deployment; current placements are kept"
-                .into(),
-        }],
-        ..Default::default()
-    }
+    let message = "the solver's evaluation budget ran out before this deployment; current placements are kept";
+    unplaced(d, Reason::BudgetExhausted, message.into())
 }
 
 /// A deployment whose spec cannot be used: nothing placed, nothing consumed, one rejection
 /// that names the field, and the field again in `invalid` for the controller's `InvalidSpec`.
 fn invalid_spec(d: &DeploymentView, field: String, message: String) -> DeploymentPlan {
+    let rejection = format!("{field}: {message}");
+    DeploymentPlan { invalid: Some(InvalidSpec { field, message }), ..unplaced(d, Reason::SelectorError, rejection) }
+}
+
+/// Every replica of `d` unplaced, for one reason that holds on every cluster (`*`).
+fn unplaced(d: &DeploymentView, reason: Reason, message: String) -> DeploymentPlan {
     DeploymentPlan {
         namespace: d.namespace.clone(),
         name: d.name.clone(),
         model: d.spec.model.name.clone(),
         desired: d.spec.replicas.max(0) as u32,
         unplaced: d.spec.replicas.max(0) as u32,
-        rejections: vec![Rejection {
-            cluster: "*".into(),
-            reason: Reason::SelectorError,
-            message: format!("{field}: {message}"),
-        }],
-        invalid: Some(InvalidSpec { field, message }),
+        rejections: vec![Rejection { cluster: "*".into(), reason, message }],
         ..Default::default()
     }
 }
