@@ -22,21 +22,25 @@ pub const MAX_LIST_LEN: i64 = 100_000;
 /// Stack for parsing and analysing a selector: enough for [`super::lexical::MAX_NESTING`]
 /// levels of the generated parser in a debug build (about 170 KiB per bracket there).
 const COMPILE_STACK: usize = 16 * 1024 * 1024;
-/// Stack for evaluating one (about 40 KiB per level in a debug build).
+/// Stack for evaluating one (about 40 KiB per level in a debug build, so 32 levels need
+/// under 2 MiB): a fresh one only when less than [`EVAL_RED_ZONE`] is left, so the common
+/// case on a main thread costs no allocation.
 const EVAL_STACK: usize = 8 * 1024 * 1024;
+/// Stack an evaluation must find left to run where it is.
+const EVAL_RED_ZONE: usize = 4 * 1024 * 1024;
 
 /// Runs `f` (a parse) on a stack of [`COMPILE_STACK`] bytes; a panic becomes `Err(message)`.
 pub fn compiling<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    on_stack(COMPILE_STACK, f)
+    on_stack(COMPILE_STACK, COMPILE_STACK, f)
 }
 
-/// Runs `f` (an evaluation) on a stack of [`EVAL_STACK`] bytes; a panic becomes `Err(message)`.
+/// Runs `f` (an evaluation) with at least [`EVAL_RED_ZONE`] bytes of stack; a panic becomes `Err(message)`.
 pub fn evaluating<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    on_stack(EVAL_STACK, f)
+    on_stack(EVAL_RED_ZONE, EVAL_STACK, f)
 }
 
-fn on_stack<T>(size: usize, f: impl FnOnce() -> T) -> Result<T, String> {
-    stacker::maybe_grow(size, size, || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
+fn on_stack<T>(red_zone: usize, size: usize, f: impl FnOnce() -> T) -> Result<T, String> {
+    stacker::maybe_grow(red_zone, size, || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
         .map_err(|payload| panic_message(payload.as_ref()))
 }
 
