@@ -165,6 +165,17 @@ mod tests {
         assert_eq!(run("lists.range(3).size()").ok(), Some(Value::Int(3)));
     }
 
+    /// kube-cel's own quantity, unchecked, overflows on values Kubernetes cannot hold: the
+    /// panic (debug builds check arithmetic) is caught at the boundary and named.
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_real_panic_inside_kube_cel_is_caught() {
+        let raw = Context::default().with_all();
+        let program = Program::compile("quantity('1e50').compareTo(quantity('1n')) > 0").expect("compiles");
+        let caught = evaluating(|| program.execute(&raw).is_ok());
+        assert!(caught.is_err_and(|m| m.contains("overflow")), "kube-cel's overflow was not caught");
+    }
+
     #[test]
     fn a_panic_is_caught_and_named() {
         let caught = evaluating(|| -> u32 { panic!("boom") });
