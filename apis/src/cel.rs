@@ -26,8 +26,8 @@ use crate::common::{DeviceAttribute, DeviceSpec};
 
 /// Longest selector accepted, as in DRA (10 KiB).
 pub const MAX_SELECTOR_LEN: usize = 10 * 1024;
-/// Deepest nesting of comprehensions (`all`, `exists`, `map`, `filter`) accepted. Device maps
-/// are small, so this bounds evaluation cost the way Kubernetes' cost budget does.
+/// Deepest nesting of comprehensions (`all`, `exists`, `map`, `filter`) accepted, read from
+/// the syntax tree. Device selectors need no more; the cost estimate bounds the rest.
 pub const MAX_COMPREHENSION_DEPTH: usize = 2;
 
 /// Why a selector cannot be used.
