@@ -4,18 +4,30 @@
 //! `device.driver`, `device.attributes["gpu.nvidia.com"].productName`,
 //! `device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("80Gi")) >= 0`.
 //! A missing attribute is an evaluation error, as in Kubernetes; callers treat it as no match.
+//! Every selector is bounded before and while it runs: its nesting is read from its tokens
+//! before the parser sees it ([`lexical`]), its cost is estimated from its tree ([`cost`]),
+//! and parsing and evaluation run behind [`guard`] (a stack of known size, caught panics,
+//! checked `quantity()`/`replace()`/`lists.range()`).
+
+mod cost;
+mod guard;
+mod lexical;
 
 use std::fmt::Write as _;
 
-use kube_cel::KubeCelExt;
 use kube_cel::cel::{Context, ExecutionError, Program, Value};
+
+pub use cost::{MAX_COST, NAMESPACED_FUNCTIONS};
+pub(crate) use guard::evaluating;
+pub use guard::{MAX_LIST_LEN, MAX_STRING_BYTES};
+pub use lexical::MAX_NESTING;
 
 use crate::common::{DeviceAttribute, DeviceSpec};
 
 /// Longest selector accepted, as in DRA (10 KiB).
 pub const MAX_SELECTOR_LEN: usize = 10 * 1024;
-/// Deepest nesting of comprehensions (`all`, `exists`, `map`, `filter`) accepted. Device maps
-/// are small, so this bounds evaluation cost the way Kubernetes' cost budget does.
+/// Deepest nesting of comprehensions (`all`, `exists`, `map`, `filter`) accepted, read from
+/// the syntax tree. Device selectors need no more; the cost estimate bounds the rest.
 pub const MAX_COMPREHENSION_DEPTH: usize = 2;
 
 /// Why a selector cannot be used.
@@ -47,13 +59,59 @@ pub enum SelectorError {
         /// The selector.
         expression: String,
     },
+    /// Nests deeper than [`MAX_NESTING`] (read from its tokens, before parsing).
+    #[error(
+        "selector nests {depth} levels deep at line {line}, column {column}; at most {MAX_NESTING} are allowed (brackets and chained operators): simplify it"
+    )]
+    TooDeep {
+        /// Estimated depth where the limit was passed.
+        depth: usize,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+    },
     /// Nests comprehensions deeper than [`MAX_COMPREHENSION_DEPTH`].
     #[error(
         "selector nests {depth} comprehensions; at most {MAX_COMPREHENSION_DEPTH} are allowed to bound its cost (in `{expression}`)"
     )]
-    TooCostly {
+    TooManyComprehensions {
         /// Nesting depth found.
         depth: usize,
+        /// The selector.
+        expression: String,
+    },
+    /// Its estimated cost passes [`MAX_COST`].
+    #[error(
+        "selector has an estimated cost of {cost}; the limit is {MAX_COST}, as in Kubernetes: iterate over fewer or smaller lists (in `{expression}`)"
+    )]
+    TooCostly {
+        /// The estimate.
+        cost: u64,
+        /// The selector.
+        expression: String,
+    },
+    /// A quantity Kubernetes could not hold (in a device capacity or a `quantity()` literal).
+    #[error("{field}: {message}")]
+    Quantity {
+        /// Where: `spec.device.capacity.memory`, or the selector.
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// A device outside DRA's bounds (entries per device, string length).
+    #[error("{field}: {message}")]
+    DeviceBounds {
+        /// Where.
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// The CEL library panicked on it (a bug there; reported, not fatal).
+    #[error("the CEL library failed on this selector ({message}); simplify it (in `{expression}`)")]
+    Panicked {
+        /// The panic's message.
+        message: String,
         /// The selector.
         expression: String,
     },
@@ -109,17 +167,30 @@ impl Default for SelectorEngine {
 }
 
 impl SelectorEngine {
-    /// An engine with the standard and Kubernetes CEL functions.
+    /// An engine with the standard and Kubernetes CEL functions (the growing ones checked).
     pub fn new() -> Self {
-        Self { base: Context::default().with_all() }
+        Self { base: guard::context() }
     }
 
-    /// Compiles a selector, checking length, syntax, variables and nesting.
+    /// Compiles a selector, checking length, nesting (before parsing), syntax, variables,
+    /// quantity literals and estimated cost.
     pub fn compile(&self, expression: &str) -> Result<Selector, SelectorError> {
         if expression.len() > MAX_SELECTOR_LEN {
             return Err(SelectorError::TooLong { len: expression.len() });
         }
-        let program = Program::compile(expression).map_err(|errs| {
+        lexical::check_nesting(expression).map_err(|(depth, line, column)| SelectorError::TooDeep {
+            depth,
+            line,
+            column,
+        })?;
+        let panicked = |message| SelectorError::Panicked { message, expression: expression.to_string() };
+        let (program, estimate) = guard::compiling(|| {
+            let program = Program::compile(expression)?;
+            let estimate = cost::analyze(program.expression());
+            Ok::<_, kube_cel::cel::ParseErrors>((program, estimate))
+        })
+        .map_err(panicked)?
+        .map_err(|errs| {
             let first = errs.errors.first();
             SelectorError::Syntax {
                 line: first.map_or(1, |e| e.pos.0.max(1) as usize),
@@ -128,24 +199,34 @@ impl SelectorEngine {
                 expression: expression.to_string(),
             }
         })?;
-        let depth = comprehension_depth(expression);
-        if depth > MAX_COMPREHENSION_DEPTH {
-            return Err(SelectorError::TooCostly { depth, expression: expression.to_string() });
+        let estimate = estimate.map_err(|finding| match finding {
+            cost::Finding::UnknownVariable(name) => {
+                SelectorError::UnknownVariable { name, expression: expression.to_string() }
+            }
+            cost::Finding::BadQuantity(message) => {
+                SelectorError::Quantity { field: format!("quantity() in `{expression}`"), message }
+            }
+        })?;
+        if estimate.comprehension_depth > MAX_COMPREHENSION_DEPTH {
+            return Err(SelectorError::TooManyComprehensions {
+                depth: estimate.comprehension_depth,
+                expression: expression.to_string(),
+            });
         }
-        let bound = comprehension_variables(expression);
-        if let Some(name) =
-            program.references().variables().into_iter().find(|v| *v != "device" && !bound.iter().any(|b| b == v))
-        {
-            return Err(SelectorError::UnknownVariable { name: name.to_string(), expression: expression.to_string() });
+        if estimate.cost > MAX_COST {
+            return Err(SelectorError::TooCostly { cost: estimate.cost, expression: expression.to_string() });
         }
         Ok(Selector { expression: expression.to_string(), program })
     }
 
-    /// Builds the CEL value of a device shape, with real quantities and versions.
+    /// Builds the CEL value of a device shape, with real quantities and versions. Capacities
+    /// are range-checked and DRA's bounds enforced first, naming the field.
     pub fn device(&self, device: &DeviceSpec) -> Result<Value, SelectorError> {
+        check_device(device)?;
         let literal = device_literal(device);
         let program = self.compile_internal(&literal)?;
-        program.execute(&self.base).map_err(|e| SelectorError::Evaluation {
+        let panicked = |message| SelectorError::Panicked { message, expression: literal.clone() };
+        guard::evaluating(|| program.execute(&self.base)).map_err(panicked)?.map_err(|e| SelectorError::Evaluation {
             message: e.to_string(),
             expression: literal.clone(),
             missing_key: false,
@@ -153,7 +234,8 @@ impl SelectorEngine {
     }
 
     fn compile_internal(&self, literal: &str) -> Result<Program, SelectorError> {
-        Program::compile(literal).map_err(|e| SelectorError::Syntax {
+        let panicked = |message| SelectorError::Panicked { message, expression: literal.to_string() };
+        guard::compiling(|| Program::compile(literal)).map_err(panicked)?.map_err(|e| SelectorError::Syntax {
             line: 1,
             column: 1,
             message: e.to_string(),
@@ -163,9 +245,13 @@ impl SelectorEngine {
 
     /// Evaluates a selector against a device value.
     pub fn matches(&self, selector: &Selector, device: &Value) -> Result<bool, SelectorError> {
-        let mut ctx = self.base.new_inner_scope();
-        ctx.add_variable_from_value("device", device.clone());
-        match selector.program.execute(&ctx) {
+        let run = || {
+            let mut ctx = self.base.new_inner_scope();
+            ctx.add_variable_from_value("device", device.clone());
+            selector.program.execute(&ctx)
+        };
+        let panicked = |message| SelectorError::Panicked { message, expression: selector.expression.clone() };
+        match guard::evaluating(run).map_err(panicked)? {
             Ok(Value::Bool(b)) => Ok(b),
             Ok(other) => Err(SelectorError::NonBool {
                 got: match other {
@@ -183,6 +269,34 @@ impl SelectorEngine {
             }),
         }
     }
+}
+
+/// DRA's bounds on a device and Kubernetes' on its quantities, checked before the device is
+/// described to CEL (the API server does not range-check quantities in custom resources).
+pub fn check_device(device: &DeviceSpec) -> Result<(), SelectorError> {
+    const MAX_ENTRIES: usize = 32;
+    const MAX_STRING: usize = 64;
+    for (field, n) in [("attributes", device.attributes.len()), ("capacity", device.capacity.len())] {
+        if n > MAX_ENTRIES {
+            return Err(SelectorError::DeviceBounds {
+                field: format!("spec.device.{field}"),
+                message: format!("has {n} entries; a DRA device has at most {MAX_ENTRIES}"),
+            });
+        }
+    }
+    for (name, attr) in &device.attributes {
+        if let Some(s) = attr.string.as_ref().filter(|s| s.chars().count() > MAX_STRING) {
+            return Err(SelectorError::DeviceBounds {
+                field: format!("spec.device.attributes.{name}.string"),
+                message: format!("is {} characters long; DRA allows at most {MAX_STRING}", s.chars().count()),
+            });
+        }
+    }
+    for (name, q) in &device.capacity {
+        crate::quantity::check_non_negative(&q.0)
+            .map_err(|message| SelectorError::Quantity { field: format!("spec.device.capacity.{name}"), message })?;
+    }
+    Ok(())
 }
 
 /// Splits `domain/name` into its parts; unqualified names belong to the driver's domain.
@@ -251,58 +365,6 @@ pub fn attribute_literal(attr: &DeviceAttribute) -> String {
     } else {
         "null".to_string()
     }
-}
-
-/// Names bound by comprehension macros (`x` in `list.all(x, x > 0)`).
-fn comprehension_variables(expression: &str) -> Vec<String> {
-    static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
-    let re = RE.get_or_init(|| {
-        regex::Regex::new(r"\.(?:all|exists|exists_one|existsOne|map|filter)\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,").ok()
-    });
-    re.as_ref()
-        .map(|re| re.captures_iter(expression).filter_map(|c| c.get(1)).map(|m| m.as_str().to_string()).collect())
-        .unwrap_or_default()
-}
-
-/// Nesting depth of comprehension macros, counted on the text outside string literals.
-fn comprehension_depth(expression: &str) -> usize {
-    const MACROS: [&str; 6] = [".all(", ".exists(", ".exists_one(", ".map(", ".filter(", ".existsOne("];
-    let bytes = expression.as_bytes();
-    let mut stack: Vec<bool> = Vec::new(); // one entry per open paren: is it a comprehension?
-    let (mut depth, mut max) = (0usize, 0usize);
-    let mut i = 0;
-    let mut quote: Option<u8> = None;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if let Some(q) = quote {
-            if b == b'\\' {
-                i += 2;
-                continue;
-            }
-            if b == q {
-                quote = None;
-            }
-            i += 1;
-            continue;
-        }
-        match b {
-            b'"' | b'\'' => quote = Some(b),
-            b'(' => {
-                let is_macro = MACROS.iter().any(|m| expression[..=i].ends_with(m));
-                if is_macro {
-                    depth += 1;
-                    max = max.max(depth);
-                }
-                stack.push(is_macro);
-            }
-            b')' if stack.pop() == Some(true) => {
-                depth = depth.saturating_sub(1);
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    max
 }
 
 /// A CEL value (a compiled device), in the `cel` version kube-cel was built with.

@@ -232,6 +232,10 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
             field: field.to_string(),
             message,
         };
+        if let Err(message) = crate::yaml_bound::check(raw.text) {
+            parsed.problems.push(error("", None, message));
+            continue;
+        }
         // Through serde_yaml_ng's own Value first: it refuses duplicate keys, which a JSON map
         // would silently resolve to the last one (`jurisdiction: EU` then `jurisdiction: US`).
         let json: Json = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(raw.text)

@@ -18,10 +18,12 @@ pub mod constants;
 pub mod crd;
 pub mod deployment;
 pub mod document;
+pub mod quantity;
 pub mod reasons;
 pub mod schema_check;
 pub mod stage;
 pub mod validate;
+pub mod yaml_bound;
 
 pub use cache::{ModelCache, ModelCacheSpec, ModelCacheStatus};
 pub use claim::{CapacityClaim, CapacityClaimSpec, CapacityClaimStatus};

@@ -69,11 +69,17 @@ impl Checker {
         let mut out = Vec::new();
         self.walk(schema, object, "", &mut out);
         check_metadata(kind, object.get("metadata"), &mut out);
-        if out.is_empty()
-            && let Err(errors) = self.validator.validate_compiled(compiled, object, old)
-        {
-            for e in errors.iter() {
-                out.push((e.field_path.clone(), e.message.clone()));
+        if out.is_empty() {
+            // kube-cel evaluates the CRD's rules on the object: behind the same boundary as
+            // selectors, so a panic there is this object's error.
+            match crate::cel::evaluating(|| self.validator.validate_compiled(compiled, object, old)) {
+                Ok(Ok(())) => {}
+                Ok(Err(errors)) => {
+                    for e in errors.iter() {
+                        out.push((e.field_path.clone(), e.message.clone()));
+                    }
+                }
+                Err(panic) => out.push((String::new(), format!("the CRD's validation rules failed on it: {panic}"))),
             }
         }
         out
@@ -91,7 +97,11 @@ impl Checker {
             // Every int-or-string field of ours is a resource quantity.
             match value {
                 Json::Number(n) if n.is_i64() || n.is_u64() => {}
-                Json::String(q) if is_quantity(q) => {}
+                Json::String(q) if is_quantity(q) => {
+                    if let Err(message) = crate::quantity::check(q) {
+                        out.push((at(path), message));
+                    }
+                }
                 Json::String(q) => out.push((
                     at(path),
                     format!("{q:?} is not a quantity: write a number with an optional suffix (80Gi, 16G, 500M, 2)"),

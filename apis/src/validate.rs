@@ -67,6 +67,10 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
             sink.current = Some(obj);
             let device = match engine.device(&c.spec.device) {
                 Ok(v) => Some(v),
+                Err(SelectorError::Quantity { field, message } | SelectorError::DeviceBounds { field, message }) => {
+                    sink.error(field, message);
+                    None
+                }
                 Err(e) => {
                     sink.error("spec.device", format!("the device cannot be described to CEL: {e}"));
                     None

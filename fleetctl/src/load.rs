@@ -1,6 +1,8 @@
-//! Reading fleet YAML from files and directories (recursively, in a stable order) into parsed
-//! objects and problems, and the machine-readable validation report.
+//! Reading fleet YAML from files and directories (recursively, in a stable order, each file
+//! once, refusing a symlink loop) into parsed objects and problems, and the machine-readable
+//! validation report.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -33,25 +35,45 @@ impl Fleet {
     }
 }
 
-fn collect(path: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+/// Directories being read (the chain from `-f` down, canonical) and every directory and
+/// file already read, so a symlink back up the tree is refused and one to a place already
+/// read is not read twice.
+#[derive(Default)]
+struct Walk {
+    ancestors: Vec<PathBuf>,
+    seen: HashSet<PathBuf>,
+}
+
+fn collect(path: &Path, walk: &mut Walk, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot resolve {}", path.display()))?;
+    if walk.ancestors.contains(&canonical) {
+        anyhow::bail!(
+            "{} leads back to {}, which is being read (a directory cycle through a symlink): remove the link or point -f below it",
+            path.display(),
+            canonical.display()
+        );
+    }
+    if !walk.seen.insert(canonical.clone()) {
+        return Ok(());
+    }
     if meta.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
             .with_context(|| format!("cannot list {}", path.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         entries.sort();
+        walk.ancestors.push(canonical);
         for entry in entries {
             let hidden = entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
             if hidden {
                 continue;
             }
-            if entry.is_dir() {
-                collect(&entry, out)?;
-            } else if matches!(entry.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")) {
-                out.push(entry);
+            if entry.is_dir() || matches!(entry.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")) {
+                collect(&entry, walk, out)?;
             }
         }
+        walk.ancestors.pop();
     } else {
         out.push(path.to_path_buf());
     }
@@ -61,8 +83,9 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 /// Reads every file under the given paths.
 pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
     let mut files = Vec::new();
+    let mut walk = Walk::default();
     for p in paths {
-        collect(p, &mut files)?;
+        collect(p, &mut walk, &mut files)?;
     }
     if files.is_empty() {
         anyhow::bail!(
@@ -73,7 +96,9 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
     let mut parsed = Parsed::default();
     for file in &files {
         let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-        let one = parse_stream(&file.display().to_string(), &text);
+        // A UTF-8 byte-order mark (editors on Windows write one) is not content: kubectl skips it.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let one = parse_stream(&file.display().to_string(), text);
         parsed.objects.extend(one.objects);
         parsed.problems.extend(one.problems);
         parsed.skipped.extend(one.skipped);

@@ -4,12 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod fixture_cases;
+
+use fixture_cases::repo;
 
 fn fleetctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fleetctl")).args(args).current_dir(repo()).output().expect("run fleetctl")
@@ -27,20 +27,9 @@ fn example_fleet_is_valid_without_warnings() {
 
 #[test]
 fn every_invalid_fixture_fails_naming_file_field_and_problem() {
-    let dir = repo().join("tests/fixtures/invalid");
-    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    fixtures.sort();
-    assert!(fixtures.len() >= 12, "at least 12 invalid fixtures, found {}", fixtures.len());
     let mut failures = Vec::new();
-    for fixture in &fixtures {
-        let rel = fixture.strip_prefix(repo()).unwrap().to_string_lossy().to_string();
-        let expect = std::fs::read_to_string(fixture.with_extension("expect")).unwrap_or_else(|e| panic!("{rel}: {e}"));
-        let mut lines = expect.lines();
-        let (field, message) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    for fixture_cases::Case { rel, field, message } in fixture_cases::cases("invalid", 12) {
+        let (field, message) = (field.as_str(), message.as_str());
         let out = fleetctl(&["validate", "-f", &rel]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         // Exactly one error: the intended one, with no follow-on errors.

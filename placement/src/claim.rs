@@ -157,6 +157,7 @@ mod tests {
             cost_micros_per_hour: 0,
             rejections: vec![],
             explanation: None,
+            invalid: None,
         }
     }
 

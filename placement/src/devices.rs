@@ -42,6 +42,21 @@ impl<'s> DeviceMatcher<'s> {
         }
     }
 
+    /// The first selector of `alternatives` that can never run (does not compile, nests too
+    /// deep, costs too much, names an unknown variable): its field and the error.
+    pub fn invalid_selector(&mut self, alternatives: &[DeviceAlternative]) -> Option<(String, String)> {
+        for (i, alt) in alternatives.iter().enumerate() {
+            for (j, expr) in alt.selectors.iter().enumerate() {
+                let engine = &self.engine;
+                let compiled = self.selectors.entry(expr.0.clone()).or_insert_with(|| engine.compile(&expr.0));
+                if let Err(e) = compiled {
+                    return Some((format!("spec.devices.alternatives[{i}].selectors[{j}]"), e.to_string()));
+                }
+            }
+        }
+        None
+    }
+
     /// Matches an alternative against a class.
     pub fn matches(&mut self, alt: &DeviceAlternative, class: &str) -> ClassMatch {
         if let Some(want) = &alt.class

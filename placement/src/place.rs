@@ -300,6 +300,7 @@ impl Ctx<'_, '_> {
             cost_micros_per_hour: state.cost,
             rejections,
             explanation,
+            invalid: None,
         }
     }
 }

@@ -141,6 +141,21 @@ pub struct DeploymentPlan {
     /// Filter verdicts and scores per cluster, only when explain was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<Vec<ClusterExplanation>>,
+    /// Set when the spec itself is invalid (a selector that does not compile, nests too
+    /// deep or costs too much): nothing was placed and a controller reports `InvalidSpec`
+    /// and keeps what runs. The rest of the fleet is solved as if it were absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<InvalidSpec>,
+}
+
+/// What makes a deployment's spec invalid: the field and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InvalidSpec {
+    /// The field path, e.g. `spec.devices.alternatives[0].selectors[1]`.
+    pub field: String,
+    /// What is wrong with it and what to change.
+    pub message: String,
 }
 
 /// A minimum that was not met.

@@ -10,7 +10,7 @@ use flotilla_apis::deployment::SplitStrategy;
 
 use crate::devices::{ClassMatch, DeviceMatcher, ReplicaShape, misfit};
 use crate::filters::{first_refusal, prefers_not, static_verdicts};
-use crate::plan::{DeploymentPlan, Plan, Reason, Rejection, Verdict};
+use crate::plan::{DeploymentPlan, InvalidSpec, Plan, Reason, Rejection, Verdict};
 use crate::snapshot::{ClusterView, DeploymentView, FleetSnapshot};
 
 /// Knobs of one solve. No clock: the budget counts candidate evaluations, so a solve that
@@ -103,18 +103,26 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
 }
 
 fn budget_exhausted(d: &DeploymentView) -> DeploymentPlan {
+    let message = "the solver's evaluation budget ran out before this deployment; current placements are kept";
+    unplaced(d, Reason::BudgetExhausted, message.into())
+}
+
+/// A deployment whose spec cannot be used: nothing placed, nothing consumed, one rejection
+/// that names the field, and the field again in `invalid` for the controller's `InvalidSpec`.
+fn invalid_spec(d: &DeploymentView, field: String, message: String) -> DeploymentPlan {
+    let rejection = format!("{field}: {message}");
+    DeploymentPlan { invalid: Some(InvalidSpec { field, message }), ..unplaced(d, Reason::SelectorError, rejection) }
+}
+
+/// Every replica of `d` unplaced, for one reason that holds on every cluster (`*`).
+fn unplaced(d: &DeploymentView, reason: Reason, message: String) -> DeploymentPlan {
     DeploymentPlan {
         namespace: d.namespace.clone(),
         name: d.name.clone(),
         model: d.spec.model.name.clone(),
         desired: d.spec.replicas.max(0) as u32,
         unplaced: d.spec.replicas.max(0) as u32,
-        rejections: vec![Rejection {
-            cluster: "*".into(),
-            reason: Reason::BudgetExhausted,
-            message: "the solver's evaluation budget ran out before this deployment; current placements are kept"
-                .into(),
-        }],
+        rejections: vec![Rejection { cluster: "*".into(), reason, message }],
         ..Default::default()
     }
 }
@@ -162,6 +170,9 @@ impl<T> PerCluster<T> {
 
 impl Ctx<'_, '_> {
     fn solve_one(&mut self, d: &DeploymentView) -> DeploymentPlan {
+        if let Some((field, message)) = self.matcher.invalid_selector(&d.spec.devices.alternatives) {
+            return invalid_spec(d, field, message);
+        }
         let spec = &d.spec;
         let policy = &spec.placement;
         let shape = ReplicaShape::of(&spec.topology);

@@ -231,8 +231,8 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         MODEL_DEPLOYMENT,
         INVALID_SPEC,
-        "reserved: `Placed`=False",
-        "The spec failed validation; the message names the field.",
+        "`Placed`=False",
+        "A device selector cannot run: it does not compile, nests too deep, costs too much or names an unknown variable; the message names the field. Nothing on members changes and no capacity is asked for until it is fixed.",
         VALIDATE
     ),
     r!(

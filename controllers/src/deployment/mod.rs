@@ -182,6 +182,15 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     let Some(dp) = plan.get(&ns, &name).cloned() else {
         return Ok(Action::requeue(ctx.config.poll));
     };
+    if let Some(invalid) = &dp.invalid {
+        // A spec that cannot be used changes nothing on members and asks no provider for
+        // capacity: only its status says why, and the next spec change reconciles it.
+        let next = status::invalid(md.status.as_ref(), md.metadata.generation, invalid, &Time(Timestamp::now()));
+        if md.status.as_ref() != Some(&next) {
+            write_status(&ctx, &md, md.status.as_ref(), md.resource_version(), &next).await?;
+        }
+        return Ok(Action::await_change());
+    }
     let target: BTreeMap<Key, i32> =
         dp.assignments.iter().map(|a| ((a.cluster.clone(), a.pool.clone()), a.replicas as i32)).collect();
     let claim = sync_claim(&ctx, &md, &dp).await;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use flotilla_apis::conditions::{Desired, Status, merge};
 use flotilla_apis::constants::{condition, reason};
 use flotilla_apis::deployment::{ClusterPlacement, ClusterRejection, ModelDeploymentStatus, Unplaced};
-use flotilla_placement::plan::{DeploymentPlan, Reason};
+use flotilla_placement::plan::{DeploymentPlan, InvalidSpec, Reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::rollout::{Key, Running};
@@ -237,6 +237,30 @@ pub fn desired(
     }
 }
 
+/// The status of a deployment whose spec cannot be used (a selector that does not compile,
+/// nests too deep or costs too much): `Placed`=False, reason `InvalidSpec`, the message naming
+/// the field. Everything else is kept as last observed: nothing on members changes and no
+/// capacity is asked for until the spec is fixed.
+pub fn invalid(
+    previous: Option<&ModelDeploymentStatus>,
+    generation: Option<i64>,
+    invalid: &InvalidSpec,
+    now: &Time,
+) -> ModelDeploymentStatus {
+    let old = previous.cloned().unwrap_or_default();
+    let placed = Desired::new(
+        condition::PLACED,
+        Status::False,
+        reason::INVALID_SPEC,
+        format!("{}: {}; what already runs is left as it is until the spec is fixed", invalid.field, invalid.message),
+    );
+    ModelDeploymentStatus {
+        observed_generation: generation,
+        conditions: flotilla_apis::Conditions(merge(&old.conditions.0, &[placed], generation, now)),
+        ..old
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use flotilla_placement::plan::{Assignment, Rejection};
@@ -340,5 +364,34 @@ mod tests {
         let later = Time(Timestamp::from_second(2_000).unwrap());
         let b = desired(Some(&a), Some(1), &plan(2, 2), &observed(2), &later);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn invalid_spec_says_so_naming_the_field_and_keeps_the_rest() {
+        let before = desired(None, Some(1), &plan(4, 4), &observed(4), &now());
+        let bad = InvalidSpec { field: "spec.devices.alternatives[0].selectors[0]".into(), message: "too deep".into() };
+        let after = invalid(Some(&before), Some(2), &bad, &now());
+        let placed = after.conditions.0.iter().find(|c| c.type_ == condition::PLACED).expect("Placed");
+        assert_eq!((placed.status.as_str(), placed.reason.as_str()), ("False", reason::INVALID_SPEC));
+        assert!(
+            placed.message.starts_with("spec.devices.alternatives[0].selectors[0]: too deep"),
+            "{}",
+            placed.message
+        );
+        // Nothing else changes: placements, ready counts and the other conditions stay.
+        assert_eq!(
+            (after.placements.clone(), after.ready_replicas),
+            (before.placements.clone(), before.ready_replicas)
+        );
+        let others = |s: &ModelDeploymentStatus| -> Vec<_> {
+            s.conditions
+                .0
+                .iter()
+                .filter(|c| c.type_ != condition::PLACED)
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect()
+        };
+        assert_eq!(others(&after), others(&before));
+        assert_eq!(invalid(Some(&after), Some(2), &bad, &now()), after, "the same invalid spec writes nothing new");
     }
 }

@@ -170,6 +170,34 @@ cluster gave that, else `InsufficientCapacity`.
     );
 }
 
+/// What Flotilla refuses to evaluate, with the numbers from the code that enforces them.
+fn limits_section(out: &mut String) {
+    use flotilla_apis::cel::{
+        MAX_COMPREHENSION_DEPTH, MAX_COST, MAX_LIST_LEN, MAX_NESTING, MAX_SELECTOR_LEN, MAX_STRING_BYTES,
+        NAMESPACED_FUNCTIONS,
+    };
+    let _ = writeln!(
+        out,
+        "## Limits\n\n\
+User input is evaluated with bounds, so that one bad object gets its own error (`fleetctl \
+validate`, or `InvalidSpec` from the controller) and harms nothing else. Each row is enforced \
+by `fleetctl validate` and `fleetctl plan`, by the controller before a selector is evaluated, \
+and by the solver.\n\n\
+| what | limit | why |\n|---|---|---|\n\
+| selector length | {MAX_SELECTOR_LEN} bytes | as in DRA. |\n\
+| selector nesting | {MAX_NESTING} levels, counted on the tokens before parsing: one per open bracket, one per operator or member access chained at a level (`a.b.c`, `x + y`, `c ? d : e`); `&&`, `\\|\\|`, `,` and `:` end a chain; strings, comments and whitespace do not count | the CEL parser and evaluator recurse once per level with large frames: 55 nested parentheses overflowed the stack. The error gives the line and column. Parsing and evaluation also run on a stack of known size, and a panic inside the CEL library becomes the selector's error. |\n\
+| comprehensions | {MAX_COMPREHENSION_DEPTH} nested (`all`, `exists`, `exists_one`, `map`, `filter`), read from the syntax tree | nested comprehensions multiply their cost. |\n\
+| estimated cost | {MAX_COST}, Kubernetes' CEL budget | estimated from the syntax tree as cel-go does: one unit per node, a tenth per byte or element a string or list operation touches, a comprehension's body once per element of its range. A device map has at most 32 entries and strings of at most 64 bytes (DRA's bounds); literal lists count their length, `lists.range(n)` counts `n` (unbounded unless `n` is a literal), and `replace` counts what the string can grow to. The error gives the estimate. |\n\
+| run-time growth | `replace` builds at most {MAX_STRING_BYTES} bytes, `lists.range` at most {MAX_LIST_LEN} elements, `quantity()` range-checks its argument | a guard behind the estimate: the checked functions refuse before kube-cel's run. |\n\
+| quantities | magnitude at most 2^63-1 units, in steps of 1n; device capacities not negative (`-0` included) | what Kubernetes' `resource.Quantity` can hold. Kubernetes silently caps larger values and rounds finer ones; Flotilla refuses them, since a capped `1e400` compares wrongly and overflows kube-cel's quantity arithmetic. |\n\
+| YAML documents | {} nodes each, aliases expanded | one anchor referenced 3,000 times by nodes referenced 3,000 times is 9 million nodes (12 s, 950 MB); the count stops at the bound. |\n\
+| directories | a symlink back to a directory being read is refused; one to a directory already read is read once | `a -> .` and `b -> .` made 2^40 paths. A UTF-8 byte-order mark is accepted, as kubectl does. |\n\n\
+Library functions called through a namespace, as Kubernetes CEL offers them: {}.\n",
+        flotilla_apis::yaml_bound::MAX_YAML_NODES,
+        NAMESPACED_FUNCTIONS.iter().map(|f| code(f)).collect::<Vec<_>>().join(", ")
+    );
+}
+
 fn render() -> String {
     let crds = crd::all();
     let mut out = String::new();
@@ -190,6 +218,7 @@ fn render() -> String {
     for c in &crds {
         kind_section(&mut out, c);
     }
+    limits_section(&mut out);
     while out.ends_with("\n\n") {
         out.pop();
     }
