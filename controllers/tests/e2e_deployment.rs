@@ -89,6 +89,63 @@ async fn status_of(api: &Api<ModelDeployment>, name: &str) -> flotilla_apis::Mod
     api.get(name).await.unwrap().status.unwrap_or_default()
 }
 
+/// Applies the poison objects and the healthy deployment beside them; returns once each poison
+/// object reports `InvalidSpec` and the healthy one is Ready.
+async fn poison(control: &Client, api: &Api<ModelDeployment>, members: &BTreeMap<&str, Client>) {
+    apply(
+        control,
+        json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass", "metadata": {"name": "h100-poison"},
+        "spec": {"device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                 "capacity": {"memory": "1e400"}}, "devicesPerNode": 8, "pricePerNodeHour": {"onDemand": "1.00"}}}),
+    )
+    .await;
+    let clusters: Api<flotilla_apis::InferenceCluster> = Api::all(control.clone());
+    let pools = json!({"spec": {"pools": [
+        {"name": "h100", "class": "h100", "maxNodes": 8, "capacityTypes": ["on-demand"]},
+        {"name": "poison", "class": "h100-poison", "maxNodes": 1, "capacityTypes": ["on-demand"]}]}});
+    clusters.patch("us1", &PatchParams::default(), &Patch::Merge(&pools)).await.unwrap();
+    let one = json!({"type": "Standalone", "devicesPerReplica": 1});
+    let us = json!({"sovereignty": {"allowedJurisdictions": ["US"]}});
+    let memory = r#"device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("80Gi")) >= 0"#;
+    let deep = format!("{}true{}", "(".repeat(60), ")".repeat(60));
+    let list = format!("[{}]", (0..1000).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    let costly = format!("{list}.all(a, {list}.all(b, a + b >= 0))");
+    let with = |name: &str, alternative: serde_json::Value| {
+        let mut m = model(name, 1, one.clone(), us.clone());
+        m["spec"]["devices"]["alternatives"] = json!([alternative]);
+        m
+    };
+    for (name, alternative) in [
+        ("poison-deep", json!({"class": "h100", "selectors": [deep]})),
+        ("poison-cost", json!({"class": "h100", "selectors": [costly]})),
+        ("poison-quantity", json!({"class": "h100-poison", "selectors": [memory]})),
+        ("sel-model", json!({"selectors": [memory]})),
+    ] {
+        apply(control, with(name, alternative)).await;
+    }
+    for (name, field) in [
+        ("poison-deep", "selectors[0]"),
+        ("poison-cost", "selectors[0]"),
+        ("poison-quantity", "capacity.memory"),
+    ] {
+        wait_for(&format!("{name} refused naming {field}"), Duration::from_secs(60), || async {
+            let s = status_of(api, name).await;
+            s.conditions.0.iter().any(|c| c.reason == "InvalidSpec" && c.message.contains(field)).then_some(())
+        })
+        .await;
+    }
+    wait_for("sel-model Ready 1/1 beside the poison", Duration::from_secs(60), || async {
+        let s = status_of(api, "sel-model").await;
+        (s.ready_replicas == 1 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    for (member, client) in members {
+        for name in ["poison-deep", "poison-cost", "poison-quantity"] {
+            assert!(member_deployments(client, name).await.is_empty(), "{name} wrote nothing to {member}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn model_deployment_controller_on_real_api_servers() {
@@ -181,6 +238,19 @@ async fn model_deployment_controller_on_real_api_servers() {
     assert_eq!(member_deployments(&members["us1"], "us-model").await, BTreeMap::from([("us-model-h100".into(), 3)]));
     for eu in ["eu1", "eu2"] {
         assert!(member_deployments(&members[eu], "us-model").await.is_empty(), "the US model stays in the US");
+    }
+
+    // Poison next to the healthy: a selector nested 60 deep, one whose cost passes DRA's
+    // budget, and one evaluated on a class whose capacity overflows a Quantity (a pool of it
+    // added to us1), beside a healthy deployment whose selector runs on every class, that one
+    // included. Each poison object is refused naming its field and gets nothing in any member;
+    // the healthy ones are placed and stay Ready; the controller never restarts. They stay for
+    // the rest of the test (the quiet-fleet check below covers them too).
+    poison(&control, &api, &members).await;
+    assert!(ctl.child.try_wait().unwrap().is_none(), "the controller survived the poison objects");
+    for (name, n) in [("eu-model", 4), ("us-model", 3)] {
+        let s = status_of(&api, name).await;
+        assert!(s.ready_replicas == n && s.conditions.is_true("Ready"), "{name} unaffected by the poison: {s:?}");
     }
 
     // Steady state: 60 s without change → no ModelDeployment writes, no member spec writes.
