@@ -181,7 +181,7 @@ fn settle(st: &AppState, guard: &AttemptGuard, cluster: &str, model: &str, end: 
         _ => {}
     }
     if end.broken() {
-        st.stats.record(model, cluster, None, now);
+        st.stats.record_broken(model, cluster, now);
     }
 }
 
