@@ -1,6 +1,7 @@
 //! The simulator's HTTP surface: the vLLM OpenAI endpoints, `/health`, `/metrics`, and the
-//! `/sim/*` control endpoints. An inference request is logged, meets its injected fault,
-//! queues for a sequence slot, and is answered by [`crate::generate`].
+//! `/sim/*` control endpoints. An inference request is logged, meets its injected fault, is
+//! planned for its model by [`crate::streams`], queues for a sequence slot, and is answered by
+//! [`crate::generate`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,6 +17,9 @@ use crate::cache::fnv;
 use crate::generate::{self, Answer, Inflight, Kind, StreamPlan};
 use crate::server::ConnKill;
 use crate::{Fault, SimState, lock};
+
+/// How long the `stall:N` fault stalls.
+const STALL: Duration = Duration::from_secs(60);
 
 /// The simulator's router.
 pub fn router(state: Arc<SimState>) -> axum::Router {
@@ -41,6 +45,7 @@ pub fn router(state: Arc<SimState>) -> axum::Router {
         .route("/sim/fault", post(set_fault).delete(clear_fault))
         .route("/sim/stats", get(stats))
         .route("/sim/model", post(crate::models::set_model))
+        .merge(crate::streams::routes())
         .with_state(state)
 }
 
@@ -117,21 +122,6 @@ fn header_list(h: &header::HeaderMap) -> Vec<(String, String)> {
     h.iter().map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect()
 }
 
-fn prompt_of(v: &Value, kind: Kind) -> String {
-    let text = |x: &Value| match x {
-        Value::String(s) => s.clone(),
-        Value::Array(a) => a.iter().filter_map(|p| p["text"].as_str().or(p.as_str())).collect::<Vec<_>>().join(" "),
-        _ => String::new(),
-    };
-    match kind {
-        Kind::Chat => v["messages"]
-            .as_array()
-            .map(|m| m.iter().map(|m| text(&m["content"])).collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default(),
-        Kind::Completion => text(&v["prompt"]),
-    }
-}
-
 async fn read_json(s: &SimState, req: Request) -> Result<(Value, String, Vec<(String, String)>), Response> {
     let path = req.uri().path().to_string();
     let headers = header_list(req.headers());
@@ -202,15 +192,20 @@ async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
         Err(r) => return r,
     };
     let model = v["model"].as_str().unwrap_or_default().to_string();
-    let prompt = prompt_of(&v, kind);
+    let prompt = crate::canonical::prompt_text(&v, kind);
     let head = prompt.split_whitespace().take(8).collect::<Vec<_>>().join(" ");
     s.record(&path, &model, head, headers);
     let fault = s.fault_for(&model);
     if let Some(r) = fault_response(fault, kill, &model).await {
         return r;
     }
+    let streamed = v["stream"].as_bool() == Some(true);
+    let planned = match crate::streams::turn(&s, kind, &v, streamed) {
+        Ok(p) => p,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "BadRequestError", "bad_request", message),
+    };
     let words: Vec<&str> = prompt.split_whitespace().collect();
-    let limit = v["max_tokens"].as_u64().or(v["max_completion_tokens"].as_u64());
+    let limit = crate::canonical::limit(&v);
     let n = limit.unwrap_or(u64::from(s.config.default_tokens)).min(4096);
     let requested = words.len() as u64 + n;
     if requested > u64::from(s.config.max_model_len) {
@@ -231,19 +226,23 @@ async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
         id: format!("chatcmpl-{:016x}", fnv(s.config.seed ^ seq, prompt.as_bytes())),
         model,
         kind,
-        tokens: generate::words(s.config.seed, &prompt, n),
+        tokens: planned.turn.tokens,
         prompt_tokens: words.len() as u64,
         finish: if limit.is_some() { "length" } else { "stop" },
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default(),
     };
     let itl = Duration::from_millis(s.config.itl_ms);
     let sim_name = HeaderValue::from_str(&s.config.name).unwrap_or(HeaderValue::from_static("sim"));
-    if v["stream"].as_bool() != Some(true) {
+    if !streamed {
         let body = generate::complete(&answer, slot, ttft, itl).await;
         return ([("x-sim-name", sim_name)], Json(body)).into_response();
     }
     let include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
-    let plan = StreamPlan { ttft, itl, fault, include_usage };
+    let (fault, stall) = match planned.fault.map(crate::streams::StreamFault::plan) {
+        Some((f, stall)) => (Some(f), stall.unwrap_or(STALL)),
+        None => (fault, STALL),
+    };
+    let plan = StreamPlan { ttft, itl, fault, stall, include_usage };
     let body = generate::stream(answer, slot, plan);
     let mut r = Response::new(body);
     let h = r.headers_mut();

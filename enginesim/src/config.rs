@@ -75,6 +75,9 @@ pub struct SimConfig {
     /// the start, then healthy (repeatable).
     #[arg(long = "model-down", value_name = "MODEL=MS")]
     pub model_down: Vec<crate::models::ModelDown>,
+    /// Per-model stream faults, prefill refusal and non-deterministic regeneration.
+    #[command(flatten)]
+    pub streams: crate::streams::StreamArgs,
 }
 
 impl Default for SimConfig {
@@ -98,6 +101,7 @@ impl Default for SimConfig {
             fixed_response: false,
             model_faults: Vec::new(),
             model_down: Vec::new(),
+            streams: crate::streams::StreamArgs::default(),
         }
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::cache::{Rng, fnv};
 use crate::{Fault, SimState, lock};
 
-const VOCAB: [&str; 16] = [
+pub(crate) const VOCAB: [&str; 16] = [
     "the", "fleet", "routes", "tokens", "across", "clusters", "while", "engines", "stream", "answers", "quickly",
     "and", "models", "stay", "within", "borders",
 ];
@@ -174,6 +174,8 @@ pub struct StreamPlan {
     pub itl: Duration,
     /// A mid-stream fault, if any.
     pub fault: Option<Fault>,
+    /// How long a [`Fault::Stall`] lasts.
+    pub stall: Duration,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
 }
@@ -190,13 +192,16 @@ impl Gen {
     async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
         let n = self.answer.tokens.len();
         let i = self.pos;
+        // A cut after as many tokens as the answer has (or more) comes before its finish chunk.
+        if let Some(Fault::Cut(k)) = self.plan.fault
+            && i == n.min(k as usize)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return Some(Err(std::io::Error::other("simulated connection cut")));
+        }
         if i < n {
             match self.plan.fault {
-                Some(Fault::Cut(k)) if i == k as usize => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    return Some(Err(std::io::Error::other("simulated connection cut")));
-                }
-                Some(Fault::Stall(k)) if i == k as usize => tokio::time::sleep(Duration::from_secs(60)).await,
+                Some(Fault::Stall(k)) if i == k as usize => tokio::time::sleep(self.plan.stall).await,
                 Some(Fault::Malformed(k)) if i == k as usize && !self.malformed_sent => {
                     self.malformed_sent = true;
                     return Some(Ok(Bytes::from_static(b"data: {\"id\": \"oops\", \"choices\": [{\"delta\n\n")));

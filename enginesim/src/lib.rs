@@ -1,16 +1,19 @@
 //! The engine simulator: a stand-in for a vLLM server that the gateway's tests and demos run
-//! on loopback. Requests come in over the vLLM OpenAI API, pass the injected fault (if any),
-//! wait for a sequence slot, consult the prefix cache for their prefill time, and stream
-//! generated tokens back; counters and the request log flow out through `/metrics` and
-//! [`SimHandle`].
+//! on loopback. Requests come in over the vLLM OpenAI API, pass the injected fault (if any), are
+//! planned for their model ([`streams`]: the canonical answer or the rest of a partial one, see
+//! [`canonical`], and the model's scripted stream fault), wait for a sequence slot, consult the
+//! prefix cache for their prefill time, and stream generated tokens back; counters and the
+//! request log flow out through `/metrics` and [`SimHandle`].
 
 pub mod api;
 pub mod cache;
+pub mod canonical;
 pub mod config;
 pub mod generate;
 pub mod metrics;
 pub mod models;
 pub mod server;
+pub mod streams;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,6 +65,7 @@ pub struct SimState {
     pub(crate) cancelled: AtomicU64,
     pub(crate) ttft: Mutex<metrics::Histogram>,
     pub(crate) outages: models::Outages,
+    pub(crate) streams: streams::Registry,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,6 +89,7 @@ impl SimState {
             cancelled: AtomicU64::new(0),
             ttft: Mutex::new(metrics::Histogram::default()),
             outages: models::Outages::new(&config.model_faults, &config.model_down),
+            streams: streams::Registry::new(&config.streams),
             config,
         })
     }

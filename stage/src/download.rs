@@ -4,7 +4,8 @@
 //! `Content-Range` starts there (a `200` restarts from zero, a `416` discards the partial). Once
 //! the body is complete the file is read back from the volume and its size and SHA-256 checked
 //! (against the source's when it publishes one); only then is it renamed to `<dest>/<path>`. A
-//! file already at its final path is re-hashed and kept only if it still checks out.
+//! file already at its final path is re-hashed and kept only if it still checks out. Nothing is
+//! read, written or renamed through a symbolic link below `<dest>` ([`crate::safe`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,11 +18,12 @@ use tokio::io::AsyncWriteExt;
 
 use crate::error::StageError;
 use crate::http::{Http, check_status, error_chain, redact};
+use crate::safe::{self, Mode};
 use crate::source::{RemoteFile, Source};
 
-/// Where a file's partial download lives.
-pub fn partial_path(dest: &Path, path: &str) -> PathBuf {
-    dest.join(STATE_DIR).join("partial").join(path)
+/// Where a file's partial download lives, relative to the destination.
+pub fn partial_path(path: &str) -> PathBuf {
+    Path::new(STATE_DIR).join("partial").join(path)
 }
 
 /// Downloads (or reuses) `file` under `dest` and returns its verified manifest entry.
@@ -33,8 +35,9 @@ pub async fn fetch(
     file: &RemoteFile,
     received: &AtomicU64,
 ) -> Result<ManifestFile, StageError> {
-    let target = dest.join(&file.path);
-    if let Ok(meta) = tokio::fs::metadata(&target).await
+    let rel = Path::new(&file.path);
+    let target = safe::check(dest, rel).await?;
+    if let Ok(meta) = tokio::fs::symlink_metadata(&target).await
         && meta.is_file()
         && meta.len() == file.size
     {
@@ -44,10 +47,11 @@ pub async fn fetch(
         }
         eprintln!("flotilla-stage: {}: staged copy does not match the source; downloading again", file.path);
     }
-    let partial = partial_path(dest, &file.path);
-    for parent in [target.parent(), partial.parent()].into_iter().flatten() {
-        tokio::fs::create_dir_all(parent).await.map_err(|e| StageError::storage(parent, e))?;
+    let partial_rel = partial_path(&file.path);
+    for parent in [rel.parent(), partial_rel.parent()].into_iter().flatten() {
+        safe::create_dirs(dest, parent).await?;
     }
+    let partial = safe::check(dest, &partial_rel).await?;
     let mut fresh_retry_left = true;
     loop {
         let resumed = file_len(&partial).await > 0;
@@ -165,12 +169,12 @@ async fn verify(partial: &Path, file: &RemoteFile) -> Result<String, StageError>
     }
 }
 
-/// The SHA-256 of a file on the volume, read in 1 MiB blocks off the async threads.
+/// The SHA-256 of a file on the volume (not through a link), read in 1 MiB blocks off the async threads.
 pub async fn hash_file(path: &Path) -> Result<String, StageError> {
     let owned = path.to_path_buf();
     let result = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
         use std::io::Read;
-        let mut f = std::fs::File::open(&owned)?;
+        let mut f = safe::open_read(&owned)?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -194,18 +198,11 @@ fn content_range(v: &str) -> Option<(u64, Option<u64>)> {
 }
 
 async fn file_len(path: &Path) -> u64 {
-    tokio::fs::metadata(path).await.map(|m| m.len()).unwrap_or(0)
+    tokio::fs::symlink_metadata(path).await.map(|m| m.len()).unwrap_or(0)
 }
 
 async fn create(path: &Path, append: bool) -> Result<tokio::io::BufWriter<tokio::fs::File>, StageError> {
-    let mut options = tokio::fs::OpenOptions::new();
-    options.create(true).write(true);
-    if append {
-        options.append(true);
-    } else {
-        options.truncate(true);
-    }
-    let f = options.open(path).await.map_err(|e| StageError::storage(path, e))?;
+    let f = safe::open_write(path, if append { Mode::Append } else { Mode::Truncate }).await?;
     Ok(tokio::io::BufWriter::with_capacity(1 << 20, f))
 }
 

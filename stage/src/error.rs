@@ -74,6 +74,15 @@ pub enum StageError {
         /// On the volume.
         actual: u64,
     },
+    /// A symbolic link inside the destination, where staging writes and trusts only real files
+    /// and directories.
+    #[error(
+        "{path} is a symbolic link inside the destination; staging never writes or reads through a link (it creates none): remove it"
+    )]
+    Symlink {
+        /// The link.
+        path: String,
+    },
     /// The destination cannot be written.
     #[error("cannot write {path}: {error}; check the volume (mounted, writable, large enough)")]
     Storage {
@@ -94,7 +103,7 @@ impl StageError {
             StageError::Unavailable { .. } | StageError::Rejected { .. } => StageReason::SourceUnavailable,
             StageError::FileDigest { .. } | StageError::ManifestDigest { .. } => StageReason::DigestMismatch,
             StageError::Size { .. } => StageReason::SizeMismatch,
-            StageError::Storage { .. } => StageReason::StorageUnavailable,
+            StageError::Storage { .. } | StageError::Symlink { .. } => StageReason::StorageUnavailable,
         }
     }
 

@@ -1,15 +1,16 @@
 //! `hf://org/name[@revision]`: resolves the revision to a commit
 //! (`GET /api/models/{repo}/revision/{rev}` → `sha`), lists that commit's files with the tree API
-//! (`GET /api/models/{repo}/tree/{sha}?recursive=true`, following `Link: rel="next"` pages), and
-//! fetches each from `/{repo}/resolve/{sha}/{path}` (redirects to the CDN are followed). LFS
-//! files carry their SHA-256 in the listing and are checked against it. Pinning the commit first
-//! means a push to the branch during staging cannot mix two revisions.
+//! (`GET /api/models/{repo}/tree/{sha}?recursive=true`, following `Link: rel="next"` pages on the
+//! endpoint's own origin and refusing a page elsewhere), and fetches each from
+//! `/{repo}/resolve/{sha}/{path}` (redirects to the CDN are followed). The token goes only to the
+//! endpoint's origin. LFS files carry their SHA-256 in the listing and are checked against it.
+//! Pinning the commit first means a push to the branch during staging cannot mix two revisions.
 
 use http::header;
 use serde::Deserialize;
 
 use crate::error::StageError;
-use crate::http::{Http, Req};
+use crate::http::{Http, Origin, Req, redact, resolve_reference};
 use crate::source::{Listing, RemoteFile, SourceConfig, encode, trim_endpoint};
 
 /// The public Hugging Face Hub.
@@ -22,6 +23,7 @@ pub struct Hf {
     revision: String,
     commit: Option<String>,
     endpoint: String,
+    origin: Origin,
     token: Option<String>,
 }
 
@@ -74,11 +76,13 @@ impl Hf {
             (Some(r), _) | (None, Some(r)) => r.to_string(),
             (None, None) => "main".to_string(),
         };
+        let endpoint = trim_endpoint(config.hf_endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT));
         Ok(Hf {
             repo: repo.to_string(),
             revision,
             commit: None,
-            endpoint: trim_endpoint(config.hf_endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT)),
+            origin: Origin::parse(&endpoint)?,
+            endpoint,
             token: config.token.clone(),
         })
     }
@@ -86,8 +90,26 @@ impl Hf {
     fn req(&self, url: &str) -> Result<Req, StageError> {
         let req = Req::get(url)?;
         match &self.token {
-            Some(t) => req.header(header::AUTHORIZATION, &format!("Bearer {t}")),
+            Some(t) => req.credential(&self.endpoint, &format!("Bearer {t}")),
             None => Ok(req),
+        }
+    }
+
+    /// The next listing page `link` names, resolved against `page`; refused when it leaves the
+    /// endpoint's origin, so no listing request (with or without the token) goes elsewhere.
+    fn next_page(&self, page: &str, link: &str) -> Result<String, StageError> {
+        let base: http::Uri = page.parse().map_err(|e| StageError::unavailable(page, e))?;
+        let next = resolve_reference(&base, link)
+            .map_err(|e| StageError::unavailable(redact(&base), format!("unusable next-page link: {e}")))?;
+        match Origin::of(&next) {
+            Some(o) if o == self.origin => Ok(next.to_string()),
+            other => Err(StageError::InvalidSource(format!(
+                "hf://{}: the file listing links its next page to {}, not to the endpoint {}; not following it, as \
+                 the token goes only to the endpoint (check --hf-endpoint)",
+                self.repo,
+                other.map_or_else(|| redact(&next), |o| o.to_string()),
+                self.origin
+            ))),
         }
     }
 
@@ -113,7 +135,8 @@ impl Hf {
                 };
                 files.push(RemoteFile { locator: e.path.clone(), path: e.path, size, sha256 });
             }
-            next = headers.get_all(header::LINK).iter().filter_map(|v| v.to_str().ok()).find_map(next_link);
+            let link = headers.get_all(header::LINK).iter().filter_map(|v| v.to_str().ok()).find_map(next_link);
+            next = link.map(|l| self.next_page(&url, &l)).transpose()?;
         }
         if files.is_empty() {
             return Err(StageError::NotFound { what: format!("hf://{}@{}: no files", self.repo, self.revision) });
@@ -154,6 +177,24 @@ mod tests {
         assert!(Hf::parse("a/b@def", &given).is_err(), "conflicting revisions");
         for bad in ["", "a/b/c", "a b/c", "a/b@", "../x"] {
             assert!(matches!(Hf::parse(bad, &c), Err(StageError::InvalidSource(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn next_pages_stay_on_the_endpoint() {
+        let h = Hf::parse("a/b", &SourceConfig::default()).unwrap();
+        let page = "https://huggingface.co/api/models/a/b/tree/x?recursive=true";
+        assert_eq!(
+            h.next_page(page, "/api/models/a/b/tree/x?cursor=2").unwrap(),
+            "https://huggingface.co/api/models/a/b/tree/x?cursor=2"
+        );
+        assert!(h.next_page(page, "https://huggingface.co:443/api?cursor=2").is_ok());
+        for foreign in ["https://evil.example/api", "http://huggingface.co/api", "https://huggingface.co:8443/api"] {
+            let e = h.next_page(page, foreign).unwrap_err();
+            assert!(
+                matches!(&e, StageError::InvalidSource(m) if m.contains("https://huggingface.co:443")),
+                "{foreign}: {e}"
+            );
         }
     }
 

@@ -1,7 +1,9 @@
 //! The HTTP client every source uses: hyper over rustls (native roots, ring), plain HTTP for
-//! loopback endpoints. It follows redirects (dropping `Authorization` when the host changes, as
-//! Hugging Face's CDN and registry blob stores expect), maps statuses to [`StageError`]s, and
-//! retries what is retryable with capped exponential backoff.
+//! loopback endpoints. Credentials a request carries (`Authorization`, the S3 session token, …)
+//! belong to one origin — scheme, host and port of the source's configured endpoint — and are
+//! removed before any hop to another origin: a redirect to a CDN or blob store, a downgrade to
+//! plain HTTP, or a request built for another host. It follows redirects, maps statuses to
+//! [`StageError`]s, and retries what is retryable with capped exponential backoff.
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +21,43 @@ use crate::error::StageError;
 const MAX_REDIRECTS: usize = 10;
 /// Largest listing or manifest body read into memory.
 const MAX_SMALL_BODY: usize = 64 << 20;
+/// Headers that carry credentials: never sent outside their origin.
+const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "x-amz-security-token"];
+
+/// Scheme, host and port: where credentials may go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+impl Origin {
+    /// The origin of an absolute URI (the port defaulted from the scheme).
+    pub fn of(uri: &Uri) -> Option<Origin> {
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let default = match scheme.as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let host = uri.host()?.to_ascii_lowercase();
+        Some(Origin { port: uri.port_u16().unwrap_or(default), scheme, host })
+    }
+
+    /// The origin of an endpoint URL.
+    pub fn parse(endpoint: &str) -> Result<Origin, StageError> {
+        let uri: Uri = endpoint.parse().map_err(|e| StageError::InvalidSource(format!("endpoint {endpoint}: {e}")))?;
+        Origin::of(&uri)
+            .ok_or_else(|| StageError::InvalidSource(format!("endpoint {endpoint}: give an http:// or https:// URL")))
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}:{}", self.scheme, self.host, self.port)
+    }
+}
 
 /// How often and how patiently to retry.
 #[derive(Clone, Copy, Debug)]
@@ -38,13 +77,21 @@ pub struct Req {
     pub uri: Uri,
     /// With what.
     pub headers: HeaderMap,
+    /// The origin the credential headers may go to; the request URI's own when unset.
+    pub credentials_origin: Option<Origin>,
 }
 
 impl Req {
     /// A GET of `uri` with no headers.
     pub fn get(uri: &str) -> Result<Req, StageError> {
         let uri: Uri = uri.parse().map_err(|e| StageError::InvalidSource(format!("{uri}: {e}")))?;
-        Ok(Req { uri, headers: HeaderMap::new() })
+        Ok(Req { uri, headers: HeaderMap::new(), credentials_origin: None })
+    }
+
+    /// Adds `Authorization: <value>`, to be sent only to `endpoint`'s origin.
+    pub fn credential(mut self, endpoint: &str, value: &str) -> Result<Req, StageError> {
+        self.credentials_origin = Some(Origin::parse(endpoint)?);
+        self.header(header::AUTHORIZATION, value)
     }
 
     /// Adds a header; values that are not valid header text are an invalid source.
@@ -85,11 +132,18 @@ impl Http {
         Ok(Http { client: Client::builder(TokioExecutor::new()).build(connector), policy })
     }
 
-    /// Sends one GET, following redirects; returns whatever final response arrived.
+    /// Sends one GET, following redirects; returns whatever final response arrived. Credential
+    /// headers are removed before the first hop outside their origin, and stay removed.
     pub async fn send(&self, req: &Req) -> Result<Response<Incoming>, StageError> {
         let mut uri = req.uri.clone();
         let mut headers = req.headers.clone();
+        let allowed = req.credentials_origin.clone().or_else(|| Origin::of(&req.uri));
         for _ in 0..=MAX_REDIRECTS {
+            if Origin::of(&uri) != allowed {
+                for name in CREDENTIAL_HEADERS {
+                    headers.remove(name);
+                }
+            }
             let mut builder = Request::builder().method(Method::GET).uri(uri.clone());
             if let Some(h) = builder.headers_mut() {
                 h.extend(headers.clone());
@@ -106,9 +160,9 @@ impl Http {
             let Some(location) = response.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()) else {
                 return Ok(response);
             };
-            let next = resolve_location(&uri, location)?;
+            let next = resolve_reference(&uri, location)
+                .map_err(|e| StageError::unavailable(redact(&uri), format!("unusable redirect Location: {e}")))?;
             if next.authority() != uri.authority() {
-                headers.remove(header::AUTHORIZATION);
                 headers.remove(header::HOST);
             }
             uri = next;
@@ -206,21 +260,20 @@ pub fn redact(uri: &Uri) -> String {
     }
 }
 
-/// Resolves a `Location` header against the URI that answered with it.
-fn resolve_location(base: &Uri, location: &str) -> Result<Uri, StageError> {
-    let bad = |e: String| StageError::unavailable(redact(base), format!("unusable redirect Location: {e}"));
-    if location.starts_with("http://") || location.starts_with("https://") {
-        return location.parse().map_err(|e: http::uri::InvalidUri| bad(e.to_string()));
+/// Resolves a reference (a redirect's `Location`, a `Link` target) against the URI it came from.
+pub fn resolve_reference(base: &Uri, reference: &str) -> Result<Uri, String> {
+    if reference.starts_with("http://") || reference.starts_with("https://") {
+        return reference.parse().map_err(|e: http::uri::InvalidUri| e.to_string());
     }
     let scheme = base.scheme_str().unwrap_or("https");
     let authority = base.authority().map(|a| a.as_str()).unwrap_or_default();
-    let path = if location.starts_with('/') {
-        location.to_string()
+    let path = if reference.starts_with('/') {
+        reference.to_string()
     } else {
         let dir = base.path().rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
-        format!("{dir}/{location}")
+        format!("{dir}/{reference}")
     };
-    format!("{scheme}://{authority}{path}").parse().map_err(|e: http::uri::InvalidUri| bad(e.to_string()))
+    format!("{scheme}://{authority}{path}").parse().map_err(|e: http::uri::InvalidUri| e.to_string())
 }
 
 /// The error and its causes on one line.
@@ -255,12 +308,23 @@ mod tests {
     #[test]
     fn locations_resolve_against_the_answering_uri() {
         let base: Uri = "http://127.0.0.1:8080/org/m/resolve/abc/dir/f.bin?x=1".parse().unwrap();
-        assert_eq!(resolve_location(&base, "/cdn/f?sig=2").unwrap().to_string(), "http://127.0.0.1:8080/cdn/f?sig=2");
+        assert_eq!(resolve_reference(&base, "/cdn/f?sig=2").unwrap().to_string(), "http://127.0.0.1:8080/cdn/f?sig=2");
         assert_eq!(
-            resolve_location(&base, "g.bin").unwrap().to_string(),
+            resolve_reference(&base, "g.bin").unwrap().to_string(),
             "http://127.0.0.1:8080/org/m/resolve/abc/dir/g.bin"
         );
-        assert_eq!(resolve_location(&base, "https://cdn.example/x").unwrap().to_string(), "https://cdn.example/x");
+        assert_eq!(resolve_reference(&base, "https://cdn.example/x").unwrap().to_string(), "https://cdn.example/x");
         assert_eq!(redact(&base), "http://127.0.0.1:8080/org/m/resolve/abc/dir/f.bin");
+    }
+
+    #[test]
+    fn origins_are_scheme_host_and_port() {
+        let o = |u: &str| Origin::of(&u.parse().unwrap());
+        assert_eq!(o("https://HF.co/api"), o("https://hf.co:443/x"));
+        assert_ne!(o("https://hf.co/api"), o("http://hf.co/api"), "a downgrade is another origin");
+        assert_ne!(o("http://127.0.0.1:1/"), o("http://127.0.0.1:2/"), "so is another port");
+        assert_ne!(o("https://hf.co/"), o("https://cdn.hf.co/"));
+        assert_eq!(o("http://127.0.0.1:8080/x").unwrap().to_string(), "http://127.0.0.1:8080");
+        assert!(Origin::parse("ftp://x").is_err() && Origin::parse("not a url").is_err());
     }
 }

@@ -11,6 +11,7 @@ pub mod http;
 pub mod oci;
 pub mod run;
 pub mod s3;
+pub mod safe;
 pub mod sigv4;
 pub mod source;
 

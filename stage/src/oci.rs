@@ -95,7 +95,7 @@ impl Oci {
     fn req(&self, url: &str) -> Result<Req, StageError> {
         let req = Req::get(url)?;
         match &self.bearer {
-            Some(t) => req.header(header::AUTHORIZATION, &format!("Bearer {t}")),
+            Some(t) => req.credential(&self.endpoint, &format!("Bearer {t}")),
             None => Ok(req),
         }
     }
@@ -175,13 +175,18 @@ impl Oci {
             }
         }
         let token_url = if query.is_empty() { realm.clone() } else { format!("{realm}?{}", query.join("&")) };
+        // The realm is the one host besides the endpoint that gets credentials (the registry names
+        // it, as Docker Hub's auth.docker.io); never over plain HTTP when the registry is HTTPS.
+        if self.username.is_some() && self.endpoint.starts_with("https://") && !realm.starts_with("https://") {
+            return Err(StageError::InvalidSource(format!(
+                "{url}: the registry's token realm {realm} is not https; not sending the credentials there"
+            )));
+        }
         let (_, body) = http
             .get_bytes(|| {
                 let req = Req::get(&token_url)?;
                 match (&self.username, &self.token) {
-                    (Some(u), Some(p)) => {
-                        req.header(header::AUTHORIZATION, &format!("Basic {}", base64(&format!("{u}:{p}"))))
-                    }
+                    (Some(u), Some(p)) => req.credential(&token_url, &format!("Basic {}", base64(&format!("{u}:{p}")))),
                     _ => Ok(req),
                 }
             })

@@ -1,7 +1,8 @@
 //! One staging run from start to verdict: clear the previous verdict, list the source, fetch
 //! and verify every file, build the manifest, compare the expected digest, and only then write
 //! the manifest (temp file + rename). Every outcome becomes a [`StageResult`]; [`write_result`]
-//! puts it at `<dest>/.flotilla/result.json` the same atomic way.
+//! puts it at `<dest>/.flotilla/result.json` the same atomic way. Nothing goes through a
+//! symbolic link below the destination ([`crate::safe`]).
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,7 @@ use tokio::io::AsyncWriteExt;
 use crate::download;
 use crate::error::StageError;
 use crate::http::{Http, RetryPolicy};
+use crate::safe::{self, Mode};
 use crate::source::{Source, SourceConfig};
 
 /// Everything one run needs.
@@ -85,8 +87,7 @@ async fn stage(
     {
         return Err(StageError::InvalidSource(format!("expected digest {d:?} is not sha256:<64 lowercase hex>")));
     }
-    let state = opts.dest.join(STATE_DIR);
-    tokio::fs::create_dir_all(&state).await.map_err(|e| StageError::storage(&state, e))?;
+    let state = safe::create_dirs(&opts.dest, Path::new(STATE_DIR)).await?;
     // No verdict of an earlier run survives into this one.
     for stale in [MANIFEST_FILE, RESULT_FILE] {
         let path = opts.dest.join(stale);
@@ -150,9 +151,12 @@ async fn stage(
         // Files the source publishes no SHA-256 for were checked by size only (and may have been
         // resumed from a damaged partial file): remove them so the next run fetches them afresh.
         for file in listing.files.iter().filter(|f| f.sha256.is_none()) {
-            let path = opts.dest.join(&file.path);
-            if let Err(e) = tokio::fs::remove_file(&path).await {
-                eprintln!("flotilla-stage: cannot remove {}: {e}", path.display());
+            let removed = match safe::check(&opts.dest, Path::new(&file.path)).await {
+                Ok(path) => tokio::fs::remove_file(&path).await.map_err(|e| StageError::storage(&path, e)),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = removed {
+                eprintln!("flotilla-stage: not removed: {e}");
             }
         }
         return Err(StageError::ManifestDigest { expected: expected.clone(), actual: manifest.digest });
@@ -170,6 +174,7 @@ async fn stage(
 /// Writes the result to `<dest>/.flotilla/result.json` (temp file + rename); a result that is not
 /// Ready also removes any manifest, so a manifest on the volume always goes with a Ready result.
 pub async fn write_result(dest: &Path, result: &StageResult) -> Result<(), StageError> {
+    safe::create_dirs(dest, Path::new(STATE_DIR)).await?;
     if result.phase != CachePhase::Ready {
         let manifest = dest.join(MANIFEST_FILE);
         match tokio::fs::remove_file(&manifest).await {
@@ -179,16 +184,19 @@ pub async fn write_result(dest: &Path, result: &StageResult) -> Result<(), Stage
     }
     let path = dest.join(RESULT_FILE);
     let json = serde_json::to_vec_pretty(result).map_err(|e| StageError::storage(&path, std::io::Error::other(e)))?;
-    if let Some(parent) = path.parent() {
-        tokio::fs::create_dir_all(parent).await.map_err(|e| StageError::storage(parent, e))?;
-    }
     write_atomic(&path, &json).await
 }
 
-/// Writes `bytes` to a temporary file beside `path`, syncs it, renames it over `path`, syncs the directory.
+/// Writes `bytes` to a new temporary file beside `path` (removing a stale one, never opening
+/// through a link), syncs it, renames it over `path`, syncs the directory. The directory must
+/// already have been checked ([`safe::create_dirs`]).
 pub async fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StageError> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| StageError::storage(&tmp, e))?;
+    match tokio::fs::remove_file(&tmp).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(StageError::storage(&tmp, e)),
+        _ => {}
+    }
+    let mut f = safe::open_write(&tmp, Mode::New).await?;
     f.write_all(bytes).await.map_err(|e| StageError::storage(&tmp, e))?;
     f.sync_all().await.map_err(|e| StageError::storage(&tmp, e))?;
     drop(f);

@@ -1,8 +1,10 @@
 //! A loopback server the staging tests start themselves: a fake Hugging Face Hub (revision,
 //! paginated tree and resolve APIs with LFS redirects to a "CDN" path) and a tiny OCI registry
 //! (manifest, blobs, optional bearer-token flow), with knobs to cut a connection mid-file, send
-//! fewer bytes than promised, lie about sizes or digests, and demand a token. It records every
-//! file request (path, `Range`, `Authorization`, bytes it sent) so tests can assert on them.
+//! fewer bytes than promised, lie about sizes or digests, demand a token, and point its
+//! next-page links at another server. It records every file request (path, `Range`,
+//! `Authorization`, bytes it sent) and every request's path and `Authorization`, so tests can
+//! assert on them.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -60,6 +62,8 @@ pub struct State {
     pub ignore_range: bool,
     /// Tree entries per page.
     pub page_size: usize,
+    /// Base URL the tree's `Link: rel="next"` points at (this server when unset).
+    pub next_page_base: Option<String>,
     /// The OCI registry demands a token from its /token endpoint.
     pub oci_auth: bool,
     /// OCI layer titles whose blob is served with different bytes than the digest says.
@@ -67,6 +71,8 @@ pub struct State {
     /// Answer any `sha256:` manifest reference with the tag's manifest (a misbehaving registry).
     pub oci_any_digest: bool,
     pub served: Vec<Served>,
+    /// Every request received: path and `Authorization`, whatever was asked for.
+    pub seen: Vec<(String, Option<String>)>,
     pub addr: Option<SocketAddr>,
 }
 
@@ -100,6 +106,8 @@ fn handle(s: &Shared, req: Request<Body>) -> Response<Body> {
     let query = req.uri().query().unwrap_or_default().to_string();
     let headers = req.headers().clone();
     let mut st = s.lock().unwrap();
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    st.seen.push((path.clone(), auth));
     if let Some(rest) = path.strip_prefix("/v2/") {
         return oci(&mut st, rest, &headers);
     }
@@ -147,9 +155,9 @@ fn handle(s: &Shared, req: Request<Body>) -> Response<Body> {
             let page: Vec<_> = all.iter().skip(cursor).take(st.page_size).cloned().collect();
             let mut r = json(StatusCode::OK, &serde_json::Value::Array(page));
             if cursor + st.page_size < all.len() {
+                let base = st.next_page_base.clone().unwrap_or_else(|| format!("http://{}", st.addr.unwrap()));
                 let next = format!(
-                    "<http://{}/api/models/{REPO}/tree/{COMMIT}?recursive=true&cursor={}>; rel=\"next\"",
-                    st.addr.unwrap(),
+                    "<{base}/api/models/{REPO}/tree/{COMMIT}?recursive=true&cursor={}>; rel=\"next\"",
                     cursor + st.page_size
                 );
                 r.headers_mut().insert(header::LINK, HeaderValue::from_str(&next).unwrap());
