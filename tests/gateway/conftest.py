@@ -29,6 +29,17 @@ def _start(argv):
     return proc, line.removeprefix("listening on ")
 
 
+def _stop(procs):
+    """Terminate `procs`, killing any that do not exit within 10 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def _dead_url():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -78,13 +89,7 @@ def gateway_url():
         procs.append(proc)
         yield url
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
 
 
 @pytest.fixture()
@@ -127,11 +132,12 @@ def continuation_sims():
             for side, name in names.items():
                 j = "US" if side == "us" else "EU"
                 clusters += f"  - {{name: {name}, url: \"{urls[side]}\", jurisdiction: {j}, region: {j.lower()}-1}}\n"
-            policy = ", sovereignty: {allowedJurisdictions: [EU]}" if model == "euonly" else ""
-            routes = f"{{cluster: {names['a']}}}, {{cluster: {names['b']}{b_extra}}}, {{cluster: {names['us']}}}"
-            if model != "euonly":
-                routes = f"{{cluster: {names['a']}}}, {{cluster: {names['b']}{b_extra}}}"
-            models += f"  - {{name: {model}{policy}, routes: [{routes}]}}\n"
+            routes = [f"{{cluster: {names['a']}}}", f"{{cluster: {names['b']}{b_extra}}}"]
+            policy = ""
+            if model == "euonly":  # a US route in the table, never allowed for this model
+                routes.append(f"{{cluster: {names['us']}}}")
+                policy = ", sovereignty: {allowedJurisdictions: [EU]}"
+            models += f"  - {{name: {model}{policy}, routes: [{', '.join(routes)}]}}\n"
         path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-cont-"), "routing.yaml")
         with open(path, "w") as f:
             f.write("clusters:\n" + clusters + "models:\n" + models)
@@ -143,10 +149,4 @@ def continuation_sims():
         procs.append(proc)
         yield {"gateway": url, **urls}
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
