@@ -244,3 +244,56 @@ async fn an_uninterrupted_stream_is_relayed_byte_for_byte() {
     }
     panic!("three pairs straddled a second");
 }
+
+#[tokio::test]
+async fn an_eu_key_keeps_the_continuation_in_the_eu() {
+    let (eu, us) = (engine("eu1").await, engine("us1").await);
+    let keys = temp_path("keys");
+    let digest = flotilla_gateway::keys::hex(&flotilla_gateway::keys::sha256(b"sk-eu"));
+    write_atomic(&keys, &format!("keys:\n  - {{id: eu, sha256: {digest}, jurisdictions: [EU]}}\n"));
+    let k = keys.clone();
+    let yaml = table(&[&eu, &us], &[("eu1", A), ("us1", "")], "");
+    let gw = gateway(&yaml, move |c| {
+        c.keys_file = Some(k);
+        c.api_keys = vec!["sk-any".into()];
+    })
+    .await;
+    let body = chat_stream("m", PROMPT, false);
+    eu.state.set_stream_script("m", "cut:3".parse().unwrap());
+    let r = post_with(&gw.url("/v1/chat/completions"), &body, &[("authorization", "Bearer sk-eu")]).await;
+    assert_eq!(error_code(&r), "upstream_cut", "{}", r.text);
+    assert_eq!(us.state.request_count(), 0, "the key's EU binds the continuation too");
+    // A key without a jurisdiction may be continued in the US: the policy above is what held.
+    eu.state.set_stream_script("m", "cut:3".parse().unwrap());
+    let r = post_with(&gw.url("/v1/chat/completions"), &body, &[("authorization", "Bearer sk-any")]).await;
+    assert_one_answer(&r);
+    assert_eq!(text(&r), canonical_text(&eu.state.config, Kind::Chat, &body));
+    assert_eq!(us.state.model_counters("m").continuations, 1);
+}
+
+#[tokio::test]
+async fn the_model_continues_on_its_other_clusters_before_its_fallbacks() {
+    let both = |name: &'static str| sim(name, &["m", "m2"], |c| c.default_tokens = 10);
+    let (a, b, c) = (both("a").await, both("b").await, both("c").await);
+    let yaml = format!(
+        "{}models:\n  - {{name: m, fallbacks: [m2], routes: [{{cluster: a{A}}}, {{cluster: c}}]}}\n  - {{name: m2, routes: [{{cluster: b}}]}}\n",
+        clusters_yaml(&[("a", a.url(), "EU"), ("b", b.url(), "EU"), ("c", c.url(), "EU")])
+    );
+    let gw = gateway(&yaml, |_| {}).await;
+    let body = chat_stream("m", PROMPT, false);
+    let canonical = canonical_text(&a.state.config, Kind::Chat, &body);
+    a.state.set_stream_script("m", "cut:3".parse().unwrap());
+    let r = post(&gw.url("/v1/chat/completions"), &body).await;
+    assert_one_answer(&r);
+    assert_eq!(text(&r), canonical);
+    assert_eq!((c.state.model_counters("m").continuations, b.state.request_count()), (1, 0), "c, not the fallback");
+    // Both clusters of m break: the fallback model takes over the text sent so far.
+    a.state.set_stream_script("m", "cut:3".parse().unwrap());
+    c.state.set_stream_script("m", "cut:3".parse().unwrap());
+    let r = post(&gw.url("/v1/chat/completions"), &body).await;
+    assert!(r.text.ends_with("data: [DONE]\n\n"), "{}", r.text);
+    assert_eq!(r.header("x-flotilla-model"), "m", "the model that began the answer");
+    let sent: String = canonical.split_inclusive(' ').take(6).collect();
+    assert!(text(&r).starts_with(&sent), "3 tokens from a, 3 from c: {}", text(&r));
+    assert_eq!(b.state.model_counters("m2").requests, 1);
+}
