@@ -206,3 +206,79 @@ async fn next(s: &Stream, splice: &Splice, skip: &[(String, String)]) -> Result<
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::RouteHealth;
+    use crate::table::Cluster;
+    use serde_json::json;
+
+    fn route(declared: Option<Continuation>) -> Route {
+        let cluster = Cluster {
+            name: "c".into(),
+            url: "http://127.0.0.1:1".into(),
+            jurisdiction: "EU".into(),
+            region: String::new(),
+        };
+        Route {
+            cluster: Arc::new(cluster),
+            weight: 1,
+            ready: true,
+            continuation: declared,
+            health: RouteHealth::detached(),
+        }
+    }
+
+    fn prepared(endpoint: Endpoint, body: serde_json::Value) -> Prepared {
+        let raw = Bytes::from(body.to_string());
+        let (request_id, model) = ("r".to_string(), "m".to_string());
+        Prepared { endpoint, body, raw, stream: true, key: None, request_id, model, api_key: None }
+    }
+
+    #[test]
+    fn capability_is_declared_or_default_and_a_refused_prefill_regenerates() {
+        let cfg = GatewayConfig::with_table("t.yaml");
+        assert_eq!(capability(&cfg, &route(None)), Continuation::Prefill, "the default");
+        assert_eq!(capability(&cfg, &route(Some(Continuation::None))), Continuation::None);
+        let r = route(None);
+        r.health.learn_refuses_prefill();
+        assert_eq!(capability(&cfg, &r), Continuation::Regenerate);
+        let chat = prepared(Endpoint::chat_completions, json!({"model": "m", "messages": [], "stream": true}));
+        assert!(records(&cfg, &chat, &route(None)));
+        assert!(!records(&cfg, &chat, &route(Some(Continuation::None))), "a `none` route keeps nothing");
+        let two = prepared(Endpoint::chat_completions, json!({"model": "m", "messages": [], "n": 2}));
+        assert!(!records(&cfg, &two, &route(None)), "several choices are not continued");
+        let off = GatewayConfig { continuation: false, ..cfg };
+        assert!(!records(&off, &chat, &route(None)), "the switch");
+    }
+
+    #[test]
+    fn continuation_requests_are_bounded_and_fall_back_to_regeneration() {
+        let mut cfg = GatewayConfig::with_table("t.yaml");
+        let m = Model {
+            name: "m".into(),
+            aliases: vec![],
+            sovereignty: Default::default(),
+            fallbacks: vec![],
+            routes: vec![],
+        };
+        let mut splice = Splice::new(true);
+        let chunk = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"the fleet \"}}]}\n\n");
+        splice.data(chunk, "the fleet ", false, false);
+        let chat =
+            prepared(Endpoint::chat_completions, json!({"model": "m", "messages": [{"role": "user", "content": "q"}]}));
+        let (body, prefill) = request(&cfg, &chat, &m, &route(None), &splice, &chat.raw).unwrap();
+        assert!(prefill && std::str::from_utf8(&body).unwrap().contains("continue_final_message"));
+        assert_eq!(
+            request(&cfg, &chat, &m, &route(Some(Continuation::Regenerate)), &splice, &chat.raw),
+            Some((chat.raw.clone(), false))
+        );
+        assert_eq!(request(&cfg, &chat, &m, &route(Some(Continuation::None)), &splice, &chat.raw), None);
+        let tokens = prepared(Endpoint::completions, json!({"model": "m", "prompt": [1, 2, 3]}));
+        let (_, prefill) = request(&cfg, &tokens, &m, &route(None), &splice, &tokens.raw).unwrap();
+        assert!(!prefill, "a prompt of token ids cannot take the text: regenerate");
+        cfg.max_body_bytes = body.len() - 1;
+        assert_eq!(request(&cfg, &chat, &m, &route(None), &splice, &chat.raw), None, "bounded like any request");
+    }
+}
