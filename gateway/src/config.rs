@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub use crate::table::Continuation;
+
 /// How a cluster is chosen among the allowed, healthy ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RoutingMode {
@@ -159,6 +161,21 @@ pub struct GatewayConfig {
     /// How long shutdown waits for in-flight requests, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub drain_ms: u64,
+    /// Continue a stream that breaks after its first byte (cut, stalled, malformed) on another
+    /// allowed route and splice the rest into the client's stream (`--continuation false`: end
+    /// it with an error event).
+    #[arg(long, env = "FLOTILLA_GATEWAY_CONTINUATION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub continuation: bool,
+    /// How routes that do not declare `continuation` in the table continue a stream.
+    #[arg(long, value_enum, default_value_t = Continuation::Prefill)]
+    pub continuation_default: Continuation,
+    /// Most continuations of one stream; the next break ends it with an error event.
+    #[arg(long, default_value_t = 2)]
+    pub max_continuations: u32,
+    /// Malformed events skipped (counted and logged) per upstream stream; one more ends that
+    /// stream as broken (0: the first one does).
+    #[arg(long, default_value_t = 1)]
+    pub max_malformed_events: u32,
     /// Seed for retry jitter.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -26,6 +26,7 @@ struct Slot {
     epoch: u64,
     ok: u64,
     failed: u64,
+    broken: u64,
     hist: [u32; BOUNDS_MS.len() + 1],
 }
 
@@ -34,8 +35,11 @@ struct Slot {
 pub struct Observation {
     /// Attempts that succeeded.
     pub ok: u64,
-    /// Attempts that failed (connection errors, 5xx, timeouts; not 4xx or 429).
+    /// Attempts that failed (connection errors, 5xx, timeouts, streams broken mid-answer; not
+    /// 4xx or 429).
     pub failed: u64,
+    /// Of those, streams that broke after their first byte (continued elsewhere when possible).
+    pub broken: u64,
     /// Upper bound of the bucket holding the median successful latency, in ms (`None`: no
     /// successes, or above the last bound).
     pub p50_le_ms: Option<u64>,
@@ -69,14 +73,7 @@ impl Stats {
 
     /// Record one attempt: `latency` is `Some` for a success.
     pub fn record(&self, model: &str, cluster: &str, latency: Option<Duration>, now: Instant) {
-        let epoch = self.epoch(now);
-        let mut w = lock(&self.windows);
-        let slots = w.entry((model.to_string(), cluster.to_string())).or_default();
-        let slot = &mut slots[(epoch % SLOTS as u64) as usize];
-        if slot.epoch != epoch {
-            *slot = Slot { epoch, ..Slot::default() };
-        }
-        match latency {
+        self.slot(model, cluster, now, |slot| match latency {
             Some(d) => {
                 slot.ok += 1;
                 let ms = d.as_millis() as u64;
@@ -84,7 +81,26 @@ impl Stats {
                 slot.hist[i] += 1;
             }
             None => slot.failed += 1,
+        });
+    }
+
+    /// Record a stream that broke after its first byte: a failure of the attempt that began it.
+    pub fn record_broken(&self, model: &str, cluster: &str, now: Instant) {
+        self.slot(model, cluster, now, |slot| {
+            slot.failed += 1;
+            slot.broken += 1;
+        });
+    }
+
+    fn slot(&self, model: &str, cluster: &str, now: Instant, f: impl FnOnce(&mut Slot)) {
+        let epoch = self.epoch(now);
+        let mut w = lock(&self.windows);
+        let slots = w.entry((model.to_string(), cluster.to_string())).or_default();
+        let slot = &mut slots[(epoch % SLOTS as u64) as usize];
+        if slot.epoch != epoch {
+            *slot = Slot { epoch, ..Slot::default() };
         }
+        f(slot);
     }
 
     /// The window of `model` on `cluster` at `now`.
@@ -97,6 +113,7 @@ impl Stats {
         for s in slots.iter().filter(|s| s.epoch + SLOTS as u64 > epoch && s.epoch <= epoch) {
             out.ok += s.ok;
             out.failed += s.failed;
+            out.broken += s.broken;
             for (h, v) in hist.iter_mut().zip(s.hist) {
                 *h += u64::from(v);
             }
@@ -148,7 +165,16 @@ pub fn serving(model: &str, endpoints: &[Endpoint], degraded_at: f64) -> Desired
         if e.ejected {
             troubled.push(format!("{} ejected (its circuit is open after consecutive failures)", e.cluster));
         } else if let Some(r) = rate {
-            troubled.push(format!("{} failing {:.0}% of attempts over the last minute{latency}", e.cluster, r * 100.0));
+            let broken = match e.seen.broken {
+                0 => String::new(),
+                1 => " (1 stream broke mid-answer)".to_string(),
+                n => format!(" ({n} streams broke mid-answer)"),
+            };
+            troubled.push(format!(
+                "{} failing {:.0}% of attempts over the last minute{broken}{latency}",
+                e.cluster,
+                r * 100.0
+            ));
         } else {
             // Healthy clusters carry no numbers, so a quiet or steady fleet writes nothing.
             healthy.push(format!("{} ({} ready)", e.cluster, e.ready));
@@ -214,7 +240,7 @@ mod tests {
     #[test]
     fn the_condition_names_what_is_wrong() {
         let quiet = Observation::default();
-        let bad = Observation { ok: 8, failed: 4, p50_le_ms: Some(100) };
+        let bad = Observation { ok: 8, failed: 4, broken: 0, p50_le_ms: Some(100) };
         let none = serving("m", &[], 0.05);
         assert_eq!((none.status, none.reason), (Status::False, reason::NO_READY_ENDPOINTS));
         let ok = serving("m", &[ep("eu1", false, quiet), ep("eu2", false, quiet)], 0.05);
@@ -226,7 +252,24 @@ mod tests {
         let all = serving("m", &[ep("eu1", true, quiet), ep("eu2", true, bad)], 0.05);
         assert_eq!((all.status, all.reason), (Status::False, reason::ALL_ENDPOINTS_EJECTED));
         // A small error rate, or too few attempts to judge, is not degraded.
-        let few = Observation { ok: 2, failed: 1, p50_le_ms: Some(10) };
+        let few = Observation { ok: 2, failed: 1, broken: 1, p50_le_ms: Some(10) };
         assert_eq!(serving("m", &[ep("eu1", false, few)], 0.05).reason, reason::ROUTABLE);
+        // Streams broken mid-answer count as failures, and the message says so.
+        let s = Stats::default();
+        for _ in 0..8 {
+            s.record("m", "eu2", Some(Duration::from_millis(40)), s.base);
+        }
+        for _ in 0..2 {
+            s.record_broken("m", "eu2", s.base);
+        }
+        let seen = s.observe("m", "eu2", s.base);
+        assert_eq!((seen.ok, seen.failed, seen.broken), (8, 2, 2));
+        let d = serving("m", &[ep("eu1", false, quiet), ep("eu2", false, seen)], 0.05);
+        assert_eq!(d.reason, reason::SERVING_DEGRADED);
+        assert!(
+            d.message.contains("eu2 failing 20% of attempts over the last minute (2 streams broke mid-answer)"),
+            "{}",
+            d.message
+        );
     }
 }

@@ -92,7 +92,12 @@ pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]
         let routes = ready
             .into_iter()
             .filter(|(c, n)| *n > 0 && routable.get(*c).copied().unwrap_or(false))
-            .map(|(c, n)| RouteSpec { cluster: c.to_string(), weight: n.unsigned_abs(), ready: true })
+            .map(|(c, n)| RouteSpec {
+                cluster: c.to_string(),
+                weight: n.unsigned_abs(),
+                ready: true,
+                continuation: None,
+            })
             .collect();
         file.models.push(ModelSpec {
             name: model.name.clone(),

@@ -9,7 +9,7 @@
 //! the registry keeps health across table reloads (keyed by cluster and model name).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -113,11 +113,16 @@ struct ModelState {
 pub struct RouteHealth {
     cluster: Arc<ClusterHealth>,
     model: Mutex<ModelState>,
+    refuses_prefill: AtomicBool,
 }
 
 impl RouteHealth {
     fn new(cluster: Arc<ClusterHealth>, cfg: BreakerConfig) -> Self {
-        RouteHealth { cluster, model: Mutex::new(ModelState { breaker: Breaker::new(cfg), cooling_until: None }) }
+        RouteHealth {
+            cluster,
+            model: Mutex::new(ModelState { breaker: Breaker::new(cfg), cooling_until: None }),
+            refuses_prefill: AtomicBool::new(false),
+        }
     }
 
     /// Health not tied to a registry (a table not yet put in force).
@@ -154,6 +159,15 @@ impl RouteHealth {
     /// Record a failure of the model's engine (5xx, malformed answer or stream).
     pub fn record_model_failure(&self, now: Instant) {
         lock(&self.model).breaker.failure(now);
+    }
+    /// Whether the engine answered a prefill continuation with a client error (learnt; the
+    /// route then continues by regenerating).
+    pub fn refuses_prefill(&self) -> bool {
+        self.refuses_prefill.load(Ordering::Relaxed)
+    }
+    /// Remember that the engine refused a prefill continuation.
+    pub fn learn_refuses_prefill(&self) {
+        self.refuses_prefill.store(true, Ordering::Relaxed);
     }
     /// What a background probe found about the model: listed by the cluster, or not.
     pub fn probed(&self, listed: bool, now: Instant) {

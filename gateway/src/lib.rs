@@ -1,13 +1,15 @@
 //! The fleet gateway: one OpenAI-compatible endpoint that routes each request to a healthy
 //! cluster its model is allowed in. Requests flow `http` (validation) → `proxy` (fallback
 //! chain and attempt loop, choosing with `pick` over `health`) → `upstream` (one attempt) →
-//! `sse` (stream relay); the routing `table` is swapped atomically, from a file by `serve`'s
-//! reload loop or from the control cluster by `feed` (built by `fleet`). API `keys` are
-//! checked in `http`; what the gateway sees is kept by `feedback` and written back by `feed`;
-//! `probe` brings ejected routes back without spending user requests on them.
+//! `sse` (stream relay through a `splice`; `continuation` finishes a stream that breaks on
+//! another route); the routing `table` is swapped atomically, from a file by `serve`'s reload
+//! loop or from the control cluster by `feed` (built by `fleet`). API `keys` are checked in
+//! `http`; what the gateway sees is kept by `feedback` and written back by `feed`; `probe`
+//! brings ejected routes back without spending user requests on them.
 
 pub mod breaker;
 pub mod config;
+pub mod continuation;
 pub mod error;
 pub mod feed;
 pub mod feedback;
@@ -20,6 +22,7 @@ pub mod pick;
 pub mod probe;
 pub mod proxy;
 pub mod serve;
+pub mod splice;
 pub mod sse;
 pub mod table;
 pub mod upstream;

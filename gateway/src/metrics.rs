@@ -95,6 +95,37 @@ pub enum StreamEnd {
     oversized,
     /// The client went away.
     client_gone,
+    /// A regenerated continuation did not begin with the text already sent.
+    diverged,
+}
+
+/// What became of a stream's continuation (`continuations_total{result}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ContinuationResult {
+    /// A broken stream is being continued on another route.
+    attempted,
+    /// A continued stream reached its end (the client got the whole answer).
+    succeeded,
+    /// A broken stream could not be continued; it was ended with an error event.
+    abandoned,
+}
+
+/// Why a broken stream was not continued (`continuations_abandoned_total{reason}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AbandonReason {
+    /// `--max-continuations` were spent.
+    limit,
+    /// No allowed route could take it over (none left, none capable, every attempt failed).
+    no_route,
+    /// An engine rejected the continuation request (a client error other than a prefill refusal).
+    rejected,
+    /// A regenerated answer did not begin with the text already sent.
+    diverged,
+    /// The stream cannot be continued (tool calls, several choices, no tokens left, a prompt
+    /// that is not one string for a prefill, a request body over the limit).
+    unsupported,
 }
 
 /// What a background probe of an ejected route's cluster found.
@@ -157,6 +188,14 @@ pub enum WriteResult {
     error,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContinuationLabels {
+    result: ContinuationResult,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AbandonLabels {
+    reason: AbandonReason,
+}
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabels {
     reason: KeyRefusal,
@@ -224,6 +263,9 @@ pub struct Metrics {
     leader: Gauge,
     body_reads: Gauge,
     probes: Family<ProbeLabels, Counter>,
+    continuations: Family<ContinuationLabels, Counter>,
+    abandoned: Family<AbandonLabels, Counter>,
+    skipped: Family<ClusterLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -244,6 +286,9 @@ impl Default for Metrics {
             leader: Gauge::default(),
             body_reads: Gauge::default(),
             probes: Family::default(),
+            continuations: Family::default(),
+            abandoned: Family::default(),
+            skipped: Family::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -275,6 +320,21 @@ impl Default for Metrics {
             m.body_reads.clone(),
         );
         registry.register("probes", "Background probes of ejected routes' clusters, by result", m.probes.clone());
+        registry.register(
+            "continuations",
+            "Mid-stream continuations on another route, by result",
+            m.continuations.clone(),
+        );
+        registry.register(
+            "continuations_abandoned",
+            "Broken streams that could not be continued, by reason",
+            m.abandoned.clone(),
+        );
+        registry.register(
+            "stream_events_skipped",
+            "Malformed upstream stream events skipped, by cluster",
+            m.skipped.clone(),
+        );
         registry.register("feedback_leader", "1 while this replica writes the Serving conditions", m.leader.clone());
         Metrics { registry, ..m }
     }
@@ -298,6 +358,21 @@ impl Metrics {
     /// Count a stream ending.
     pub fn stream(&self, cluster: &str, end: StreamEnd) {
         self.streams.get_or_create(&StreamLabels { cluster: cluster.to_string(), end }).inc();
+    }
+    /// Count a continuation step.
+    pub fn continuation(&self, result: ContinuationResult) {
+        self.continuations.get_or_create(&ContinuationLabels { result }).inc();
+    }
+    /// Count an abandoned continuation (also counted as `abandoned`).
+    pub fn abandoned(&self, reason: AbandonReason) {
+        self.continuation(ContinuationResult::abandoned);
+        self.abandoned.get_or_create(&AbandonLabels { reason }).inc();
+    }
+    /// Count malformed events skipped on a cluster's stream.
+    pub fn skipped(&self, cluster: &str, n: u32) {
+        if n > 0 {
+            self.skipped.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).inc_by(u64::from(n));
+        }
     }
     /// Count a fallback.
     pub fn fallback(&self, model: &str) {

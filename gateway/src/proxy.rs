@@ -2,7 +2,9 @@
 //! attempt loop — choose an allowed, available cluster, send, classify, and on a failure
 //! before the first byte retry elsewhere (or the same cluster for a one-off 500 or a short
 //! `Retry-After`) with jittered exponential backoff, a bounded number of attempts and one
-//! deadline. Success turns into the client's response: a complete body, or a relayed stream.
+//! deadline. Success turns into the client's response: a complete body, or a stream relayed
+//! (and, should it break, continued elsewhere) by `continuation`, which runs the same chain and
+//! attempt loop for a [`Job::Resume`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,13 +14,16 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::OwnedSemaphorePermit;
 
+use crate::config::Continuation;
 use crate::config::ms;
+use crate::continuation;
 use crate::health::AttemptGuard;
 use crate::keys::{ApiKey, usage_tokens};
-use crate::metrics::{AttemptResult, Endpoint, StreamEnd};
+use crate::metrics::{AttemptResult, Endpoint};
 use crate::pick::{self, Candidate};
+use crate::splice::Splice;
 use crate::table::{Model, Route, RoutingTable};
 use crate::upstream::{self, Failure, Outgoing, Success};
 use crate::{AppState, GatewayError};
@@ -47,6 +52,37 @@ pub struct Prepared {
     pub model: String,
     /// The client's API key, when keys are in use.
     pub api_key: Option<Arc<ApiKey>>,
+}
+
+/// What an attempt loop is for.
+#[derive(Debug)]
+pub(crate) enum Job<'a> {
+    /// The client's request.
+    Fresh,
+    /// Continuing a broken stream: `skip` holds the (model, cluster) pairs that broke it.
+    Resume {
+        /// What the client was sent.
+        splice: &'a Splice,
+        /// Routes not to use again.
+        skip: &'a [(String, String)],
+    },
+}
+
+/// An attempt that got a usable answer.
+pub(crate) struct Won<'t> {
+    pub(crate) success: Success,
+    pub(crate) guard: AttemptGuard,
+    pub(crate) route: &'t Route,
+    /// A continuation sent as a prefill (else a regeneration).
+    pub(crate) prefill: bool,
+}
+
+/// Why a chain of models did not serve.
+pub(crate) enum Ended {
+    /// The upstream rejected the request itself (its own response).
+    Client(Response),
+    /// No cluster served.
+    Failed(GatewayError),
 }
 
 enum ModelError {
@@ -78,22 +114,66 @@ pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit
                 .filter(|m| p.api_key.as_ref().is_none_or(|k| k.authorize(m).is_ok())),
         )
         .collect();
-    let mut permit = Some(permit);
+    let (won, i) = match run_chain(st, &table, origin, &chain, &p, &Job::Fresh, deadline).await {
+        Ok(w) => w,
+        Err(Ended::Client(r)) => return Ok(r),
+        Err(Ended::Failed(e)) => return Err(e),
+    };
+    if i > 0 {
+        st.metrics.fallback(&origin.name);
+    }
+    let m = chain[i];
+    let charge = Charge { key: p.api_key.clone(), prompt_bytes: p.raw.len() };
+    let cluster = HeaderValue::from_str(&won.route.cluster.name).unwrap_or(HeaderValue::from_static("unknown"));
+    let mut r = match won.success {
+        Success::Full { status, body } => full(st, status, body, &charge),
+        Success::Stream { events, parser, body } => {
+            let stream = continuation::Stream {
+                st: st.clone(),
+                table: table.clone(),
+                origin: origin.name.clone(),
+                chain: chain[i..].iter().map(|m| m.name.clone()).collect(),
+                record: continuation::records(&st.cfg, &p, won.route),
+                p: Arc::new(p),
+                charge,
+                permit,
+            };
+            let up = continuation::Upstream {
+                events,
+                parser,
+                body,
+                guard: won.guard,
+                route: won.route.clone(),
+                model: m.name.clone(),
+            };
+            continuation::respond(stream, up)
+        }
+    };
+    r.headers_mut().insert(CLUSTER_HEADER, cluster);
+    if let Ok(v) = HeaderValue::from_str(&m.name) {
+        r.headers_mut().insert(MODEL_HEADER, v);
+    }
+    Ok(r)
+}
+
+/// Try `chain` in order (a model's fallbacks after it): the winning attempt and the index of
+/// the model that won.
+pub(crate) async fn run_chain<'t>(
+    st: &Arc<AppState>,
+    table: &'t RoutingTable,
+    origin: &Model,
+    chain: &[&'t Model],
+    p: &Prepared,
+    job: &Job<'_>,
+    deadline: Instant,
+) -> Result<(Won<'t>, usize), Ended> {
     let mut last = None;
     for (i, m) in chain.iter().enumerate() {
-        match try_model(st, &table, origin, m, &p, deadline, &mut permit).await {
-            Ok(mut r) => {
-                if i > 0 {
-                    st.metrics.fallback(&origin.name);
-                }
-                if let Ok(v) = HeaderValue::from_str(&m.name) {
-                    r.headers_mut().insert(MODEL_HEADER, v);
-                }
-                return Ok(r);
-            }
+        match try_model(st, table, origin, m, p, job, deadline).await {
+            Ok(won) => return Ok((won, i)),
             Err(ModelError::Client { response, context_length }) => {
                 if !(context_length && i + 1 < chain.len()) {
-                    return Ok(response);
+                    return Err(Ended::Client(response));
                 }
                 tracing::info!(request_id = %p.request_id, model = %m.name, "context length exceeded; trying the fallback");
             }
@@ -109,11 +189,11 @@ pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit
             }
         }
     }
-    Err(last.unwrap_or_else(|| GatewayError::NoHealthyCluster {
+    Err(Ended::Failed(last.unwrap_or_else(|| GatewayError::NoHealthyCluster {
         model: origin.name.clone(),
         reason: "the deadline passed".into(),
         retry_after: st.cfg.unavailable_retry_after_s,
-    }))
+    })))
 }
 
 fn is_context_length(body: &[u8]) -> bool {
@@ -137,21 +217,28 @@ fn client_error(status: StatusCode, body: Bytes, cluster: &str) -> Response {
     r
 }
 
-async fn try_model(
+async fn try_model<'t>(
     st: &Arc<AppState>,
-    table: &RoutingTable,
+    table: &'t RoutingTable,
     origin: &Model,
-    m: &Model,
+    m: &'t Model,
     p: &Prepared,
+    job: &Job<'_>,
     deadline: Instant,
-    permit: &mut Option<OwnedSemaphorePermit>,
-) -> Result<Response, ModelError> {
+) -> Result<Won<'t>, ModelError> {
     let cfg = &st.cfg;
     let mut policies = vec![&origin.sovereignty, &m.sovereignty];
     if let Some(k) = &p.api_key {
         policies.push(&k.sovereignty);
     }
-    let routes = table.allowed_routes(m, &policies);
+    let mut routes = table.allowed_routes(m, &policies);
+    if let Job::Resume { skip, .. } = job {
+        // A continuation goes only where it can, and never back to a route that broke it.
+        routes.retain(|r| {
+            continuation::capability(cfg, r) != Continuation::None
+                && !skip.iter().any(|(sm, sc)| *sm == m.name && *sc == r.cluster.name)
+        });
+    }
     let unavailable = |reason: String| GatewayError::NoHealthyCluster {
         model: origin.name.clone(),
         reason,
@@ -209,6 +296,16 @@ async fn try_model(
             tokio::time::sleep(pause).await;
         }
         let route = routes[i];
+        let (body, prefill, collect) = match job {
+            Job::Fresh => (bytes.clone(), false, continuation::records(cfg, p, route)),
+            Job::Resume { splice, .. } => match continuation::request(cfg, p, m, route, splice, &bytes) {
+                Some((body, prefill)) => (body, prefill, true),
+                None => {
+                    tried.entry(name(i)).or_default().excluded = true;
+                    continue;
+                }
+            },
+        };
         // A half-open circuit admits one request at a time; another one already took it.
         let Some(mut guard) = AttemptGuard::begin(&route.health, Instant::now()) else { continue };
         attempts += 1;
@@ -216,7 +313,8 @@ async fn try_model(
         let out = Outgoing {
             base: &route.cluster.url,
             path: p.endpoint.path(),
-            body: bytes.clone(),
+            body,
+            collect,
             request_id: &p.request_id,
             stream: p.stream,
             deadline: deadline.min(Instant::now() + budget),
@@ -229,8 +327,7 @@ async fn try_model(
                 guard.success();
                 st.metrics.attempt(name(i), AttemptResult::ok);
                 st.stats.record(&m.name, name(i), Some(sent.elapsed()), Instant::now());
-                let charge = Charge { key: p.api_key.clone(), prompt_bytes: p.raw.len() };
-                return Ok(respond(st, success, guard, route, permit.take(), charge));
+                return Ok(Won { success, guard, route, prefill });
             }
             Err(f) => f,
         };
@@ -251,6 +348,14 @@ async fn try_model(
                     route.health.cool_down(Instant::now() + *ra);
                 }
                 rate_after = rate_after.max(retry_after.unwrap_or(Duration::from_secs(1)));
+            }
+            // An engine without prefill continuation: learnt, and the route regenerates instead.
+            Failure::Status { status, body, .. }
+                if prefill && matches!(status.as_u16(), 400 | 422) && !is_context_length(body) =>
+            {
+                guard.neutral();
+                route.health.learn_refuses_prefill();
+                tracing::info!(request_id = %p.request_id, cluster = name(i), "the engine refused a prefill continuation; it regenerates from now on");
             }
             Failure::Status { status, body, .. } if matches!(status.as_u16(), 400 | 413 | 422) => {
                 guard.neutral();
@@ -317,75 +422,27 @@ async fn try_model(
 }
 
 /// Who pays for an answer's tokens.
-struct Charge {
+pub(crate) struct Charge {
     key: Option<Arc<ApiKey>>,
-    prompt_bytes: usize,
+    pub(crate) prompt_bytes: usize,
 }
 
 impl Charge {
-    fn pay(&self, st: &AppState, tokens: u64) {
+    pub(crate) fn pay(&self, st: &AppState, tokens: u64) {
         if let Some(k) = &self.key {
             st.limiter.charge(k, tokens, Instant::now());
         }
     }
 }
 
-fn respond(
-    st: &Arc<AppState>,
-    success: Success,
-    guard: AttemptGuard,
-    route: &Route,
-    permit: Option<OwnedSemaphorePermit>,
-    charge: Charge,
-) -> Response {
-    let cluster = HeaderValue::from_str(&route.cluster.name).unwrap_or(HeaderValue::from_static("unknown"));
-    let mut r = match success {
-        Success::Full { status, body } => {
-            if charge.key.is_some() {
-                let used = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| usage_tokens(&v));
-                // Without `usage`, about four bytes of prompt make a token.
-                charge.pay(st, used.unwrap_or((charge.prompt_bytes / 4) as u64));
-            }
-            let mut r = Response::new(Body::from(body));
-            *r.status_mut() = status;
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            r
-        }
-        Success::Stream { events, parser, body } => {
-            let (tx, mut rx) = mpsc::channel::<Bytes>(32);
-            let (idle, metrics, name) = (ms(st.cfg.idle_timeout_ms), st.metrics.clone(), route.cluster.name.clone());
-            let st = st.clone();
-            tokio::spawn(async move {
-                let (end, tokens) = crate::sse::relay(events, parser, body, tx, idle).await;
-                // A stream's `usage` chunk (when asked for) is exact; otherwise each content
-                // chunk counts as a token and four bytes of prompt as one.
-                charge.pay(&st, tokens.total.unwrap_or(tokens.chunks + (charge.prompt_bytes / 4) as u64));
-                metrics.stream(&name, end);
-                match end {
-                    // The connection broke or went silent: the cluster's transport.
-                    StreamEnd::cut | StreamEnd::stalled => guard.route().cluster().record_failure(Instant::now()),
-                    // The engine sent a broken answer: the model on this cluster.
-                    StreamEnd::malformed | StreamEnd::truncated | StreamEnd::oversized => {
-                        guard.route().record_model_failure(Instant::now())
-                    }
-                    _ => {}
-                }
-                if end.broken() {
-                    tracing::warn!(cluster = %name, end = ?end, "stream broke after the first byte; ended with an error event");
-                }
-                drop(guard);
-                drop(permit);
-            });
-            let stream =
-                futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, std::io::Error>)));
-            let mut r = Response::new(Body::from_stream(stream));
-            let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-            r
-        }
-    };
-    r.headers_mut().insert(CLUSTER_HEADER, cluster);
+fn full(st: &AppState, status: StatusCode, body: Bytes, charge: &Charge) -> Response {
+    if charge.key.is_some() {
+        let used = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| usage_tokens(&v));
+        // Without `usage`, about four bytes of prompt make a token.
+        charge.pay(st, used.unwrap_or((charge.prompt_bytes / 4) as u64));
+    }
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }

@@ -1,8 +1,10 @@
 //! Server-sent events from an upstream engine to the client, event by event, never a whole
 //! response buffered. The parser turns upstream bytes into checked events (a chunk that does
-//! not parse is caught here, never forwarded); the relay forwards them, watches the gap
-//! between chunks, finalises a clean stream that lacks `[DONE]`, and ends any broken stream
-//! with an OpenAI-style error event so a truncated answer never looks like success.
+//! not parse is caught here, never forwarded; a few are skipped, see `--max-malformed-events`);
+//! the relay forwards them through the stream's [`Splice`], watches the gap between chunks and
+//! finalises a clean stream that lacks `[DONE]`. A broken stream is reported to the caller,
+//! which continues it elsewhere or ends it with [`broken_event`], an OpenAI-style error event,
+//! so a truncated answer never looks like success.
 
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::metrics::StreamEnd;
+use crate::splice::{Splice, Step};
 
 /// One parsed upstream event.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +32,10 @@ pub enum Event {
         usage: Option<u64>,
         /// A choice carried text.
         content: bool,
+        /// The choice's text, when the parser collects it (for a stream that may be continued).
+        text: String,
+        /// Collected and carrying more than one choice's plain text (tool calls, another choice).
+        odd: bool,
     },
     /// `data: [DONE]`.
     Done,
@@ -50,6 +57,7 @@ pub struct Parser {
     max_event: usize,
     examined: u64,
     over: bool,
+    collect: bool,
 }
 
 /// The default cap on one event (`--max-event-bytes`).
@@ -61,7 +69,7 @@ impl Default for Parser {
     }
 }
 
-fn parse_event(text: &str) -> Option<Event> {
+fn parse_event(text: &str, collect: bool) -> Option<Event> {
     let data: Vec<&str> =
         text.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
     if data.is_empty() {
@@ -81,16 +89,39 @@ fn parse_event(text: &str) -> Option<Event> {
             let content = v["choices"].as_array().is_some_and(|cs| {
                 cs.iter().any(|c| c["delta"]["content"].as_str().or(c["text"].as_str()).is_some_and(|t| !t.is_empty()))
             });
-            Some(Event::Data { raw: Bytes::from(format!("data: {data}\n\n")), finished, error, usage, content })
+            let (text, odd) = if collect { choice_text(&v) } else { (String::new(), false) };
+            let raw = Bytes::from(format!("data: {data}\n\n"));
+            Some(Event::Data { raw, finished, error, usage, content, text, odd })
         }
         _ => Some(Event::Malformed),
     }
 }
 
+/// The text of the one choice of a chunk, and whether the chunk carries anything else a splice
+/// cannot handle (a second choice, tool or function calls).
+fn choice_text(v: &Value) -> (String, bool) {
+    let Some(choices) = v["choices"].as_array() else { return (String::new(), false) };
+    let mut odd = choices.len() > 1;
+    let mut text = String::new();
+    for c in choices {
+        let delta = &c["delta"];
+        odd |= c["index"].as_u64().is_some_and(|i| i > 0)
+            || ["tool_calls", "function_call"].iter().any(|k| delta.get(k).is_some_and(|x| !x.is_null()));
+        text.push_str(delta["content"].as_str().or(c["text"].as_str()).unwrap_or_default());
+    }
+    (text, odd)
+}
+
 impl Parser {
     /// A parser that refuses events longer than `max_event` bytes.
     pub fn new(max_event: usize) -> Self {
-        Parser { buf: Vec::new(), scan: 0, max_event: max_event.max(1), examined: 0, over: false }
+        Parser { buf: Vec::new(), scan: 0, max_event: max_event.max(1), examined: 0, over: false, collect: false }
+    }
+
+    /// Also hand out each data event's text ([`Event::Data`]`::text`), for a stream that may be continued.
+    pub fn collecting(mut self, collect: bool) -> Self {
+        self.collect = collect;
+        self
     }
 
     /// Feed bytes; complete events come out.
@@ -106,8 +137,8 @@ impl Parser {
                 break;
             }
             match std::str::from_utf8(&self.buf[start..end]) {
-                Ok(text) if text.contains('\r') => out.extend(parse_event(&text.replace('\r', ""))),
-                Ok(text) => out.extend(parse_event(text)),
+                Ok(text) if text.contains('\r') => out.extend(parse_event(&text.replace('\r', ""), self.collect)),
+                Ok(text) => out.extend(parse_event(text, self.collect)),
                 Err(_) => out.push(Event::Malformed),
             }
             start = end + sep;
@@ -161,12 +192,36 @@ pub fn error_event(message: &str, code: &str) -> Bytes {
     Bytes::from(format!("data: {e}\n\n"))
 }
 
+/// The error event that ends a stream broken this way (`None`: the stream is not broken).
+pub fn broken_event(end: StreamEnd) -> Option<Bytes> {
+    let (message, code) = match end {
+        StreamEnd::cut => ("the upstream connection broke mid-answer; the answer is incomplete", "upstream_cut"),
+        StreamEnd::stalled => ("the upstream engine stalled mid-answer; the answer is incomplete", "upstream_stalled"),
+        StreamEnd::malformed => {
+            ("the upstream engine sent a malformed chunk; the answer is incomplete", "upstream_malformed")
+        }
+        StreamEnd::truncated => ("the upstream stream ended before the answer was complete", "upstream_truncated"),
+        StreamEnd::oversized => (
+            "the upstream engine sent an event larger than the gateway accepts (--max-event-bytes); the answer is incomplete",
+            "upstream_event_too_large",
+        ),
+        StreamEnd::diverged => (
+            "the answer broke mid-stream and the engine that took over did not begin with the text already sent (regeneration needs deterministic output, e.g. temperature 0 or a seed); the answer is incomplete",
+            "continuation_diverged",
+        ),
+        _ => return None,
+    };
+    Some(error_event(message, code))
+}
+
 /// Where a relay stands after some events.
 #[derive(Debug, Default)]
 pub struct Progress {
-    /// A choice finished.
+    /// A choice of the current upstream stream finished.
     pub finished: bool,
-    /// Tokens seen so far.
+    /// Malformed events of the current upstream stream skipped.
+    pub skipped: u32,
+    /// Tokens seen so far, across upstream streams.
     pub tokens: Tokens,
 }
 
@@ -179,33 +234,42 @@ pub struct Tokens {
     pub chunks: u64,
 }
 
+/// How events go to the client.
+#[derive(Debug)]
+pub struct Relay<'a> {
+    /// The client's side.
+    pub tx: &'a mpsc::Sender<Bytes>,
+    /// Longest gap between upstream chunks.
+    pub idle: Duration,
+    /// Malformed events skipped per upstream stream before it counts as broken.
+    pub max_malformed: u32,
+}
+
 /// Forward `events`; `Some(end)` when the stream is over.
-async fn forward(events: Vec<Event>, tx: &mpsc::Sender<Bytes>, p: &mut Progress) -> Option<StreamEnd> {
+async fn forward(events: Vec<Event>, r: &Relay<'_>, splice: &mut Splice, p: &mut Progress) -> Option<StreamEnd> {
     for ev in events {
         let (bytes, end) = match ev {
             Event::Done => (Bytes::from_static(b"data: [DONE]\n\n"), Some(StreamEnd::complete)),
-            Event::Malformed => (
-                error_event(
-                    "the upstream engine sent a malformed chunk; the answer is incomplete",
-                    "upstream_malformed",
-                ),
-                Some(StreamEnd::malformed),
-            ),
-            Event::Oversized => (
-                error_event(
-                    "the upstream engine sent an event larger than the gateway accepts (--max-event-bytes); the answer is incomplete",
-                    "upstream_event_too_large",
-                ),
-                Some(StreamEnd::oversized),
-            ),
-            Event::Data { raw, finished, error, usage, content } => {
+            Event::Malformed if p.skipped < r.max_malformed => {
+                p.skipped += 1;
+                tracing::warn!("skipped a malformed event from the upstream engine");
+                continue;
+            }
+            Event::Malformed => return Some(StreamEnd::malformed),
+            Event::Oversized => return Some(StreamEnd::oversized),
+            Event::Data { raw, finished, error, usage, content, text, odd } => {
+                let bytes = match splice.data(raw, &text, odd, finished) {
+                    Step::Send(b) => b,
+                    Step::Skip => continue,
+                    Step::Diverged => return Some(StreamEnd::diverged),
+                };
                 p.finished |= finished;
                 p.tokens.chunks += u64::from(content);
                 p.tokens.total = usage.or(p.tokens.total);
-                (raw, error.then_some(StreamEnd::upstream_error))
+                (bytes, error.then_some(StreamEnd::upstream_error))
             }
         };
-        if tx.send(bytes).await.is_err() {
+        if r.tx.send(bytes).await.is_err() {
             return Some(StreamEnd::client_gone);
         }
         if end.is_some() {
@@ -215,62 +279,41 @@ async fn forward(events: Vec<Event>, tx: &mpsc::Sender<Bytes>, p: &mut Progress)
     None
 }
 
-/// Relay the rest of an upstream stream whose first `events` were already read. Returns how
-/// it ended and the tokens it carried. Dropping out of this function drops the upstream
-/// body, which cancels the upstream request.
+/// Relay the rest of an upstream stream whose first `events` were already read, through
+/// `splice`. Returns how it ended; a broken end (see [`broken_event`]) is left to the caller
+/// to continue or report. Dropping out of this function drops the upstream body, which
+/// cancels the upstream request.
 pub async fn relay(
-    events: Vec<Event>,
-    parser: Parser,
-    body: Incoming,
-    tx: mpsc::Sender<Bytes>,
-    idle: Duration,
-) -> (StreamEnd, Tokens) {
-    let mut p = Progress::default();
-    let end = relay_inner(events, parser, body, tx, idle, &mut p).await;
-    (end, p.tokens)
-}
-
-async fn relay_inner(
     events: Vec<Event>,
     mut parser: Parser,
     mut body: Incoming,
-    tx: mpsc::Sender<Bytes>,
-    idle: Duration,
+    r: &Relay<'_>,
+    splice: &mut Splice,
     p: &mut Progress,
 ) -> StreamEnd {
-    if let Some(end) = forward(events, &tx, p).await {
+    if let Some(end) = forward(events, r, splice, p).await {
         return end;
     }
     loop {
         let frame = tokio::select! {
-            () = tx.closed() => return StreamEnd::client_gone,
-            f = tokio::time::timeout(idle, body.frame()) => f,
+            () = r.tx.closed() => return StreamEnd::client_gone,
+            f = tokio::time::timeout(r.idle, body.frame()) => f,
         };
-        let (bytes, end) = match frame {
-            Err(_) => (
-                error_event("the upstream engine stalled mid-answer; the answer is incomplete", "upstream_stalled"),
-                StreamEnd::stalled,
-            ),
-            Ok(Some(Err(_))) => (
-                error_event("the upstream connection broke mid-answer; the answer is incomplete", "upstream_cut"),
-                StreamEnd::cut,
-            ),
+        match frame {
+            Err(_) => return StreamEnd::stalled,
+            Ok(Some(Err(_))) => return StreamEnd::cut,
             Ok(None) if p.finished && !parser.pending() => {
-                (Bytes::from_static(b"data: [DONE]\n\n"), StreamEnd::finalised)
+                let done = Bytes::from_static(b"data: [DONE]\n\n");
+                return if r.tx.send(done).await.is_err() { StreamEnd::client_gone } else { StreamEnd::finalised };
             }
-            Ok(None) => (
-                error_event("the upstream stream ended before the answer was complete", "upstream_truncated"),
-                StreamEnd::truncated,
-            ),
+            Ok(None) => return StreamEnd::truncated,
             Ok(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else { continue };
-                if let Some(end) = forward(parser.push(&data), &tx, p).await {
+                if let Some(end) = forward(parser.push(&data), r, splice, p).await {
                     return end;
                 }
-                continue;
             }
-        };
-        return if tx.send(bytes).await.is_err() { StreamEnd::client_gone } else { end };
+        }
     }
 }
 
@@ -330,6 +373,35 @@ mod tests {
         let many = "data: {\"k\":1}\n\n".repeat(10_000);
         assert_eq!(p.push(many.as_bytes()).len(), 10_000);
         assert!(p.examined() <= many.len() as u64);
+    }
+
+    #[test]
+    fn text_is_collected_only_when_asked_and_odd_chunks_are_flagged() {
+        let chunk = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"the \"}}]}\n\n";
+        let quiet = Parser::default().push(chunk);
+        assert!(matches!(&quiet[0], Event::Data { text, content: true, .. } if text.is_empty()));
+        let mut p = Parser::default().collecting(true);
+        assert!(matches!(&p.push(chunk)[0], Event::Data { text, odd: false, .. } if text == "the "));
+        let completion = p.push(b"data: {\"choices\":[{\"index\":0,\"text\":\"fleet \"}]}\n\n");
+        assert!(matches!(&completion[0], Event::Data { text, odd: false, .. } if text == "fleet "));
+        let tool = p.push(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{}]}}]}\n\n");
+        assert!(matches!(&tool[0], Event::Data { odd: true, .. }));
+        let second = p.push(b"data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"x\"}}]}\n\n");
+        assert!(matches!(&second[0], Event::Data { odd: true, .. }));
+    }
+
+    #[test]
+    fn broken_ends_have_their_error_event_and_clean_ends_none() {
+        for (end, code) in [
+            (StreamEnd::cut, "upstream_cut"),
+            (StreamEnd::stalled, "upstream_stalled"),
+            (StreamEnd::malformed, "upstream_malformed"),
+            (StreamEnd::diverged, "continuation_diverged"),
+        ] {
+            let e = broken_event(end).unwrap();
+            assert!(std::str::from_utf8(&e).unwrap().contains(code), "{end:?}");
+        }
+        assert!(broken_event(StreamEnd::complete).is_none() && broken_event(StreamEnd::client_gone).is_none());
     }
 
     #[test]

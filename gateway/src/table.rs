@@ -67,6 +67,23 @@ pub struct RouteSpec {
     /// Whether the cluster has Ready replicas of the model.
     #[serde(default = "yes")]
     pub ready: bool,
+    /// How a stream broken elsewhere may be continued here (absent: `--continuation-default`).
+    #[serde(default)]
+    pub continuation: Option<Continuation>,
+}
+
+/// How a route continues a stream that broke on another route (`docs/gateway.md`, continuation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Continuation {
+    /// The engine continues the partial answer (vLLM's `continue_final_message` on chat, the
+    /// partial answer appended to the prompt on completions).
+    Prefill,
+    /// The engine answers from the start; only what follows the text already sent is relayed,
+    /// and only when the new answer begins with exactly that text.
+    Regenerate,
+    /// Streams on this route are neither continued nor used to continue others.
+    None,
 }
 
 fn one() -> u32 {
@@ -98,6 +115,8 @@ pub struct Route {
     pub weight: u32,
     /// Readiness.
     pub ready: bool,
+    /// Declared continuation capability (`None`: the gateway's default).
+    pub continuation: Option<Continuation>,
     /// The route's health (shared with earlier tables once the table is put in force).
     pub health: Arc<RouteHealth>,
 }
@@ -168,6 +187,7 @@ impl RoutingTable {
                     cluster: cluster.clone(),
                     weight: r.weight.max(1),
                     ready: r.ready,
+                    continuation: r.continuation,
                     health: RouteHealth::detached(),
                 });
             }
@@ -235,7 +255,7 @@ models:
     fallbacks: [big]
     routes: [{cluster: eu-1}, {cluster: us-1}]
   - name: big
-    routes: [{cluster: us-1, weight: 3}, {cluster: eu-1, ready: false}]
+    routes: [{cluster: us-1, weight: 3, continuation: regenerate}, {cluster: eu-1, ready: false}]
 "#;
 
     #[test]
@@ -249,6 +269,8 @@ models:
         // The fallback keeps the original model's policy: no EU route of `big` is ready, and US is not allowed.
         assert!(t.allowed_routes(big, &[&m.sovereignty, &big.sovereignty]).is_empty());
         assert_eq!(t.allowed_routes(big, &[&big.sovereignty]).len(), 1);
+        assert_eq!(big.routes[0].continuation, Some(Continuation::Regenerate));
+        assert_eq!(big.routes[1].continuation, None, "absent: the gateway's default");
         assert_eq!(t.clusters().next().unwrap().url, "http://127.0.0.1:1");
     }
 
@@ -268,6 +290,8 @@ models:
         assert!(RoutingTable::from_yaml("t", &dup).unwrap_err().to_string().contains("used twice"));
         let unknown = YAML.replace("fallbacks: [big]", "fallbacks: [huge]");
         assert!(RoutingTable::from_yaml("t", &unknown).unwrap_err().to_string().contains("unknown fallback"));
+        let cap = YAML.replace("continuation: regenerate", "continuation: sometimes");
+        assert!(RoutingTable::from_yaml("t", &cap).unwrap_err().to_string().contains("continuation"));
         let field = YAML.replace("aliases: [s]", "alias: [s]");
         assert!(RoutingTable::from_yaml("t", &field).unwrap_err().to_string().contains("alias"));
     }

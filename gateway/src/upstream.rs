@@ -115,6 +115,8 @@ pub struct Outgoing<'a> {
     pub max_body: usize,
     /// Largest stream event accepted.
     pub max_event: usize,
+    /// Collect each stream event's text (a stream that may be continued).
+    pub collect: bool,
 }
 
 fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
@@ -180,7 +182,7 @@ pub async fn attempt(client: &Client, out: Outgoing<'_>) -> Result<Success, Fail
         return Err(Failure::Malformed("the body is not a JSON object".into()));
     }
     let mut body = resp.into_body();
-    let mut parser = Parser::new(out.max_event);
+    let mut parser = Parser::new(out.max_event).collecting(out.collect);
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(Failure::Timeout(what)),

@@ -45,7 +45,8 @@ async fn streams_pass_through_with_and_without_usage() {
 #[tokio::test]
 async fn broken_streams_end_with_an_error_event_never_as_success() {
     let a = sim("a", &["m"], |c| c.default_tokens = 6).await;
-    let gw = gateway(&one(a.url()), |_| {}).await;
+    // One route: nowhere to continue. Malformed events are fatal here (skipping one is the default).
+    let gw = gateway(&one(a.url()), |c| c.max_malformed_events = 0).await;
     let cases = [
         (Fault::Cut(2), "upstream_cut"),
         (Fault::Stall(2), "upstream_stalled"),
@@ -66,6 +67,26 @@ async fn broken_streams_end_with_an_error_event_never_as_success() {
     for end in ["cut", "stalled", "malformed"] {
         assert!(m.contains(&format!("flotilla_gateway_streams_total{{cluster=\"a\",end=\"{end}\"}} 1")), "{end}: {m}");
     }
+}
+
+#[tokio::test]
+async fn a_single_malformed_event_is_skipped_and_counted() {
+    let a = sim("a", &["m"], |c| c.default_tokens = 6).await;
+    let gw = gateway(&one(a.url()), |_| {}).await;
+    let clean = post(&gw.url("/v1/chat/completions"), &chat_stream("m", "q", true)).await;
+    a.state.set_fault(Some(Fault::Malformed(2)), Some(1));
+    let r = post(&gw.url("/v1/chat/completions"), &chat_stream("m", "q", true)).await;
+    assert!(r.text.ends_with("data: [DONE]\n\n") && !r.text.contains("oops"), "{}", r.text);
+    let text = |t: &str| -> String {
+        t.split("\n\n")
+            .filter_map(|e| serde_json::from_str::<Value>(e.strip_prefix("data: ")?).ok())
+            .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(text(&r.text), text(&clean.text), "the whole answer, the bad event left out");
+    let m = get(&gw.url("/metrics")).await.text;
+    assert!(m.contains("flotilla_gateway_stream_events_skipped_total{cluster=\"a\"} 1"), "{m}");
+    assert!(m.contains("flotilla_gateway_streams_total{cluster=\"a\",end=\"complete\"} 2"), "{m}");
 }
 
 #[tokio::test]

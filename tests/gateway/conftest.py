@@ -29,6 +29,17 @@ def _start(argv):
     return proc, line.removeprefix("listening on ")
 
 
+def _stop(procs):
+    """Terminate `procs`, killing any that do not exit within 10 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def _dead_url():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -78,13 +89,7 @@ def gateway_url():
         procs.append(proc)
         yield url
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
 
 
 @pytest.fixture()
@@ -92,3 +97,56 @@ def client(gateway_url):
     import openai
 
     return openai.OpenAI(base_url=gateway_url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+
+
+# Continuation: each test has its own model, served by engine `a` (whose streams of it break)
+# and engine `b`; every model has its own pair of clusters, named `<model>-a` / `<model>-b` so
+# that the idle `-a` cluster is chosen first (least load, then name) and the `-b` one continues.
+CONTINUATION_MODELS = {
+    # model: (flags for engine a, flags for engine b, extra fields for the b route)
+    "cut": (["--stream-fault", "cut=cut:3*"], [], ""),
+    "stall": (["--stream-fault", "stall=stall:3:60000*"], [], ""),
+    "malformed": (["--stream-fault", "malformed=malformed:3*"], [], ""),
+    "refuse": (["--stream-fault", "refuse=cut:3*"], ["--refuse-prefill", "refuse"], ""),
+    "nondet": (["--stream-fault", "nondet=cut:3*"], ["--nondeterministic", "nondet"], ", continuation: regenerate"),
+    "euonly": (["--stream-fault", "euonly=cut:2*"], ["--stream-fault", "euonly=cut:2*"], ""),
+}
+
+
+@pytest.fixture(scope="session")
+def continuation_sims():
+    """Engines `a`, `b` (EU) and `us` (US), every continuation model on each; their URLs, and
+    the gateway in front of them (least-load routing, a short idle timeout)."""
+    procs = []
+    try:
+        urls = {}
+        for side in ("a", "b", "us"):
+            argv = [ENGINESIM, "--listen", "127.0.0.1:0", "--name", side, "--default-tokens", "10"]
+            for model, (a_flags, b_flags, _) in CONTINUATION_MODELS.items():
+                argv += ["--model", model] + {"a": a_flags, "b": b_flags, "us": []}[side]
+            proc, urls[side] = _start(argv)
+            procs.append(proc)
+        clusters, models = "", ""
+        for model, (_, _, b_extra) in CONTINUATION_MODELS.items():
+            names = {side: f"{model}-{side}" for side in ("a", "b", "us")}
+            for side, name in names.items():
+                j = "US" if side == "us" else "EU"
+                clusters += f"  - {{name: {name}, url: \"{urls[side]}\", jurisdiction: {j}, region: {j.lower()}-1}}\n"
+            routes = [f"{{cluster: {names['a']}}}", f"{{cluster: {names['b']}{b_extra}}}"]
+            policy = ""
+            if model == "euonly":  # a US route in the table, never allowed for this model
+                routes.append(f"{{cluster: {names['us']}}}")
+                policy = ", sovereignty: {allowedJurisdictions: [EU]}"
+            models += f"  - {{name: {model}{policy}, routes: [{', '.join(routes)}]}}\n"
+        path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-cont-"), "routing.yaml")
+        with open(path, "w") as f:
+            f.write("clusters:\n" + clusters + "models:\n" + models)
+        proc, url = _start([
+            GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--routing", "least-load",
+            "--idle-timeout-ms", "500", "--connect-timeout-ms", "300", "--backoff-base-ms", "20",
+            "--scrape-interval-ms", "0",
+        ])
+        procs.append(proc)
+        yield {"gateway": url, **urls}
+    finally:
+        _stop(procs)
