@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod claim;
+pub mod class;
 pub mod cluster;
 pub mod deployment;
 pub mod inventory;
@@ -243,6 +244,7 @@ pub async fn run_controllers(
         relay,
         claims,
         forget,
+        class::run(client.clone(), stop(rx.clone())),
         run_cluster_controller(
             client.clone(),
             config.clone(),

@@ -123,17 +123,31 @@ async fn poison(control: &Client, api: &Api<ModelDeployment>, members: &BTreeMap
     ] {
         apply(control, with(name, alternative)).await;
     }
-    for (name, field) in [
-        ("poison-deep", "selectors[0]"),
-        ("poison-cost", "selectors[0]"),
-        ("poison-quantity", "capacity.memory"),
-    ] {
-        wait_for(&format!("{name} refused naming {field}"), Duration::from_secs(60), || async {
+    for name in ["poison-deep", "poison-cost"] {
+        wait_for(&format!("{name} refused naming its selector"), Duration::from_secs(60), || async {
             let s = status_of(api, name).await;
-            s.conditions.0.iter().any(|c| c.reason == "InvalidSpec" && c.message.contains(field)).then_some(())
+            let c = s.conditions.get("Placed")?;
+            (c.reason == "InvalidSpec" && c.message.contains("spec.devices.alternatives[0].selectors[0]")).then_some(())
         })
         .await;
     }
+    // The poison in a class is the class's own InvalidSpec; the deployment that wants only that
+    // class is valid, unplaced, and says why.
+    let classes: Api<flotilla_apis::InferenceClass> = Api::all(control.clone());
+    wait_for("h100-poison Ready=False InvalidSpec naming its capacity", Duration::from_secs(60), || async {
+        let c = classes.get("h100-poison").await.ok()?.status?.conditions.get("Ready")?.clone();
+        (c.status == "False" && c.reason == "InvalidSpec" && c.message.contains("spec.device.capacity.memory"))
+            .then_some(())
+    })
+    .await;
+    let healthy = classes.get("h100").await.unwrap().status.unwrap_or_default();
+    assert!(healthy.conditions.is_true("Ready"), "the healthy class is Ready: {healthy:?}");
+    wait_for("poison-quantity unplaced, naming the class's capacity", Duration::from_secs(60), || async {
+        let s = status_of(api, "poison-quantity").await;
+        let c = s.conditions.get("Placed")?;
+        (c.status == "False" && c.message.contains("capacity.memory")).then_some(())
+    })
+    .await;
     wait_for("sel-model Ready 1/1 beside the poison", Duration::from_secs(60), || async {
         let s = status_of(api, "sel-model").await;
         (s.ready_replicas == 1 && s.conditions.is_true("Ready")).then_some(())

@@ -15,8 +15,14 @@ use crate::snapshot::ClassView;
 pub enum ClassMatch {
     /// Every selector is true.
     Match,
-    /// Some selector is false, or the class is not the named one.
+    /// Some selector is false on the class's device.
     NoMatch(String),
+    /// The alternative names another class (or the class is not defined): the least telling
+    /// refusal, reported only when no pool got further.
+    OtherClass(String),
+    /// The class's device cannot be handed to selectors (the class itself is invalid, e.g. a
+    /// capacity no Quantity holds): the class's `Ready` condition says so too.
+    ClassInvalid(String),
     /// A selector failed to evaluate (other than a missing attribute) or returned a non-bool.
     Error(String),
 }
@@ -62,10 +68,10 @@ impl<'s> DeviceMatcher<'s> {
         if let Some(want) = &alt.class
             && want != class
         {
-            return ClassMatch::NoMatch(format!("class {class} is not {want}"));
+            return ClassMatch::OtherClass(format!("class {class} is not {want}"));
         }
         let Some(view) = self.classes.get(class) else {
-            return ClassMatch::NoMatch(format!("class {class} is not defined"));
+            return ClassMatch::OtherClass(format!("class {class} is not defined"));
         };
         for expr in &alt.selectors {
             let key = (expr.0.clone(), class.to_string());
@@ -84,7 +90,7 @@ impl<'s> DeviceMatcher<'s> {
             let device = self.devices.entry(class.to_string()).or_insert_with(|| engine.device(&view.spec.device));
             let device = match device {
                 Ok(d) => d,
-                Err(e) => return ClassMatch::Error(format!("class {class}: {e}")),
+                Err(e) => return ClassMatch::ClassInvalid(format!("class {class}: {e}")),
             };
             match engine.matches(selector, device) {
                 Ok(b) => {

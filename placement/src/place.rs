@@ -5,7 +5,7 @@
 use flotilla_apis::deployment::SpreadDomain;
 
 use super::{Blocks, Candidate, Ctx};
-use crate::devices::{ReplicaShape, misfit};
+use crate::devices::{ClassMatch, ReplicaShape, misfit};
 use crate::plan::{
     Assignment, CandidateScore, ClusterExplanation, DeploymentPlan, Reason, Rejection, UnmetMinimum, Verdict,
 };
@@ -23,15 +23,21 @@ pub(super) struct Placing {
     pub blocks: Blocks,
 }
 
-/// How far a candidate got before it was refused; the furthest is the most telling reason.
-pub(super) fn stage(reason: Reason) -> u8 {
-    match reason {
-        Reason::NoMatchingDevices | Reason::SelectorError => 1,
-        Reason::DoesNotFitNode => 2,
-        Reason::CapacityTypeNotAllowed => 3,
-        Reason::NoPrice => 4,
-        Reason::InsufficientDevices => 5,
-        _ => 6,
+/// How far a candidate got before it was refused; the furthest is the most telling reason. At
+/// the device match, from least to most telling: the alternative names another class; the
+/// pool's class is itself invalid (it says so in its own status); a selector is false on the
+/// device; a selector fails on a valid device.
+pub(super) fn stage(reason: Reason, device: Option<&ClassMatch>) -> u8 {
+    match (device, reason) {
+        (Some(ClassMatch::OtherClass(_)), _) => 1,
+        (Some(ClassMatch::ClassInvalid(_)), _) => 2,
+        (_, Reason::NoMatchingDevices) => 3,
+        (_, Reason::SelectorError) => 4,
+        (_, Reason::DoesNotFitNode) => 5,
+        (_, Reason::CapacityTypeNotAllowed) => 6,
+        (_, Reason::NoPrice) => 7,
+        (_, Reason::InsufficientDevices) => 8,
+        _ => 9,
     }
 }
 

@@ -228,7 +228,13 @@ impl Ctx<'_, '_> {
                     match outcome {
                         Ok(c) => candidates.push(c),
                         Err((reason, msg)) => {
-                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| stage(reason) > stage(*r));
+                            let device = |(p, a): (usize, usize)| {
+                                self.pool_class[ci][p].and_then(|ix| class_matches.get(a).and_then(|m| m.get(ix)))
+                            };
+                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| {
+                                let best = pool_block_at.get(&ci).copied().and_then(device);
+                                stage(reason, device((pi, ai))) > stage(*r, best)
+                            });
                             if !better && !self.explain {
                                 continue;
                             }
@@ -380,8 +386,8 @@ impl Ctx<'_, '_> {
             Some(ClassMatch::Match) => {
                 self.candidate(d, cluster, ci, pi, ai as u32 + 1, shape, cap_types, max_cost, words)
             }
-            Some(ClassMatch::NoMatch(why)) => Err((Reason::NoMatchingDevices, say(why))),
-            Some(ClassMatch::Error(why)) => Err((Reason::SelectorError, say(why))),
+            Some(ClassMatch::NoMatch(why) | ClassMatch::OtherClass(why)) => Err((Reason::NoMatchingDevices, say(why))),
+            Some(ClassMatch::Error(why) | ClassMatch::ClassInvalid(why)) => Err((Reason::SelectorError, say(why))),
             None => Err((Reason::NoMatchingDevices, say(&format!("class {} is not defined", cluster.pools[pi].class)))),
         }
     }

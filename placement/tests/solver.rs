@@ -472,3 +472,38 @@ fn capacity_a_claim_obtained_goes_to_its_owner_alone() {
     assert_eq!(on(&plan.deployments[0], "eu-1"), 3);
     assert_eq!(on(&plan.deployments[1], "eu-1"), 0);
 }
+
+#[test]
+fn a_selector_failing_on_a_class_is_the_clusters_reason_over_another_pools_mismatch() {
+    // eu-1 has an h100 pool (not the class asked for) and a pool of a class whose capacity no
+    // Quantity holds: the error to fix is what the cluster reports, not the plain mismatch.
+    let od = CapacityType::OnDemand;
+    let mut snap = fleet(vec![deployment(
+        "m",
+        1,
+        json!({"devices": {"alternatives": [{"class": "bad",
+            "selectors": ["device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"80Gi\")) >= 0"]}]}}),
+    )]);
+    snap.classes.insert("bad".into(), class("bad", "1e400", "Hopper", 8, "1.00", "1.00").1);
+    snap.clusters[0].pools.push(pool("bad", "bad", 1, 8, od));
+    let plan = solve1(&snap);
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::SelectorError), "{:?}", plan.rejections);
+    let words = &plan.rejections.iter().find(|r| r.cluster == "eu-1").unwrap().message;
+    assert!(words.contains("spec.device.capacity.memory"), "{words}");
+    // A deployment that does not ask for the bad class hears about its own selector, not about
+    // the bad class: a selector false on a valid device tells more than an invalid class.
+    let own = deployment(
+        "n",
+        1,
+        json!({"devices": {"alternatives": [{"selectors": ["device.attributes[\"gpu.nvidia.com\"].nosuch == 1"]}]}}),
+    );
+    let mut other = snap.clone();
+    other.deployments = vec![own];
+    let plan = solve1(&other);
+    let words = &plan.rejections.iter().find(|r| r.cluster == "eu-1").unwrap().message;
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::NoMatchingDevices));
+    assert!(words.contains("nosuch"), "{words}");
+    // Twin: without the bad pool the cluster's reason is the mismatch.
+    snap.clusters[0].pools.pop();
+    assert_eq!(reason(&solve1(&snap), "eu-1"), Some(Reason::NoMatchingDevices));
+}

@@ -179,7 +179,8 @@ for v in create update delete; do
   can "$C" no "$v" modeldeployments.flotilla.dev -n ml
 done
 can "$C" no patch inferenceclusters.flotilla.dev
-can "$C" no patch inferenceclasses.flotilla.dev --subresource=status
+can "$C" yes patch inferenceclasses.flotilla.dev --subresource=status  # Ready / InvalidSpec (controllers/src/class.rs)
+can "$C" no patch inferenceclasses.flotilla.dev
 can "$C" no update modeldeployments.flotilla.dev --subresource=status -n ml
 can "$C" no create modelcaches.flotilla.dev -n ml
 can "$C" no update modelcaches.flotilla.dev --subresource=status -n ml

@@ -28,12 +28,12 @@ const WAIT: &str =
 /// Every reason, per kind, in the order of [`super::KINDS`].
 pub const ALL: &[ReasonDoc] = &[
     // InferenceClass.
-    r!(INFERENCE_CLASS, AS_EXPECTED, "reserved: `Ready`=True", "The class is valid and usable.", NOTHING),
+    r!(INFERENCE_CLASS, AS_EXPECTED, "`Ready`=True", "The class's device can be handed to device selectors.", NOTHING),
     r!(
         INFERENCE_CLASS,
         INVALID_SPEC,
-        "reserved: `Ready`=False",
-        "The spec failed validation; the message names the field.",
+        "`Ready`=False",
+        "The device cannot be handed to selectors (a capacity a Kubernetes Quantity cannot hold, a negative capacity, DRA's bounds passed); the message names the field. No replica is placed on pools of this class.",
         VALIDATE
     ),
     r!(INFERENCE_CLASS, PENDING, "reserved: `Ready`=Unknown", "The controller has not looked at the class yet.", WAIT),

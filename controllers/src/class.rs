@@ -1,0 +1,135 @@
+//! InferenceClass status. A class is `Ready` when its device can be handed to device selectors:
+//! capacities within what a Kubernetes `resource.Quantity` holds, attributes within DRA's
+//! bounds. Otherwise `Ready`=False `InvalidSpec` naming the field — the solver already refuses
+//! the device of such a class, so no replica lands on its pools and every deployment that
+//! wanted it says so; this is where the user sees what to fix. Observe (the class) → decide
+//! (`status`, pure) → apply (a status patch, only when it changes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_apis::InferenceClass;
+use flotilla_apis::cel::{SelectorEngine, SelectorError};
+use flotilla_apis::class::InferenceClassStatus;
+use flotilla_apis::conditions::{Desired, Status, merge, would_change};
+use flotilla_apis::constants::{condition, reason};
+use futures_util::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+
+use crate::Error;
+
+/// The class's `Ready` condition: what the selector engine makes of its device.
+pub fn ready(class: &InferenceClass, engine: &SelectorEngine) -> Desired {
+    match engine.device(&class.spec.device) {
+        Ok(_) => Desired::new(
+            condition::READY,
+            Status::True,
+            reason::AS_EXPECTED,
+            format!(
+                "device {} usable by selectors, {} per node",
+                class.spec.device.driver, class.spec.devices_per_node
+            ),
+        ),
+        Err(SelectorError::Quantity { field, message } | SelectorError::DeviceBounds { field, message }) => {
+            Desired::new(
+                condition::READY,
+                Status::False,
+                reason::INVALID_SPEC,
+                format!("{field}: {message}; no replica is placed on pools of this class until it is fixed"),
+            )
+        }
+        Err(e) => Desired::new(
+            condition::READY,
+            Status::False,
+            reason::INVALID_SPEC,
+            format!("spec.device: the device cannot be described to selectors: {e}"),
+        ),
+    }
+}
+
+/// The status to write, or `None` when the current one already says it.
+pub fn status(class: &InferenceClass, engine: &SelectorEngine, now: &Time) -> Option<InferenceClassStatus> {
+    let current = class.status.clone().unwrap_or_default();
+    let generation = class.metadata.generation;
+    let desired = [ready(class, engine)];
+    if current.observed_generation == generation && !would_change(&current.conditions.0, &desired, generation) {
+        return None;
+    }
+    let conditions = merge(&current.conditions.0, &desired, generation, now);
+    Some(InferenceClassStatus {
+        observed_generation: generation,
+        conditions: flotilla_apis::common::Conditions(conditions),
+        ..current
+    })
+}
+
+async fn reconcile(class: Arc<InferenceClass>, client: Arc<Client>) -> Result<Action, Error> {
+    let engine = SelectorEngine::new();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    if let Some(next) = status(&class, &engine, &now) {
+        let patch = crate::status_patch::status_patch(class.status.as_ref(), &next).map_err(kube::Error::SerdeError)?;
+        Api::<InferenceClass>::all((*client).clone())
+            .patch_status(&class.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(Action::await_change())
+}
+
+/// Runs the InferenceClass status controller until `shutdown` resolves.
+pub async fn run(client: Client, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let api = Api::<InferenceClass>::all(client.clone());
+    Controller::new(api, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            |class, err, _| {
+                tracing::warn!(class = %class.name_any(), "InferenceClass status not written ({err}); retrying");
+                Action::requeue(Duration::from_secs(10))
+            },
+            Arc::new(client),
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(memory: &str) -> InferenceClass {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass",
+            "metadata": {"name": "h100", "generation": 3},
+            "spec": {"device": {"driver": "gpu.nvidia.com", "capacity": {"memory": memory}}, "devicesPerNode": 8}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_class_whose_capacity_overflows_a_quantity_is_invalid_naming_the_field() {
+        let engine = SelectorEngine::new();
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let s = status(&class("1e400"), &engine, &now).unwrap();
+        let c = s.conditions.get(condition::READY).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::INVALID_SPEC));
+        assert!(c.message.contains("spec.device.capacity.memory"), "{}", c.message);
+        assert_eq!(s.observed_generation, Some(3));
+        // Twin: a capacity a Quantity holds is Ready.
+        let s = status(&class("80Gi"), &engine, &now).unwrap();
+        assert!(s.conditions.is_true(condition::READY));
+    }
+
+    #[test]
+    fn a_class_whose_status_already_says_it_is_not_written_again() {
+        let engine = SelectorEngine::new();
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let mut c = class("80Gi");
+        c.status = status(&c, &engine, &now);
+        assert!(status(&c, &engine, &now).is_none(), "a quiet class makes no write");
+        c.metadata.generation = Some(4);
+        assert!(status(&c, &engine, &now).is_some(), "a new generation is acknowledged");
+    }
+}
