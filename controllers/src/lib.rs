@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod claim;
 pub mod cluster;
+pub mod cluster_delete;
 pub mod deployment;
 pub mod inventory;
 pub mod member;
@@ -12,6 +13,8 @@ pub mod metrics;
 pub mod render;
 pub mod server;
 pub mod status_patch;
+pub mod sweep;
+pub mod tenancy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +82,10 @@ pub struct ControllerConfig {
     pub stage_image: String,
     /// Where CapacityClaims get capacity; without one, claims are left alone.
     pub capacity: Option<Capacity>,
+    /// The namespaces tenant objects may use.
+    pub tenancy: tenancy::Tenancy,
+    /// How often every member is swept for objects no ModelDeployment or ModelCache owns.
+    pub sweep_every: Duration,
 }
 
 /// The capacity provider claims are solved against.
@@ -111,6 +118,8 @@ impl Default for ControllerConfig {
             field_manager: "flotilla-controller".into(),
             capacity: None,
             stage_image: DEFAULT_STAGE_IMAGE.into(),
+            tenancy: tenancy::Tenancy::new(member::DEFAULT_SECRET_NAMESPACE, []),
+            sweep_every: Duration::from_secs(300),
         }
     }
 }
@@ -123,6 +132,8 @@ pub struct Context {
     pub classes: Store<InferenceClass>,
     /// Member clients (shared with the ModelDeployment controller).
     pub members: Arc<member::MemberClients>,
+    /// ModelDeployments and ModelCaches (the tenants' namespaces, for a deletion's cleanup).
+    pub tenants: (Store<ModelDeployment>, Store<ModelCache>),
     /// Metrics.
     pub metrics: metrics::Metrics,
     /// Tunables.
@@ -235,16 +246,29 @@ pub async fn run_controllers(
             tokio::select! { () = prune => {}, () = stop => {} }
         }
     };
+    let sweep = sweep::run(
+        sweep::SweepContext {
+            client: client.clone(),
+            clusters: clusters.clone(),
+            deployments: deployments.clone(),
+            caches: caches.clone(),
+            members: members.clone(),
+            timeouts: config.timeouts,
+        },
+        config.sweep_every,
+        stop(rx.clone()),
+    );
     tokio::join!(
         relay,
         claims,
         forget,
+        sweep,
         run_cluster_controller(
             client.clone(),
             config.clone(),
             metrics.clone(),
             members.clone(),
-            classes.clone(),
+            (classes.clone(), deployments.clone(), caches.clone()),
             class_tick_a,
             stop(rx.clone())
         ),
@@ -463,12 +487,19 @@ async fn run_cluster_controller(
     config: ControllerConfig,
     metrics: metrics::Metrics,
     members: Arc<member::MemberClients>,
-    classes: Store<InferenceClass>,
+    (classes, deployments, caches): (Store<InferenceClass>, Store<ModelDeployment>, Store<ModelCache>),
     class_ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let ctx =
-        Arc::new(Context { client: client.clone(), classes, members, metrics, config, failures: Default::default() });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        classes,
+        members,
+        tenants: (deployments, caches),
+        metrics,
+        config,
+        failures: Default::default(),
+    });
     Controller::new(Api::<InferenceCluster>::all(client), watcher::Config::default())
         .reconcile_all_on(class_ticks)
         .graceful_shutdown_on(shutdown)
