@@ -217,6 +217,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     for cluster in &involved {
         let Some(ic) = ctx.cluster(cluster) else {
             observed.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
+            observed.vanished.insert(cluster.clone());
             continue;
         };
         // Its deletion policy, not this reconcile, decides what happens to the objects there.
