@@ -86,6 +86,8 @@ pub struct ControllerConfig {
     pub tenancy: tenancy::Tenancy,
     /// How often every member is swept for objects no ModelDeployment or ModelCache owns.
     pub sweep_every: Duration,
+    /// Namespace of member kubeconfig Secrets whose `secretRef` names none.
+    pub secret_namespace: String,
 }
 
 /// The capacity provider claims are solved against.
@@ -118,8 +120,9 @@ impl Default for ControllerConfig {
             field_manager: "flotilla-controller".into(),
             capacity: None,
             stage_image: DEFAULT_STAGE_IMAGE.into(),
-            tenancy: tenancy::Tenancy::new(member::DEFAULT_SECRET_NAMESPACE, []),
+            tenancy: tenancy::Tenancy::new([member::DEFAULT_SECRET_NAMESPACE.to_string()], []),
             sweep_every: Duration::from_secs(300),
+            secret_namespace: member::DEFAULT_SECRET_NAMESPACE.into(),
         }
     }
 }
@@ -184,7 +187,7 @@ pub async fn run_controllers(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ready: impl FnOnce() + Send,
 ) {
-    let members = Arc::new(member::MemberClients::default());
+    let members = Arc::new(member::MemberClients::new(config.secret_namespace.clone()));
     let (classes, mut class_ticks, _class_task) = spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2);
     let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 3);
     let (caches, mut cache_ticks, _cache_task) = spawn_reflector(Api::<ModelCache>::all(client.clone()), 1);
