@@ -99,8 +99,9 @@ say "2. The CRDs, the member credentials, and examples/fleet on the control clus
 run kubectl apply --server-side -f charts/flotilla/crds
 wait_until "CRDs established" 60 kc wait --for condition=established --timeout=5s crd/modeldeployments.flotilla.dev
 kc create namespace flotilla-system >/dev/null
+kc create namespace flotilla-system-members >/dev/null  # the kubeconfigs' own namespace, as the chart's default
 for m in "${MEMBERS[@]}"; do
-  kc -n flotilla-system create secret generic "${m}-kubeconfig" --from-file=kubeconfig="${FLOTILLA_E2E_DIR}/${m}.kubeconfig" >/dev/null
+  kc -n flotilla-system-members create secret generic "${m}-kubeconfig" --from-file=kubeconfig="${FLOTILLA_E2E_DIR}/${m}.kubeconfig" >/dev/null
 done
 run kubectl apply --server-side -f examples/fleet/namespace.yaml
 run kubectl apply --server-side -R -f examples/fleet

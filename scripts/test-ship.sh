@@ -9,7 +9,8 @@
 #   3b. the PrometheusRule and the docs' example rule through Prometheus' rule parser;
 #   4. fleetctl validate --strict on each environment of examples/gitops, as its CI workflow does;
 #   5. helm install into a harness control cluster it starts and tears down, kubectl auth can-i
-#      for both ServiceAccounts, the real controller and the real gateway (control-cluster mode)
+#      for both ServiceAccounts (the controller reads the member kubeconfig Secret, not Helm's
+#      release Secret; it may patch InferenceClusters for their finalizer), the real controller and the real gateway (control-cluster mode)
 #      under the chart's ServiceAccounts, fixture shapes against the CRDs, Argo CD manifests
 #      against Argo CD's CRDs, kube-state-metrics condition series for the alerts, the
 #      every-toggle snapshot against real schemas (ServiceMonitor, PrometheusRule from

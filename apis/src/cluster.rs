@@ -66,6 +66,23 @@ pub struct InferenceClusterSpec {
     /// Storage class of ModelCache volumes here, when the cache names none (else the member's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_storage_class_name: Option<String>,
+    /// What deleting this InferenceCluster does to the workloads Flotilla runs in the member:
+    /// `Cleanup` (the default) removes every object with Flotilla's labels from the member before
+    /// the InferenceCluster goes; `Orphan` leaves them running there, unmanaged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+}
+
+/// What deleting an InferenceCluster does to Flotilla's workloads in the member.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Remove Flotilla's objects (by its labels) from the member first; while the member cannot
+    /// be reached the InferenceCluster waits (`Ready=False`, `CleanupBlocked`) up to a bound,
+    /// then orphans them (docs/operations.md, "Deletion").
+    #[default]
+    Cleanup,
+    /// Leave Flotilla's objects running in the member, unmanaged.
+    Orphan,
 }
 
 /// Which provider runs the cluster. Exactly one is set.

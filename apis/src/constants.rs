@@ -17,6 +17,20 @@ pub const FINALIZER_MEMBER_CLEANUP: &str = "flotilla.dev/member-cleanup";
 pub const FINALIZER_CACHE_CLEANUP: &str = "flotilla.dev/cache-cleanup";
 /// Finalizer that releases capacity obtained for a CapacityClaim.
 pub const FINALIZER_CAPACITY_RELEASE: &str = "flotilla.dev/capacity-release";
+/// Finalizer that lets an InferenceCluster apply its `spec.deletionPolicy` to the member.
+pub const FINALIZER_CLUSTER_CLEANUP: &str = "flotilla.dev/cluster-cleanup";
+
+/// Annotations users set on Flotilla objects to steer the controller.
+pub mod annotations {
+    /// On a ModelDeployment or InferenceCluster being deleted, `"true"`: stop waiting for members
+    /// that cannot be reached and leave whatever Flotilla runs there (a later sweep removes it
+    /// once the member answers again, if its InferenceCluster still exists).
+    pub const ORPHAN_ON_UNREACHABLE: &str = "flotilla.dev/orphan-on-unreachable";
+}
+
+/// Namespaces no tenant object (ModelDeployment, ModelCache) may use, on the control cluster or
+/// in a member; Flotilla's own namespace is added by the controller.
+pub const PROTECTED_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 /// Labels Flotilla puts on the objects it creates in member clusters and on nodes it asks for.
 pub mod labels {
@@ -84,6 +98,8 @@ pub mod reason {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// All is as asked.
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// Deletion waits: a member that holds the object's workloads cannot be reached.
+    pub const CLEANUP_BLOCKED: &str = "CleanupBlocked";
     /// The controller has not observed enough yet to say.
     pub const PENDING: &str = "Pending";
 

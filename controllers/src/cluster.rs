@@ -1,7 +1,8 @@
 //! The InferenceCluster reconciler: observe the member (through its kubeconfig Secret), decide
 //! the status (pure: [`desired_status`]), and patch it only when it differs from what is
 //! there. Requeues on a short period, so a member that stops answering turns
-//! `Reachable=False` within `poll + observe timeout`.
+//! `Reachable=False` within `poll + observe timeout`. Its finalizer applies the cluster's
+//! deletion policy to the member (`cluster_delete.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use flotilla_apis::cluster::InferenceClusterStatus;
 use flotilla_apis::conditions::{Desired, Status, merge};
-use flotilla_apis::constants::{condition, reason};
+use flotilla_apis::constants::{FINALIZER_CLUSTER_CLEANUP, condition, reason};
 use flotilla_apis::{InferenceClass, InferenceCluster};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 
 use crate::Context;
@@ -129,8 +131,20 @@ pub fn desired_status(
     next
 }
 
-/// Reconciles one InferenceCluster.
+/// Reconciles one InferenceCluster (with its finalizer).
 pub async fn reconcile(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Action, crate::Error> {
+    let api: Api<InferenceCluster> = Api::all(ctx.client.clone());
+    finalizer(&api, FINALIZER_CLUSTER_CLEANUP, ic, |ev| async {
+        match ev {
+            Finalizer::Apply(ic) => observe_member(ic, ctx.clone()).await,
+            Finalizer::Cleanup(ic) => crate::cluster_delete::cleanup(ic, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(crate::from_finalizer)
+}
+
+async fn observe_member(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Action, crate::Error> {
     let started = Instant::now();
     let name = ic.name_any();
     let classes: BTreeMap<String, _> =

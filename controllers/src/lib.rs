@@ -6,6 +6,7 @@ pub mod cache;
 pub mod claim;
 pub mod class;
 pub mod cluster;
+pub mod cluster_delete;
 pub mod deployment;
 pub mod inventory;
 pub mod member;
@@ -14,6 +15,8 @@ pub mod render;
 pub mod server;
 pub mod solve_once;
 pub mod status_patch;
+pub mod sweep;
+pub mod tenancy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,6 +87,12 @@ pub struct ControllerConfig {
     pub stage_image: String,
     /// Where CapacityClaims get capacity; without one, claims are left alone.
     pub capacity: Option<Capacity>,
+    /// The namespaces tenant objects may use.
+    pub tenancy: tenancy::Tenancy,
+    /// How often every member is swept for objects no ModelDeployment or ModelCache owns.
+    pub sweep_every: Duration,
+    /// Namespace of member kubeconfig Secrets whose `secretRef` names none.
+    pub secret_namespace: String,
 }
 
 /// The capacity provider claims are solved against.
@@ -116,6 +125,9 @@ impl Default for ControllerConfig {
             field_manager: "flotilla-controller".into(),
             capacity: None,
             stage_image: DEFAULT_STAGE_IMAGE.into(),
+            tenancy: tenancy::Tenancy::new([member::DEFAULT_SECRET_NAMESPACE.to_string()], []),
+            sweep_every: Duration::from_secs(300),
+            secret_namespace: member::DEFAULT_SECRET_NAMESPACE.into(),
         }
     }
 }
@@ -128,6 +140,8 @@ pub struct Context {
     pub classes: Store<InferenceClass>,
     /// Member clients (shared with the ModelDeployment controller).
     pub members: Arc<member::MemberClients>,
+    /// ModelDeployments and ModelCaches (the tenants' namespaces, for a deletion's cleanup).
+    pub tenants: (Store<ModelDeployment>, Store<ModelCache>),
     /// Metrics.
     pub metrics: metrics::Metrics,
     /// Tunables.
@@ -178,7 +192,7 @@ pub async fn run_controllers(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ready: impl FnOnce() + Send,
 ) {
-    let members = Arc::new(member::MemberClients::default());
+    let members = Arc::new(member::MemberClients::new(config.secret_namespace.clone()));
     let (classes, mut class_ticks, _class_task) = spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2);
     let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 3);
     let (caches, mut cache_ticks, _cache_task) = spawn_reflector(Api::<ModelCache>::all(client.clone()), 1);
@@ -240,17 +254,30 @@ pub async fn run_controllers(
             tokio::select! { () = prune => {}, () = stop => {} }
         }
     };
+    let sweep = sweep::run(
+        sweep::SweepContext {
+            client: client.clone(),
+            clusters: clusters.clone(),
+            deployments: deployments.clone(),
+            caches: caches.clone(),
+            members: members.clone(),
+            timeouts: config.timeouts,
+        },
+        config.sweep_every,
+        stop(rx.clone()),
+    );
     tokio::join!(
         relay,
         claims,
         forget,
         class::run(client.clone(), stop(rx.clone())),
+        sweep,
         run_cluster_controller(
             client.clone(),
             config.clone(),
             metrics.clone(),
             members.clone(),
-            classes.clone(),
+            (classes.clone(), deployments.clone(), caches.clone()),
             class_tick_a,
             stop(rx.clone())
         ),
@@ -472,12 +499,19 @@ async fn run_cluster_controller(
     config: ControllerConfig,
     metrics: metrics::Metrics,
     members: Arc<member::MemberClients>,
-    classes: Store<InferenceClass>,
+    (classes, deployments, caches): (Store<InferenceClass>, Store<ModelDeployment>, Store<ModelCache>),
     class_ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let ctx =
-        Arc::new(Context { client: client.clone(), classes, members, metrics, config, failures: Default::default() });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        classes,
+        members,
+        tenants: (deployments, caches),
+        metrics,
+        config,
+        failures: Default::default(),
+    });
     Controller::new(Api::<InferenceCluster>::all(client), watcher::Config::default())
         .reconcile_all_on(class_ticks)
         .graceful_shutdown_on(shutdown)

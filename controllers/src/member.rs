@@ -20,7 +20,8 @@ use kube::{Api, Client, Config};
 
 use crate::inventory::MemberObservation;
 
-/// Namespace of the kubeconfig Secret when the spec names none.
+/// Namespace of the kubeconfig Secret when the spec names none and the controller was given
+/// none (`--member-secret-namespace`).
 pub const DEFAULT_SECRET_NAMESPACE: &str = "flotilla-system";
 /// Key of the kubeconfig in the Secret when the spec names none.
 pub const DEFAULT_SECRET_KEY: &str = "kubeconfig";
@@ -78,12 +79,24 @@ struct Member {
 }
 
 /// Member clients and watches, cached by cluster and Secret version.
-#[derive(Default)]
 pub struct MemberClients {
     cache: Mutex<HashMap<String, Member>>,
+    /// Namespace of kubeconfig Secrets whose `secretRef` names none.
+    default_namespace: String,
+}
+
+impl Default for MemberClients {
+    fn default() -> Self {
+        Self::new(DEFAULT_SECRET_NAMESPACE)
+    }
 }
 
 impl MemberClients {
+    /// No clients yet; `secretRef`s without a namespace name a Secret in `default_namespace`.
+    pub fn new(default_namespace: impl Into<String>) -> Self {
+        Self { cache: Mutex::default(), default_namespace: default_namespace.into() }
+    }
+
     /// The client for a member, built from its kubeconfig Secret.
     pub async fn client(&self, control: &Client, ic: &InferenceCluster, t: Timeouts) -> Result<Client, MemberError> {
         let name = ic.metadata.name.clone().unwrap_or_default();
@@ -93,7 +106,7 @@ impl MemberClients {
             ));
         };
         let r = &creds.secret_ref;
-        let ns = r.namespace.as_deref().unwrap_or(DEFAULT_SECRET_NAMESPACE);
+        let ns = r.namespace.as_deref().unwrap_or(&self.default_namespace);
         let key = r.key.as_deref().unwrap_or(DEFAULT_SECRET_KEY);
         let secrets: Api<Secret> = Api::namespaced(control.clone(), ns);
         let secret = match secrets.get_opt(&r.name).await {

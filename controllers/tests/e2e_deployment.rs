@@ -2,8 +2,13 @@
 //! (two EU, one US) with kwok GPU nodes. Each member gets exactly the Deployments the plan
 //! says and their pods go Running; the EU-sovereign model has nothing in the US member; a
 //! quiet fleet makes no writes; a stopped member's replicas are re-placed in the EU with
-//! make-before-break; deleting a ModelDeployment removes every member object it created and
-//! nothing else. Run by `scripts/test-e2e.sh`.
+//! make-before-break; a ModelDeployment in `kube-system` is refused and reaches no member;
+//! deleting an InferenceCluster (`deletionPolicy: Cleanup`) removes Flotilla's workloads from
+//! its member; deleting a ModelDeployment removes every member object it created and nothing
+//! else, is not held up by an unrelated unreachable member, waits (naming it) for one that holds
+//! its objects until annotated `flotilla.dev/orphan-on-unreachable=true`, and the periodic
+//! sweep removes what was orphaned once that member answers again. Run by
+//! `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,6 +26,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+
+const CTL_ARGS: &[&str] = &["--poll-seconds", "3", "--member-timeout-seconds", "8", "--sweep-seconds", "3"];
 
 const MEMBERS: [(&str, &str, &str); 3] =
     [("eu1", "eu-central-1", "EU"), ("eu2", "eu-west-3", "EU"), ("us1", "us-east-1", "US")];
@@ -72,6 +79,28 @@ async fn member_deployments(client: &Client, model: &str) -> BTreeMap<String, i3
             l.items.iter().map(|d| (d.name_any(), d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0))).collect()
         })
         .unwrap_or_default()
+}
+
+/// `Kind namespace/name (owner)` of every Deployment, Service and ResourceClaimTemplate with
+/// Flotilla's managed-by label, in every namespace of a member.
+async fn flotilla_objects(client: &Client) -> Vec<String> {
+    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=flotilla");
+    let describe = |kind: &str, m: &kube::api::ObjectMeta| {
+        let owner = m.labels.as_ref().and_then(|l| l.get("flotilla.dev/deployment")).cloned().unwrap_or_default();
+        format!("{kind} {}/{} ({owner})", m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
+    };
+    let mut out: Vec<String> = Vec::new();
+    for d in Api::<Deployment>::all(client.clone()).list_metadata(&lp).await.unwrap().items {
+        out.push(describe("Deployment", &d.metadata));
+    }
+    for d in Api::<k8s_openapi::api::core::v1::Service>::all(client.clone()).list_metadata(&lp).await.unwrap().items {
+        out.push(describe("Service", &d.metadata));
+    }
+    let rcts = Api::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>::all(client.clone());
+    for d in rcts.list_metadata(&lp).await.unwrap().items {
+        out.push(describe("ResourceClaimTemplate", &d.metadata));
+    }
+    out
 }
 
 async fn running_pods(client: &Client, model: &str) -> usize {
@@ -210,8 +239,17 @@ async fn model_deployment_controller_on_real_api_servers() {
     )
     .await;
 
-    let mut ctl =
-        ControllerProcess::start(&fleet, "control", "ctl-1", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
+    // A tenant's model in kube-system (protected): refused, and it must reach no member.
+    let mut sys = model(
+        "sys-model",
+        1,
+        json!({"type": "Standalone", "devicesPerReplica": 1}),
+        json!({"sovereignty": {"allowedJurisdictions": ["US"]}}),
+    );
+    sys["metadata"]["namespace"] = json!("kube-system");
+    apply(&control, sys).await;
+
+    let mut ctl = ControllerProcess::start(&fleet, "control", "ctl-1", CTL_ARGS);
     let api: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
     for (name, n) in [("eu-model", 4), ("us-model", 3)] {
         wait_for(&format!("{name} Ready {n}/{n}"), Duration::from_secs(90), || async {
@@ -220,6 +258,28 @@ async fn model_deployment_controller_on_real_api_servers() {
         })
         .await;
     }
+
+    // The kube-system model: InvalidSpec naming the namespace, and nothing of it in any namespace
+    // of any member.
+    let sys_api: Api<ModelDeployment> = Api::namespaced(control.clone(), "kube-system");
+    wait_for("sys-model refused with InvalidSpec", Duration::from_secs(30), || async {
+        let s = status_of(&sys_api, "sys-model").await;
+        let (placed, ready) = (s.conditions.get("Placed")?, s.conditions.get("Ready")?);
+        (placed.reason == "InvalidSpec"
+            && ready.reason == "InvalidSpec"
+            && placed.status == "False"
+            && placed.message.contains("namespace kube-system is protected"))
+        .then_some(())
+    })
+    .await;
+    for (name, client) in &members {
+        let objects = flotilla_objects(client).await;
+        assert!(
+            objects.iter().all(|o| !o.contains("kube-system")),
+            "nothing of the kube-system model (nor anything in kube-system) in {name}: {objects:?}"
+        );
+    }
+    assert!(status_of(&sys_api, "sys-model").await.placements.is_empty(), "a refused model is not placed");
 
     // Each member runs exactly what the status (the plan) says; pods Running through kwok.
     let s = status_of(&api, "eu-model").await;
@@ -346,8 +406,7 @@ async fn model_deployment_controller_on_real_api_servers() {
     api.patch("us-model", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 8}}))).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     ctl.kill();
-    let mut ctl =
-        ControllerProcess::start(&fleet, "control", "ctl-2", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
+    let mut ctl = ControllerProcess::start(&fleet, "control", "ctl-2", CTL_ARGS);
     wait_for("us-model Ready 8/8 after the restart", Duration::from_secs(90), || async {
         let s = status_of(&api, "us-model").await;
         (s.ready_replicas == 8 && s.conditions.is_true("Ready")).then_some(())
@@ -357,21 +416,6 @@ async fn model_deployment_controller_on_real_api_servers() {
     for eu in ["eu1", "eu2"] {
         assert!(member_deployments(&members[eu], "us-model").await.is_empty(), "no orphan or duplicate in {eu}");
     }
-
-    // Delete: every member object of eu-model goes; the bystander and us-model stay.
-    api.delete("eu-model", &DeleteParams::default()).await.unwrap();
-    wait_for("eu-model gone with its member objects", Duration::from_secs(90), || async {
-        let gone = api.get_opt("eu-model").await.unwrap().is_none();
-        let eu1 = member_deployments(&members["eu1"], "eu-model").await.is_empty();
-        let eu2 = member_deployments(&members["eu2"], "eu-model").await.is_empty();
-        (gone && eu1 && eu2).then_some(())
-    })
-    .await;
-    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(members["eu1"].clone(), "ml");
-    assert!(svc.get_opt("eu-model").await.unwrap().is_none(), "the Service went too");
-    let deps = Api::<Deployment>::namespaced(members["eu1"].clone(), "ml");
-    assert!(deps.get_opt("bystander").await.unwrap().is_some(), "objects Flotilla did not create are untouched");
-    assert_eq!(member_deployments(&members["us1"], "us-model").await.len(), 1, "other deployments are untouched");
 
     // An invalid edit (a selector that errors on every device) reports, and tears nothing down.
     let patch = json!({"spec": {"devices": {"alternatives": [{"selectors": ["device.attributes[\"gpu.nvidia.com\"].nosuch == 1"]}]}}});
@@ -407,6 +451,64 @@ async fn model_deployment_controller_on_real_api_servers() {
             && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("us-model")),
         "a PlacementChanged event for us-model"
     );
+
+    // Deleting InferenceCluster eu1 (deletionPolicy Cleanup, the default) removes Flotilla's
+    // workloads from the member first; the bystander stays.
+    assert!(!member_deployments(&members["eu1"], "eu-model").await.is_empty(), "eu-model runs in eu1 before");
+    let clusters: Api<flotilla_apis::InferenceCluster> = Api::all(control.clone());
+    clusters.delete("eu1", &DeleteParams::default()).await.unwrap();
+    wait_for("InferenceCluster eu1 gone and its member clean", Duration::from_secs(60), || async {
+        let gone = clusters.get_opt("eu1").await.unwrap().is_none();
+        (gone && flotilla_objects(&members["eu1"]).await.is_empty()).then_some(())
+    })
+    .await;
+    let deps = Api::<Deployment>::namespaced(members["eu1"].clone(), "ml");
+    assert!(deps.get_opt("bystander").await.unwrap().is_some(), "objects Flotilla did not create are untouched");
+
+    // us1 stops answering. Deleting eu-model, which never ran there, is not held up by it: every
+    // member object of eu-model goes (its eu1 placement's cluster no longer exists).
+    fleet.stop("us1");
+    wait_for("us1 Reachable=False", Duration::from_secs(60), || async {
+        let c = clusters.get("us1").await.ok()?;
+        (c.status?.conditions.get("Reachable")?.status == "False").then_some(())
+    })
+    .await;
+    api.delete("eu-model", &DeleteParams::default()).await.unwrap();
+    wait_for("eu-model gone with its member objects while us1 is down", Duration::from_secs(60), || async {
+        let gone = api.get_opt("eu-model").await.unwrap().is_none();
+        (gone && member_deployments(&members["eu2"], "eu-model").await.is_empty()).then_some(())
+    })
+    .await;
+    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(members["eu2"].clone(), "ml");
+    assert!(svc.get_opt("eu-model").await.unwrap().is_none(), "the Service went too");
+
+    // us-model runs in us1: its deletion waits, with a condition naming us1, until annotated.
+    api.delete("us-model", &DeleteParams::default()).await.unwrap();
+    let blocked = wait_for("us-model deletion blocked on us1", Duration::from_secs(60), || async {
+        let md = api.get_opt("us-model").await.unwrap()?;
+        let c = md.status?.conditions.get("Ready")?.clone();
+        (c.reason == "CleanupBlocked").then_some(c)
+    })
+    .await;
+    assert!(blocked.message.contains("us1") && blocked.message.contains("orphan-on-unreachable"), "{blocked:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let md = api.get_opt("us-model").await.unwrap().expect("still there while us1 is down");
+    assert_eq!(md.finalizers(), ["flotilla.dev/member-cleanup"], "it keeps its finalizer");
+    let orphan = json!({"metadata": {"annotations": {"flotilla.dev/orphan-on-unreachable": "true"}}});
+    api.patch("us-model", &PatchParams::default(), &Patch::Merge(&orphan)).await.unwrap();
+    wait_for("us-model deleted once annotated", Duration::from_secs(60), || async {
+        api.get_opt("us-model").await.unwrap().is_none().then_some(())
+    })
+    .await;
+
+    // us1 answers again: the periodic sweep removes the objects no ModelDeployment owns now.
+    fleet.start("us1");
+    wait_for("the sweep removed us-model's objects from us1", Duration::from_secs(120), || async {
+        flotilla_objects(&members["us1"]).await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(flotilla_objects(&members["eu2"]).await, Vec::<String>::new(), "nothing left in eu2");
+
     ctl.kill();
     let logs = ctl.logs();
     assert!(!logs.contains("client-key-data"), "no credentials in logs");

@@ -282,6 +282,7 @@ fn cluster(seed: u64, index: usize, classes: &[&'static str]) -> InferenceCluste
         taints,
         cordoned,
         cache_storage_class_name: None,
+        deletion_policy: None,
     };
     let mut c = InferenceCluster::new(&name, spec);
     c.metadata.labels = Some(labels);

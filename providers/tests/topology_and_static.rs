@@ -113,6 +113,7 @@ fn static_fleet() -> StaticProvider {
         credentials: None,
         endpoint: None,
         cache_storage_class_name: None,
+        deletion_policy: None,
         pools: vec![NodePool {
             name: "h100".into(),
             class: "h100".into(),

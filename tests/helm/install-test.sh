@@ -44,6 +44,7 @@ source "${H}/lib.sh"
 
 NS=flotilla-system
 KNS=flotilla-system-api-keys  # the chart's default gateway.apiKeys.namespace
+MNS=flotilla-system-members   # the chart's default controller.memberSecrets.namespaces
 fail=0
 t0=$(date +%s)
 ok() { printf 'ok   %s [%ds]\n' "$*" $(($(date +%s) - t0)); }
@@ -85,7 +86,7 @@ status:
   allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
   capacity: {cpu: "8", memory: 32Gi, pods: "110"}
 EOF
-for ns in "${NS}" "${KNS}" ml other; do k create namespace "${ns}" >/dev/null; done
+for ns in "${NS}" "${KNS}" "${MNS}" ml other; do k create namespace "${ns}" >/dev/null; done
 # The gateway's API keys (a labelled Secret in the keys namespace, digests only), a member
 # kubeconfig where the controller may read it, and one where it may not.
 API_KEY=helm-test-key-0123456789
@@ -113,7 +114,7 @@ users: [{name: flotilla-member, user: {token: "${member_token}"}}]
 contexts: [{name: member, context: {cluster: member, user: flotilla-member}}]
 current-context: member
 EOF
-k -n "${NS}" create secret generic member-kubeconfig --from-file=kubeconfig="${RKC}" >/dev/null
+k -n "${MNS}" create secret generic member-kubeconfig --from-file=kubeconfig="${RKC}" >/dev/null
 k -n other create secret generic member-kubeconfig --from-file=kubeconfig="${RKC}" >/dev/null
 
 # ---- 1. install -------------------------------------------------------------------------
@@ -163,13 +164,20 @@ can "$C" yes patch events.events.k8s.io -n ml
 can "$C" yes create leases.coordination.k8s.io -n "${NS}"
 can "$C" yes get lease/flotilla-controller -n "${NS}"
 can "$C" yes patch lease/flotilla-controller -n "${NS}"
-can "$C" yes get secret/member-kubeconfig -n "${NS}"
-# ... and what it must not.
+can "$C" yes get secret/member-kubeconfig -n "${MNS}"
+can "$C" yes patch inferenceclusters.flotilla.dev  # its finalizer (deletionPolicy)
+# ... and what it must not: no Secret but the member kubeconfigs' -- not Helm's release Secret.
+helm_secret=$(k -n "${NS}" get secrets -l owner=helm,name=flotilla -o name | head -n 1)
+if [[ "${helm_secret}" == secret/sh.helm.release.v1.flotilla.v* ]]; then ok "Helm release Secret ${helm_secret} exists"
+else bad "no Helm release Secret in ${NS}: ${helm_secret:-none}"; fi
+can "$C" no get "${helm_secret:-secret/sh.helm.release.v1.flotilla.v1}" -n "${NS}"
+can "$C" no get secret/member-kubeconfig -n "${NS}"
 can "$C" no get secret/member-kubeconfig -n other
 can "$C" no get secret/member-kubeconfig -n ml
+can "$C" no list secrets -n "${MNS}"
 can "$C" no list secrets -n "${NS}"
-can "$C" no watch secrets -n "${NS}"
-can "$C" no update secret/member-kubeconfig -n "${NS}"
+can "$C" no watch secrets -n "${MNS}"
+can "$C" no update secret/member-kubeconfig -n "${MNS}"
 can "$C" no get secrets -n kube-system
 can "$C" no patch lease/kube-scheduler -n kube-system
 can "$C" no patch lease/other-lease -n "${NS}"
@@ -178,7 +186,6 @@ for v in create update delete; do
   can "$C" no "$v" inferenceclusters.flotilla.dev
   can "$C" no "$v" modeldeployments.flotilla.dev -n ml
 done
-can "$C" no patch inferenceclusters.flotilla.dev
 can "$C" yes patch inferenceclasses.flotilla.dev --subresource=status  # Ready / InvalidSpec (controllers/src/class.rs)
 can "$C" no patch inferenceclasses.flotilla.dev
 can "$C" no update modeldeployments.flotilla.dev --subresource=status -n ml
@@ -198,9 +205,11 @@ can "$G" yes get lease/flotilla-gateway -n "${NS}"
 can "$G" yes patch lease/flotilla-gateway -n "${NS}"
 for v in get list watch; do can "$G" yes "$v" secrets -n "${KNS}"; done
 # ... and what it must not: above all the member kubeconfigs, in the release namespace.
-can "$G" no get secret/member-kubeconfig -n "${NS}"
+can "$G" no get secret/member-kubeconfig -n "${MNS}"
+can "$G" no list secrets -n "${MNS}"
 can "$G" no list secrets -n "${NS}"
 can "$G" no watch secrets -n "${NS}"
+can "$G" no get "${helm_secret:-secret/sh.helm.release.v1.flotilla.v1}" -n "${NS}"
 can "$G" no get secret/member-kubeconfig -n other
 can "$G" no list secrets -A
 can "$G" no create secrets -n "${KNS}"
@@ -249,7 +258,7 @@ spec:
   provider: {sim: {cloud: helm-test}}
   region: eu-central-1
   jurisdiction: EU
-  credentials: {secretRef: {namespace: flotilla-system, name: member-kubeconfig}}
+  credentials: {secretRef: {namespace: flotilla-system-members, name: member-kubeconfig}}
   endpoint: http://127.0.0.1:1/member
   pools: [{name: h100, class: h100, maxNodes: 1, capacityTypes: [on-demand]}]
 ---
@@ -366,11 +375,13 @@ EOF
   fi
   curl -sf "http://127.0.0.1:${port}/metrics" >"${FLOTILLA_E2E_DIR}/controller.metrics" || true
   # Deletion runs the finalizer: every member object is removed with the member-rbac identity.
-  # (A member that cannot be reached keeps the finalizer, by design: remove "outside" first.)
-  k delete inferencecluster outside >/dev/null
+  # "outside", never reached and never running llama, holds nothing up.
   k -n ml delete modeldeployment llama --wait=false >/dev/null
   gone() { ! k -n ml get modeldeployment llama >/dev/null 2>&1; }
   wait_for "ModelDeployment deleted: finalizer cleaned the member and removed itself" 60 gone
+  k delete inferencecluster outside --wait=false >/dev/null
+  outside_gone() { ! k get inferencecluster outside >/dev/null 2>&1; }
+  wait_for "InferenceCluster outside deleted (never reached: its finalizer holds nothing)" 30 outside_gone
   left=$(mk -n ml get deployments,services,resourceclaimtemplates -l flotilla.dev/deployment=ml.llama -o name 2>&1 | wc -l)
   if [[ "${left}" == 0 ]]; then ok "member: nothing of ml/llama left"; else bad "member still has ${left} objects of ml/llama"; fi
   # Apart from that Secret, the controller was never refused anything.

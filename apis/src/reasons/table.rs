@@ -96,6 +96,13 @@ pub const ALL: &[ReasonDoc] = &[
     ),
     r!(
         INFERENCE_CLUSTER,
+        CLEANUP_BLOCKED,
+        "`Ready`=False",
+        "The cluster is being deleted with `deletionPolicy: Cleanup` and the member cannot be reached to remove Flotilla's workloads; after 10 minutes of this they are orphaned.",
+        "Bring the member back, or let go now: set `spec.deletionPolicy: Orphan` or annotate the cluster `flotilla.dev/orphan-on-unreachable=true` (the workloads stay in the member, unmanaged).",
+    ),
+    r!(
+        INFERENCE_CLUSTER,
         INVALID_SPEC,
         "reserved: `Ready`=False",
         "The spec failed validation; the message names the field.",
@@ -231,9 +238,16 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         MODEL_DEPLOYMENT,
         INVALID_SPEC,
-        "`Placed`=False",
-        "A device selector cannot run: it does not compile, nests too deep, costs too much or names an unknown variable; the message names the field. Nothing on members changes and no capacity is asked for until it is fixed.",
-        VALIDATE
+        "`Placed`=False, `Ready`=False",
+        "The spec failed validation (for instance a device selector that does not compile, nests too deep, costs too much or names an unknown variable), or the deployment is in a namespace the controller refuses (`kube-system`, `kube-public`, `kube-node-lease`, Flotilla's own, or one outside `--tenant-namespaces`); the message names the field or the namespace. Nothing is written to any member and no capacity is asked for until it is fixed.",
+        "Fix the field the message names, or create the deployment in a tenant namespace the controller accepts (docs/operations.md, \"Tenant isolation\").",
+    ),
+    r!(
+        MODEL_DEPLOYMENT,
+        CLEANUP_BLOCKED,
+        "`Ready`=False",
+        "The deployment is being deleted and a member that holds its objects cannot be reached; the message names the member. Only this deployment waits.",
+        "Bring the member back, or annotate the deployment `flotilla.dev/orphan-on-unreachable=true` to let it go and leave its objects there (removed by the sweep once the member answers).",
     ),
     r!(
         MODEL_DEPLOYMENT,
@@ -337,9 +351,9 @@ pub const ALL: &[ReasonDoc] = &[
     r!(
         MODEL_CACHE,
         INVALID_SPEC,
-        "reserved: `Accepted`=False",
-        "The spec failed validation; the message names the field.",
-        VALIDATE
+        "`Accepted`=False, `Ready`=False",
+        "The spec failed validation, or the cache is in a namespace the controller refuses (`kube-system`, `kube-public`, `kube-node-lease`, Flotilla's own, or one outside `--tenant-namespaces`); nothing is written to any member.",
+        "Fix the field the message names, or create the cache in a tenant namespace the controller accepts.",
     ),
     // CapacityClaim.
     r!(

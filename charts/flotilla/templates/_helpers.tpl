@@ -78,10 +78,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* Namespaces whose Secrets the controller may get: the configured list, else the release namespace. */}}
+{{/* Namespaces whose Secrets the controller may get: the configured list, else <release namespace>-members (a namespace of their own: the release namespace holds Helm's release Secrets). */}}
 {{- define "flotilla.controller.secretNamespaces" -}}
 {{- $nss := .Values.controller.memberSecrets.namespaces -}}
-{{- if not $nss -}}{{- $nss = list .Release.Namespace -}}{{- end -}}
+{{- if not $nss -}}{{- $nss = list (printf "%s-members" .Release.Namespace | trunc 63 | trimSuffix "-") -}}{{- end -}}
 {{- toJson (uniq $nss) -}}
 {{- end -}}
 
@@ -116,7 +116,10 @@ podAntiAffinity:
 {{- end -}}
 {{- $ns := include "flotilla.gateway.keysNamespace" . -}}
 {{- if has $ns (include "flotilla.controller.secretNamespaces" . | fromJsonArray) -}}
-{{- fail (printf "gateway.apiKeys.namespace %q holds member kubeconfigs (controller.memberSecrets.namespaces; empty means the release namespace): the gateway may list and watch every Secret in its keys namespace, so it must be a namespace of its own" $ns) -}}
+{{- fail (printf "gateway.apiKeys.namespace %q holds member kubeconfigs (controller.memberSecrets.namespaces; empty means <release namespace>-members): the gateway may list and watch every Secret in its keys namespace, so it must be a namespace of its own" $ns) -}}
+{{- end -}}
+{{- if eq $ns .Release.Namespace -}}
+{{- fail (printf "gateway.apiKeys.namespace %q is the release namespace, which holds Helm's release Secrets: the gateway may list and watch every Secret in its keys namespace, so it must be a namespace of its own" $ns) -}}
 {{- end -}}
 {{- end -}}
 {{- if and $k.existingSecret (ne $k.source "file") -}}

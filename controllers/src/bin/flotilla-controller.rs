@@ -63,6 +63,20 @@ struct Args {
     /// with --sim-cloud (its kwok nodes would be reconciled against real regions' nodes).
     #[arg(long, env = "FLOTILLA_CAPACITY_PROVIDER")]
     capacity_provider: Option<PathBuf>,
+    /// Namespaces whose ModelDeployments and ModelCaches are reconciled (comma-separated); others
+    /// are refused with InvalidSpec. Empty: every namespace except the protected ones
+    /// (kube-system, kube-public, kube-node-lease, --lease-namespace and
+    /// --member-secret-namespace, Flotilla's own), which are refused whatever this says.
+    #[arg(long, env = "FLOTILLA_TENANT_NAMESPACES", value_delimiter = ',')]
+    tenant_namespaces: Vec<String>,
+    /// How often every member is swept for objects with Flotilla's labels that no ModelDeployment
+    /// or ModelCache owns any more, in seconds.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    sweep_seconds: u64,
+    /// Namespace of member kubeconfig Secrets when an InferenceCluster's secretRef names none
+    /// (the Helm chart passes its memberSecrets namespace). Protected like --lease-namespace.
+    #[arg(long, env = "FLOTILLA_MEMBER_SECRET_NAMESPACE", default_value = flotilla_controllers::member::DEFAULT_SECRET_NAMESPACE)]
+    member_secret_namespace: String,
 }
 
 /// InferenceClasses by name, for a provider file.
@@ -196,6 +210,12 @@ async fn main() -> anyhow::Result<()> {
         field_manager: "flotilla-controller".into(),
         capacity,
         stage_image: args.stage_image.clone(),
+        tenancy: flotilla_controllers::tenancy::Tenancy::new(
+            [args.lease_namespace.clone(), args.member_secret_namespace.clone()],
+            args.tenant_namespaces.clone(),
+        ),
+        sweep_every: Duration::from_secs(args.sweep_seconds),
+        secret_namespace: args.member_secret_namespace.clone(),
         ..Default::default()
     };
     let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;

@@ -5,7 +5,8 @@
 //! the Job only once per spec, so a deployment scaling out never downloads again — and write
 //! status only when it differs, conditional on `resourceVersion`. A finalizer removes the
 //! members' volume claims and Jobs on deletion, except where a deployment still mounts them
-//! (then `Ready=False`, reason `InUse`, names them, and the finalizer waits).
+//! (then `Ready=False`, reason `InUse`, names them, and the finalizer waits). A cache in a
+//! namespace tenants may not use is refused (`InvalidSpec`) and touches no member.
 
 pub mod members;
 pub mod render;
@@ -71,7 +72,12 @@ pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result
         // The write triggers the next reconcile.
         return Ok(Action::await_change());
     }
-    let clusters = ctx.clusters.state();
+    if let Err(why) = ctx.config.tenancy.check("ModelCache", &cache.namespace().unwrap_or_default()) {
+        return refuse(&ctx, &cache, &why).await;
+    }
+    // A cluster being deleted is left to its deletion policy.
+    let clusters: Vec<Arc<InferenceCluster>> =
+        ctx.clusters.state().into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()).collect();
     let deployments = ctx.live_deployments();
     let cluster_refs: Vec<&InferenceCluster> = clusters.iter().map(AsRef::as_ref).collect();
     let dep_refs: Vec<&ModelDeployment> = deployments.iter().map(AsRef::as_ref).collect();
@@ -136,6 +142,23 @@ pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result
     );
     let settled = next.clusters.iter().all(|c| matches!(c.phase, CachePhase::Ready | CachePhase::Failed));
     Ok(Action::requeue(if settled { ctx.config.poll * 3 } else { Duration::from_secs(2).min(ctx.config.poll) }))
+}
+
+/// A cache in a namespace tenants may not use: `Accepted`, `Staged` and `Ready` say so with
+/// `InvalidSpec`, and no member is touched.
+async fn refuse(ctx: &CacheContext, cache: &ModelCache, why: &str) -> Result<Action, Error> {
+    let mut next = cache.status.clone().unwrap_or_default();
+    next.observed_generation = cache.metadata.generation;
+    next.conditions.0 = flotilla_apis::conditions::merge(
+        &next.conditions.0,
+        &crate::tenancy::refused(&crate::tenancy::CACHE_REFUSED, why),
+        cache.metadata.generation,
+        &now(),
+    );
+    if write_status(ctx, cache, next).await? {
+        tracing::warn!(cache = %cache.name_any(), "refused: {why}");
+    }
+    Ok(Action::await_change())
 }
 
 fn api(ctx: &CacheContext, cache: &ModelCache) -> Api<ModelCache> {

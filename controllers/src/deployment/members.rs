@@ -137,9 +137,17 @@ pub async fn apply(
             if let Some(ns) = obj["metadata"]["namespace"].as_str() {
                 let nsobj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))
                     .map_err(kube::Error::SerdeError)?;
-                Api::<Namespace>::all(client.clone())
+                // A member that grants the controller only Roles in tenant namespaces
+                // (examples/member-rbac) refuses this: the namespace then exists already, or the
+                // next write fails naming it.
+                match Api::<Namespace>::all(client.clone())
                     .patch(ns, &PatchParams::apply(field_manager), &Patch::Apply(&nsobj))
-                    .await?;
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 403 => {}
+                    Err(e) => return Err(e),
+                }
             }
             namespace_done = true;
         }

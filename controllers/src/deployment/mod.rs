@@ -2,11 +2,15 @@
 //! workloads each member runs. Decide: `placement::solve`, then a make-before-break step
 //! toward the plan, then the rendered objects per member. Apply: server-side apply where
 //! something changed, prune what is no longer wanted, write status only when it differs.
-//! A finalizer removes every member object on deletion — and nothing else.
+//! A ModelDeployment in a namespace tenants may not use is refused before any of this
+//! (`tenant.rs`); its finalizer removes its member objects on deletion (`cleanup.rs`) — and
+//! nothing else.
 
+pub mod cleanup;
 pub mod members;
 pub mod rollout;
 pub mod status;
+mod tenant;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -108,12 +112,23 @@ impl DeploymentContext {
     }
 
     /// The same snapshot `fleetctl plan --live` builds from the same objects.
+    /// Without the clusters being deleted (their deletion policy decides what stays there) and
+    /// the deployments the controller refuses (they take no capacity).
     fn snapshot(&self) -> FleetSnapshot {
+        let tenancy = &self.config.tenancy;
         FleetSnapshot::from_live(
             self.classes.state().iter().map(|c| c.as_ref().clone()),
-            self.clusters.state().iter().map(|c| c.as_ref().clone()),
+            self.clusters
+                .state()
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .map(|c| c.as_ref().clone()),
             self.caches.state().iter().map(|c| c.as_ref().clone()),
-            self.deployments.state().iter().map(|d| d.as_ref().clone()),
+            self.deployments
+                .state()
+                .iter()
+                .filter(|d| tenancy.check("ModelDeployment", &d.namespace().unwrap_or_default()).is_ok())
+                .map(|d| d.as_ref().clone()),
         )
     }
 
@@ -166,7 +181,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) ->
     finalizer(&api, FINALIZER_MEMBER_CLEANUP, md, |ev| async {
         match ev {
             Finalizer::Apply(md) => apply(md, ctx.clone()).await,
-            Finalizer::Cleanup(md) => cleanup(md, ctx.clone()).await,
+            Finalizer::Cleanup(md) => cleanup::cleanup(md, ctx.clone()).await,
         }
     })
     .await
@@ -177,6 +192,9 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     let started = Instant::now();
     let ns = md.namespace().unwrap_or_else(|| "default".into());
     let name = md.name_any();
+    if let Err(why) = ctx.config.tenancy.check("ModelDeployment", &ns) {
+        return tenant::refuse(&ctx, &md, &why).await;
+    }
     tracing::debug!(deployment = %format!("{ns}/{name}"), "planning");
     let plan = ctx.plan().await?;
     let Some(dp) = plan.get(&ns, &name).cloned() else {
@@ -205,8 +223,14 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     for cluster in &involved {
         let Some(ic) = ctx.cluster(cluster) else {
             observed.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
+            observed.vanished.insert(cluster.clone());
             continue;
         };
+        // Its deletion policy, not this reconcile, decides what happens to the objects there.
+        if ic.metadata.deletion_timestamp.is_some() {
+            observed.unreachable.insert(cluster.clone(), "its InferenceCluster is being deleted".into());
+            continue;
+        }
         let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
             Ok(c) => c,
             Err(e) => {
@@ -508,30 +532,6 @@ fn short_for_a_while(md: &ModelDeployment) -> bool {
     };
     let since = Timestamp::now().duration_since(placed.last_transition_time.0);
     placed.status == "False" && since.as_secs() >= CLAIM_AFTER.as_secs() as i64
-}
-
-async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
-    let mut failed = Vec::new();
-    for ic in ctx.clusters.state() {
-        let cluster = ic.name_any();
-        let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
-            Ok(c) => c,
-            Err(e) => {
-                // A member we cannot reach may still run our objects: keep the finalizer.
-                failed.push(format!("{cluster}: {e}"));
-                continue;
-            }
-        };
-        if let Err(e) = members::prune(&client, &md, &[]).await {
-            failed.push(format!("{cluster}: {}", brief(&e)));
-        }
-    }
-    if failed.is_empty() {
-        tracing::info!(deployment = %md.name_any(), "member workloads removed");
-        Ok(Action::await_change())
-    } else {
-        Err(Error::Cleanup(failed.join("; ")))
-    }
 }
 
 #[cfg(test)]

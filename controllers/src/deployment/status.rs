@@ -22,6 +22,8 @@ pub struct Observed {
     pub running: BTreeMap<Key, Running>,
     /// Members that could not be observed or written, with why.
     pub unreachable: BTreeMap<String, String>,
+    /// Clusters in the old placements whose InferenceCluster no longer exists.
+    pub vanished: std::collections::BTreeSet<String>,
     /// Members where applying failed, with why.
     pub apply_failed: BTreeMap<String, String>,
     /// The CapacityClaim the deployment owns, asking a provider for what does not fit.
@@ -107,6 +109,16 @@ pub fn desired(
                 desired: 0,
                 ready: r.ready,
             });
+        }
+    }
+    // A member that could not be observed keeps its placements (ready 0: not evidence now):
+    // status placements are where this deployment's objects may be, which the next reconcile
+    // prunes and the deletion cleans. Dropping them while the member is down would let a
+    // deletion forget the objects still there.
+    for p in &old.placements {
+        let unseen = observed.unreachable.contains_key(&p.cluster) && !observed.vanished.contains(&p.cluster);
+        if unseen && !placements.iter().any(|q| q.cluster == p.cluster && q.pool == p.pool) {
+            placements.push(ClusterPlacement { desired: 0, ready: 0, ..p.clone() });
         }
     }
     placements.sort_by(|a, b| a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)));
@@ -356,6 +368,22 @@ mod tests {
         assert_eq!(s.conditions.get("WaitingForCache").unwrap().status, "False");
         let s = desired(None, Some(1), &plan(2, 2), &observed(0), &now());
         assert!(s.conditions.get("WaitingForCache").is_none());
+    }
+
+    #[test]
+    fn an_unobserved_member_keeps_its_placement_until_its_cluster_is_gone() {
+        let running = desired(None, Some(1), &plan(2, 2), &observed(2), &now());
+        assert_eq!(running.placements.len(), 1);
+        let cluster = running.placements[0].cluster.clone();
+        // The plan no longer wants it (the member is down) and it cannot be observed.
+        let mut down = Observed::default();
+        down.unreachable.insert(cluster.clone(), "connection failed".into());
+        let nowhere = DeploymentPlan { assignments: vec![], ..plan(2, 0) };
+        let kept = desired(Some(&running), Some(1), &nowhere, &down, &now());
+        assert_eq!(kept.placements.len(), 1, "still where the objects may be");
+        assert_eq!((kept.placements[0].desired, kept.placements[0].ready), (0, 0), "no stale evidence");
+        down.vanished.insert(cluster);
+        assert!(desired(Some(&kept), Some(1), &nowhere, &down, &now()).placements.is_empty());
     }
 
     #[test]

@@ -1,0 +1,299 @@
+//! Removing what Flotilla left in a member. Observe: the member's objects carrying Flotilla's
+//! labels (`app.kubernetes.io/managed-by=flotilla` plus `flotilla.dev/deployment` or
+//! `flotilla.dev/cache`) — across the cluster where the member lets the controller list them,
+//! else in the namespaces of the control cluster's tenant objects. Decide ([`orphans`], pure):
+//! those whose owner (`<namespace>.<name>`) no ModelDeployment or ModelCache is any more, older
+//! than a grace period, at most a bounded number per pass. Apply: delete them. Objects without
+//! Flotilla's labels are never listed, so never touched. The periodic sweep runs every member
+//! concurrently, each bounded by a timeout, so one unreachable member stalls no other; an
+//! InferenceCluster deleted with `deletionPolicy: Cleanup` is swept with no owner at all.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_apis::constants::labels;
+use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+
+use crate::member::{MemberClients, Timeouts, brief};
+
+/// Objects younger than this are never swept: their owner may not have reached the reflector
+/// the sweep reads yet.
+pub const GRACE: Duration = Duration::from_secs(60);
+/// At most this many deletions per member per pass; the next pass continues.
+pub const MAX_DELETES: usize = 200;
+
+/// The member kinds Flotilla creates, with the label naming their owner.
+const KINDS: [(&str, &str, &str, &str); 7] = [
+    ("apps", "v1", "Deployment", labels::DEPLOYMENT),
+    ("", "v1", "Service", labels::DEPLOYMENT),
+    ("resource.k8s.io", "v1", "ResourceClaimTemplate", labels::DEPLOYMENT),
+    ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", labels::DEPLOYMENT),
+    ("batch", "v1", "Job", labels::CACHE),
+    ("", "v1", "PersistentVolumeClaim", labels::CACHE),
+    ("", "v1", "Secret", labels::CACHE),
+];
+
+/// One labelled object found in a member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// Index into the kinds Flotilla creates.
+    pub kind: usize,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The owner label's value (`<namespace>.<name>`).
+    pub owner: String,
+    /// Seconds since it was created.
+    pub age: Duration,
+    /// Whether it is already being deleted.
+    pub deleting: bool,
+}
+
+/// `<namespace>.<name>` of the owners that exist, per label.
+#[derive(Clone, Debug, Default)]
+pub struct Owners {
+    /// ModelDeployments.
+    pub deployments: BTreeSet<String>,
+    /// ModelCaches.
+    pub caches: BTreeSet<String>,
+}
+
+impl Owners {
+    /// The owners in the control cluster's reflectors (objects being deleted still own theirs:
+    /// their finalizer decides).
+    pub fn from_stores(deployments: &Store<ModelDeployment>, caches: &Store<ModelCache>) -> Self {
+        let key = |ns: Option<String>, name: String| format!("{}.{name}", ns.unwrap_or_default());
+        Self {
+            deployments: deployments.state().iter().map(|d| key(d.namespace(), d.name_any())).collect(),
+            caches: caches.state().iter().map(|c| key(c.namespace(), c.name_any())).collect(),
+        }
+    }
+
+    fn owns(&self, label: &str, owner: &str) -> bool {
+        if label == labels::CACHE { self.caches.contains(owner) } else { self.deployments.contains(owner) }
+    }
+
+    /// The namespaces tenant objects are in (where a member without cluster-wide list rights
+    /// is looked at).
+    pub fn namespaces(&self) -> BTreeSet<String> {
+        self.deployments
+            .iter()
+            .chain(&self.caches)
+            .filter_map(|k| k.split_once('.').map(|(ns, _)| ns.to_string()))
+            .collect()
+    }
+}
+
+/// The objects to delete: those whose owner does not exist, older than `grace`, not already
+/// being deleted, at most `max`, in a stable order.
+pub fn orphans(found: &[Found], owners: &Owners, grace: Duration, max: usize) -> Vec<Found> {
+    let mut out: Vec<Found> = found
+        .iter()
+        .filter(|f| !f.deleting && f.age >= grace && !owners.owns(KINDS[f.kind].3, &f.owner))
+        .cloned()
+        .collect();
+    out.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
+    out.truncate(max);
+    out
+}
+
+fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
+    let (g, v, k, _) = KINDS[kind];
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k));
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+fn found(kind: usize, o: &PartialObjectMeta<DynamicObject>, now: Timestamp) -> Option<Found> {
+    let owner = o.labels().get(KINDS[kind].3)?.clone();
+    let created = o.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let age = Duration::from_secs(now.as_second().saturating_sub(created.as_second()).max(0) as u64);
+    Some(Found {
+        kind,
+        namespace: o.namespace().unwrap_or_default(),
+        name: o.name_any(),
+        owner,
+        age,
+        deleting: o.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+/// Lists Flotilla's labelled objects in a member: cluster-wide, or — where the member refuses
+/// that (namespaced RBAC) — in each of `namespaces`. A kind the member lacks or does not let the
+/// controller see is skipped.
+pub async fn list(client: &Client, namespaces: &BTreeSet<String>) -> Result<Vec<Found>, kube::Error> {
+    let now = Timestamp::now();
+    let mut out = Vec::new();
+    for (i, (_, _, kind, label)) in KINDS.iter().enumerate() {
+        let lp = ListParams::default().labels(&format!("{label},{}=flotilla", labels::MANAGED_BY));
+        match api(client, i, None).list_metadata(&lp).await {
+            Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, o, now))),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                for ns in namespaces {
+                    match api(client, i, Some(ns)).list_metadata(&lp).await {
+                        Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, o, now))),
+                        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
+                            tracing::debug!(kind, namespace = %ns, code = s.code, "sweep: not listable there");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes what [`orphans`] chose. Returns how many were deleted.
+pub async fn delete(client: &Client, doomed: &[Found]) -> Result<usize, kube::Error> {
+    let mut n = 0;
+    for f in doomed {
+        match api(client, f.kind, Some(&f.namespace)).delete(&f.name, &DeleteParams::background()).await {
+            Ok(_) => n += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// One pass over one member: list, decide, delete; bounded by the member timeout (twice: a list
+/// and the deletions).
+/// `namespaces` are where to look when the member refuses a cluster-wide list.
+pub async fn member(
+    client: &Client,
+    owners: &Owners,
+    namespaces: &BTreeSet<String>,
+    grace: Duration,
+    t: Timeouts,
+) -> Result<usize, String> {
+    let pass = async {
+        let found = list(client, namespaces).await?;
+        delete(client, &orphans(&found, owners, grace, MAX_DELETES)).await
+    };
+    match tokio::time::timeout(t.observe * 2, pass).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(brief(&e)),
+        Err(_) => Err("did not answer in time".into()),
+    }
+}
+
+/// Everything a periodic sweep reads.
+pub struct SweepContext {
+    /// The control cluster.
+    pub client: Client,
+    /// Member clusters.
+    pub clusters: Store<InferenceCluster>,
+    /// ModelDeployments.
+    pub deployments: Store<ModelDeployment>,
+    /// ModelCaches.
+    pub caches: Store<ModelCache>,
+    /// Member clients.
+    pub members: Arc<MemberClients>,
+    /// Member call timeouts.
+    pub timeouts: Timeouts,
+}
+
+/// One periodic pass over every member that is not being deleted, concurrently.
+pub async fn pass(ctx: &SweepContext) {
+    let owners = Owners::from_stores(&ctx.deployments, &ctx.caches);
+    let namespaces = owners.namespaces();
+    let clusters: Vec<Arc<InferenceCluster>> =
+        ctx.clusters.state().into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()).collect();
+    let work = clusters.iter().map(|ic| {
+        let (owners, namespaces) = (&owners, &namespaces);
+        async move {
+            let name = ic.name_any();
+            let client = match ctx.members.client(&ctx.client, ic, ctx.timeouts).await {
+                Ok(c) => c,
+                Err(e) => return tracing::debug!(cluster = %name, "sweep skipped: {e}"),
+            };
+            match member(&client, owners, namespaces, GRACE, ctx.timeouts).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(cluster = %name, deleted = n, "sweep removed objects no ModelDeployment or ModelCache owns"),
+                Err(e) => tracing::debug!(cluster = %name, "sweep skipped: {e}"),
+            }
+        }
+    });
+    futures_util::future::join_all(work).await;
+}
+
+/// Sweeps every `every` until `shutdown` resolves (the first pass after one period).
+pub async fn run(ctx: SweepContext, every: Duration, shutdown: impl std::future::Future<Output = ()>) {
+    let passes = async {
+        loop {
+            tokio::time::sleep(every).await;
+            pass(&ctx).await;
+        }
+    };
+    tokio::select! { () = passes => {}, () = shutdown => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(kind: usize, owner: &str, name: &str, age: u64) -> Found {
+        Found {
+            kind,
+            namespace: owner.split('.').next().unwrap().into(),
+            name: name.into(),
+            owner: owner.into(),
+            age: Duration::from_secs(age),
+            deleting: false,
+        }
+    }
+
+    fn owners() -> Owners {
+        Owners {
+            deployments: ["ml.llama".to_string()].into_iter().collect(),
+            caches: ["ml.weights".to_string()].into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn only_objects_whose_owner_is_gone_are_swept() {
+        let found = [
+            f(0, "ml.llama", "llama-h100", 600),  // owned
+            f(1, "ml.gone", "gone", 600),         // owner deleted
+            f(4, "ml.weights", "stage-1", 600),   // cache owns it
+            f(4, "ml.llama", "stage-2", 600),     // a Job is owned by a cache, not a deployment
+            f(0, "ml.weights", "weights-x", 600), // a Deployment is owned by a deployment
+        ];
+        let names: Vec<String> = orphans(&found, &owners(), GRACE, 10).into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["weights-x", "gone", "stage-2"], "by kind, namespace, name");
+    }
+
+    #[test]
+    fn young_or_deleting_objects_wait_and_a_pass_is_bounded() {
+        let mut deleting = f(0, "ml.gone", "b", 600);
+        deleting.deleting = true;
+        let found = [f(0, "ml.gone", "young", 5), deleting, f(0, "ml.gone", "c", 600), f(0, "ml.gone", "a", 600)];
+        let names: Vec<String> = orphans(&found, &owners(), GRACE, 1).into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["a"], "the first in a stable order, one per pass");
+        assert!(orphans(&found[..1], &owners(), GRACE, 10).is_empty(), "younger than the grace period");
+    }
+
+    #[test]
+    fn with_no_owner_at_all_everything_labelled_goes() {
+        let found = [f(0, "ml.llama", "x", 0), f(6, "ml.weights", "y", 0)];
+        assert_eq!(orphans(&found, &Owners::default(), Duration::ZERO, 10).len(), 2);
+    }
+
+    #[test]
+    fn the_namespaces_of_tenant_objects() {
+        let ns: Vec<String> = owners().namespaces().into_iter().collect();
+        assert_eq!(ns, ["ml"]);
+    }
+}
