@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 
 use crate::Context;
 use crate::inventory::{Inventory, observe};
-use crate::member::{self, MemberError};
+use crate::member::MemberError;
 use crate::metrics::{Kind, Outcome as MetricOutcome};
 
 /// What one look at a member found.
@@ -145,7 +145,7 @@ pub async fn reconcile(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<A
             Ok(client) => {
                 let t = ctx.config.timeouts;
                 let seen = async {
-                    let version = member::liveness(&client, t).await?;
+                    let version = ctx.members.liveness(&name, &client, t).await?;
                     let watch = ctx.members.watch(&name, &client, t).await?;
                     Ok::<_, MemberError>((watch.observation(t).await?, version))
                 };
