@@ -107,7 +107,8 @@ pub struct ModelCacheStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// Per target cluster.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // Written even when empty: the last cluster that stops being a target leaves status.
+    #[serde(default)]
     pub clusters: Vec<ClusterCacheStatus>,
 }
 

@@ -226,4 +226,6 @@ pub mod event {
     pub const CAPACITY_REQUESTED: &str = "CapacityRequested";
     /// A provider refused a capacity request.
     pub const CAPACITY_REFUSED: &str = "CapacityRefused";
+    /// A member object's live spec differed from what Flotilla applied; it was re-applied.
+    pub const DRIFT_CORRECTED: &str = "DriftCorrected";
 }

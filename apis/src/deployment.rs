@@ -357,9 +357,13 @@ pub struct ClusterPlacement {
     pub fallback_rank: i32,
     /// Replicas meant to run here.
     pub desired: i32,
-    /// Replicas observed ready here.
+    /// Replicas observed ready here on the current spec (a rollout's old replicas are not).
     #[serde(default)]
     pub ready: i32,
+    /// Replicas observed ready here on any spec: during a rollout the old ones still serve, so
+    /// the gateway routes to them and a ModelCache they mount stays.
+    #[serde(default)]
+    pub serving: i32,
 }
 
 /// Replicas that could not be placed.

@@ -21,7 +21,7 @@ use kube::{Api, ResourceExt};
 
 use crate::Context;
 use crate::inventory::{Inventory, observe};
-use crate::member::{self, MemberError};
+use crate::member::MemberError;
 use crate::metrics::{Kind, Outcome as MetricOutcome};
 
 /// What one look at a member found.
@@ -159,7 +159,7 @@ async fn observe_member(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<
             Ok(client) => {
                 let t = ctx.config.timeouts;
                 let seen = async {
-                    let version = member::liveness(&client, t).await?;
+                    let version = ctx.members.liveness(&name, &client, t).await?;
                     let watch = ctx.members.watch(&name, &client, t).await?;
                     Ok::<_, MemberError>((watch.observation(t).await?, version))
                 };

@@ -1,7 +1,10 @@
 //! Member-cluster access: the kubeconfig Secret named by an `InferenceCluster` becomes a kube
 //! `Client` (cached per Secret `resourceVersion`), and one observation lists what inventory
 //! needs. Every failure is classified (`SecretMissing`, `SecretInvalid`, `Unauthorized`,
-//! `Unreachable`) with a message that never carries the credentials themselves.
+//! `Unreachable`) with a message that never carries the credentials themselves. Reachability
+//! is logged per member on change only: WARN when it stops answering, INFO when it answers
+//! again, DEBUG in between (kube-client's own per-request ERROR lines are turned off by
+//! `log_filter`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -83,6 +86,8 @@ pub struct MemberClients {
     cache: Mutex<HashMap<String, Member>>,
     /// Namespace of kubeconfig Secrets whose `secretRef` names none.
     default_namespace: String,
+    /// Per member, whether its last liveness check answered.
+    reachable: Mutex<HashMap<String, bool>>,
 }
 
 impl Default for MemberClients {
@@ -91,10 +96,39 @@ impl Default for MemberClients {
     }
 }
 
+/// What a liveness result means for the log, given the member's previous one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reachability {
+    /// It stopped answering (or never answered since the start): WARN, once.
+    Lost,
+    /// It answers again: INFO, once.
+    Recovered,
+    /// As before: DEBUG.
+    Unchanged,
+}
+
+/// The log decision for a member that `answers` now and answered `before` (`None`: not checked
+/// yet). Pure.
+pub fn reachability(before: Option<bool>, answers: bool) -> Reachability {
+    match (before, answers) {
+        (Some(false), true) => Reachability::Recovered,
+        (Some(true) | None, false) => Reachability::Lost,
+        _ => Reachability::Unchanged,
+    }
+}
+
+/// The tracing filter: `rust_log` (else `info`) with kube-client's per-request failure lines
+/// off — it logs every failed HTTP request at ERROR, which for a member that is down is one
+/// line per poll and per watch retry. Naming `kube_client` in `RUST_LOG` keeps them.
+pub fn log_filter(rust_log: Option<&str>) -> String {
+    let base = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or("info");
+    if base.contains("kube_client") { base.to_string() } else { format!("{base},kube_client::client::builder=off") }
+}
+
 impl MemberClients {
     /// No clients yet; `secretRef`s without a namespace name a Secret in `default_namespace`.
     pub fn new(default_namespace: impl Into<String>) -> Self {
-        Self { cache: Mutex::default(), default_namespace: default_namespace.into() }
+        Self { cache: Mutex::default(), default_namespace: default_namespace.into(), reachable: Mutex::default() }
     }
 
     /// The client for a member, built from its kubeconfig Secret.
@@ -147,8 +181,24 @@ impl MemberClients {
         Ok(client)
     }
 
+    /// The liveness check (`liveness`) of member `cluster`, logged when its reachability changes.
+    pub async fn liveness(&self, cluster: &str, client: &Client, t: Timeouts) -> Result<String, MemberError> {
+        let result = liveness(client, t).await;
+        let before = self.reachable.lock().ok().and_then(|mut m| m.insert(cluster.to_string(), result.is_ok()));
+        match (reachability(before, result.is_ok()), &result) {
+            (Reachability::Lost, Err(e)) => tracing::warn!(cluster, reason = e.reason(), "member unreachable: {e}"),
+            (Reachability::Recovered, _) => tracing::info!(cluster, "member reachable again"),
+            (_, Err(e)) => tracing::debug!(cluster, "member still unreachable: {e}"),
+            (_, Ok(_)) => tracing::debug!(cluster, "member answers"),
+        }
+        result
+    }
+
     /// Drops the clients and watches of clusters not in `keep`; returns their names.
     pub fn retain(&self, keep: &std::collections::HashSet<String>) -> Vec<String> {
+        if let Ok(mut r) = self.reachable.lock() {
+            r.retain(|k, _| keep.contains(k));
+        }
         let Ok(mut cache) = self.cache.lock() else { return Vec::new() };
         let mut gone: Vec<String> = cache.keys().filter(|k| !keep.contains(*k)).cloned().collect();
         gone.sort();
@@ -314,6 +364,31 @@ fn classify(e: &kube::Error) -> MemberError {
 #[cfg(test)]
 mod retain_tests {
     use super::*;
+
+    #[test]
+    fn reachability_is_logged_on_change_only() {
+        use Reachability::*;
+        // Down for a while, then back: one Lost, one Recovered, nothing loud in between.
+        let polls = [true, true, false, false, false, true, true];
+        let mut before = None;
+        let seen: Vec<Reachability> = polls
+            .iter()
+            .map(|&now| {
+                let r = reachability(before, now);
+                before = Some(now);
+                r
+            })
+            .collect();
+        assert_eq!(seen, [Unchanged, Unchanged, Lost, Unchanged, Unchanged, Recovered, Unchanged]);
+        assert_eq!(reachability(None, false), Lost, "down since the start is said once too");
+    }
+
+    #[test]
+    fn kube_clients_per_request_errors_are_off_unless_asked_for() {
+        assert_eq!(log_filter(None), "info,kube_client::client::builder=off");
+        assert_eq!(log_filter(Some("debug")), "debug,kube_client::client::builder=off");
+        assert_eq!(log_filter(Some("info,kube_client=debug")), "info,kube_client=debug");
+    }
 
     #[tokio::test]
     async fn a_deleted_clusters_client_is_dropped_and_the_others_kept() {

@@ -3,7 +3,9 @@
 //! server's value: a deployment that became fully placed kept its old `unplaced`, and the
 //! reconcile that compared it with the fresh status wrote again every time. The patch
 //! therefore names every top-level field the current status has and the new one lacks, with
-//! `null`, which deletes it.
+//! `null`, which deletes it. `conditional_status_patch` is the one write every kind uses: no
+//! patch when nothing changed, else this one, conditional on the `resourceVersion` it was
+//! decided from.
 
 use serde::Serialize;
 
@@ -15,6 +17,23 @@ pub fn status_patch<T: Serialize>(current: Option<&T>, new: &T) -> Result<serde_
         null_missing(&serde_json::to_value(current)?, &mut status);
     }
     Ok(serde_json::json!({ "status": status }))
+}
+
+/// The status write that takes `current` (read at `resource_version`) to `next`: `None` when
+/// they are equal (a quiet object makes no write); otherwise `status_patch` with
+/// `metadata.resourceVersion`, so a write decided from a stale copy fails with a conflict
+/// instead of dropping what another writer added since.
+pub fn conditional_status_patch<T: Serialize + PartialEq>(
+    current: Option<&T>,
+    resource_version: Option<String>,
+    next: &T,
+) -> Result<Option<serde_json::Value>, serde_json::Error> {
+    if current == Some(next) {
+        return Ok(None);
+    }
+    let mut patch = status_patch(current, next)?;
+    patch["metadata"] = serde_json::json!({ "resourceVersion": resource_version });
+    Ok(Some(patch))
 }
 
 fn null_missing(old: &serde_json::Value, new: &mut serde_json::Value) {
@@ -35,7 +54,7 @@ mod tests {
     use flotilla_apis::deployment::Unplaced;
     use serde_json::json;
 
-    use super::status_patch;
+    use super::{conditional_status_patch, status_patch};
 
     #[test]
     fn fields_that_went_away_are_deleted() {
@@ -53,5 +72,16 @@ mod tests {
         let patch = status_patch(None, &old).unwrap();
         assert_eq!(patch["status"]["unplaced"]["replicas"], json!(2));
         assert!(patch["status"].as_object().unwrap().values().all(|v| !v.is_null()));
+    }
+
+    #[test]
+    fn an_unchanged_status_is_not_written_and_a_changed_one_only_on_its_version() {
+        let old = ModelDeploymentStatus { replicas: 2, clusters: Some("eu1:2/2".into()), ..Default::default() };
+        assert_eq!(conditional_status_patch(Some(&old), Some("7".into()), &old.clone()).unwrap(), None);
+        let new = ModelDeploymentStatus { replicas: 3, ..Default::default() };
+        let patch = conditional_status_patch(Some(&old), Some("7".into()), &new).unwrap().unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], json!("7"));
+        assert_eq!(patch["status"]["clusters"], json!(null));
+        assert_eq!(patch["status"]["replicas"], json!(3));
     }
 }

@@ -9,7 +9,8 @@
 //! before the cache is Ready in their cluster (watched throughout); a `DigestMismatch` result
 //! is `Failed` with that reason and keeps replicas out; a second deployment of the same cache,
 //! and scaling out, create no second Job; deleting the cache waits (`InUse`) while deployments
-//! mount it, then removes its volume claims and Jobs; a settled cache is never rewritten. Run by
+//! mount it, then removes its volume claims and Jobs; a settled cache is never rewritten; a
+//! cluster that stops matching the selector leaves status and is cleaned. Run by
 //! `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -367,6 +368,22 @@ async fn model_cache_controller_on_real_api_servers() {
         premium_version,
         "a quiet cache writes nothing"
     );
+
+    // 5. m1 stops matching the selector: it leaves premium's status (0/0, no m1 entry), its
+    // objects there go, and the settled status is then not rewritten.
+    let ics = Api::<flotilla_apis::InferenceCluster>::all(control.clone());
+    ics.patch("m1", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"labels": {"tier": "basic"}}})))
+        .await
+        .unwrap();
+    wait_for("m1 leaves premium's status", Duration::from_secs(45), || async {
+        let s = caches.get("premium").await.ok()?.status?;
+        (s.clusters.is_empty() && s.ready_clusters.as_deref() == Some("0/0") && s.summary.is_none()).then_some(())
+    })
+    .await;
+    assert!(jobs(&members["m1"], "premium").await.is_empty(), "a cluster that is no longer a target is cleaned");
+    let settled = caches.get("premium").await.unwrap().resource_version();
+    tokio::time::sleep(Duration::from_secs(8)).await; // past a settled requeue (3 polls of 2 s)
+    assert_eq!(caches.get("premium").await.unwrap().resource_version(), settled, "no write once settled");
     ctl.kill();
     eprintln!("e2e_cache took {:?}", started.elapsed());
 }

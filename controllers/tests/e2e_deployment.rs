@@ -1,13 +1,16 @@
 //! The ModelDeployment controller on real API servers: a control cluster and three members
 //! (two EU, one US) with kwok GPU nodes. Each member gets exactly the Deployments the plan
 //! says and their pods go Running; the EU-sovereign model has nothing in the US member; a
-//! quiet fleet makes no writes; a stopped member's replicas are re-placed in the EU with
-//! make-before-break; a ModelDeployment in `kube-system` is refused and reaches no member;
-//! deleting an InferenceCluster (`deletionPolicy: Cleanup`) removes Flotilla's workloads from
-//! its member; deleting a ModelDeployment removes every member object it created and nothing
-//! else, is not held up by an unrelated unreachable member, waits (naming it) for one that holds
-//! its objects until annotated `flotilla.dev/orphan-on-unreachable=true`, and the periodic
-//! sweep removes what was orphaned once that member answers again. Run by
+//! quiet fleet makes no writes; a member Deployment edited by hand is restored with a
+//! `DriftCorrected` event; a stopped member's replicas are re-placed in the EU with
+//! make-before-break, its loss and return logged once each; poison objects (a deep selector, a
+//! costly one, a class whose capacity overflows a Quantity) are refused naming their field
+//! while the healthy ones stay Ready; a ModelDeployment in `kube-system` is refused and reaches
+//! no member; deleting an InferenceCluster (`deletionPolicy: Cleanup`) removes Flotilla's
+//! workloads from its member; deleting a ModelDeployment removes every member object it created
+//! and nothing else, is not held up by an unrelated unreachable member, waits (naming it) for one
+//! that holds its objects until annotated `flotilla.dev/orphan-on-unreachable=true`, and the
+//! periodic sweep removes what was orphaned once that member answers again. Run by
 //! `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -365,6 +368,52 @@ async fn model_deployment_controller_on_real_api_servers() {
     assert!(writes.is_empty(), "a quiet fleet writes no ModelDeployment, but saw: {writes:#?}");
     assert_eq!(before, after, "a quiet fleet writes no member workload");
 
+    // Drift: nothing was corrected while nobody touched the members (what the API server
+    // defaults or leaves out is not drift: a false alarm would re-apply every reconcile).
+    assert!(!ctl.logs().contains("drift corrected"), "no drift in a fleet nobody edited");
+    // A hand edit of a member Deployment's image is undone, and said as a Warning event.
+    let eu1_deps = Api::<Deployment>::namespaced(members["eu1"].clone(), "ml");
+    let image = |d: &Deployment| {
+        d.spec.as_ref().and_then(|s| s.template.spec.as_ref()).and_then(|p| p.containers.first()?.image.clone())
+    };
+    let edit =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil/engine:latest"}]}}}});
+    eu1_deps
+        .patch(
+            "eu-model-h100",
+            &PatchParams { field_manager: Some("by-hand".into()), ..Default::default() },
+            &Patch::Strategic(&edit),
+        )
+        .await
+        .unwrap();
+    wait_for("the hand-edited image restored", Duration::from_secs(60), || async {
+        let d = eu1_deps.get("eu-model-h100").await.ok()?;
+        (image(&d).as_deref() == Some("vllm/vllm-openai:v0.11.0")).then_some(())
+    })
+    .await;
+    let drift = wait_for("a DriftCorrected event", Duration::from_secs(30), || async {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(control.clone(), "ml")
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        events.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("DriftCorrected")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("eu-model")
+        })
+    })
+    .await;
+    assert_eq!(drift.type_.as_deref(), Some("Warning"));
+    let note = drift.note.unwrap_or_default();
+    assert!(
+        note.contains("eu1") && note.contains("Deployment/eu-model-h100") && note.contains("containers[engine].image"),
+        "the event names member, object and field: {note}"
+    );
+    wait_for("eu-model Ready 4/4 again after the correction", Duration::from_secs(60), || async {
+        let s = status_of(&api, "eu-model").await;
+        (s.ready_replicas == 4 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+
     // Stop eu2: its replicas move to eu1 (still EU), never to the US; eu1's replicas stay up.
     fleet.stop("eu2");
     let min_eu1 = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(i32::MAX));
@@ -380,6 +429,10 @@ async fn model_deployment_controller_on_real_api_servers() {
     })
     .await;
     let min_eu1_replicas = min_eu1.load(std::sync::atomic::Ordering::Relaxed);
+    // The member's loss is logged once at WARN, not once per poll or per request.
+    let lost = |logs: &str| logs.lines().filter(|l| l.contains("member unreachable") && l.contains("eu2")).count();
+    assert_eq!(lost(&ctl.logs()), 1, "one WARN for eu2 going away");
+    assert!(!ctl.logs().contains("failed with error"), "no per-request ERROR lines from kube-client");
     assert!(min_eu1_replicas >= 2, "eu1 never went below its 2 serving replicas during the move");
     assert!(member_deployments(&members["us1"], "eu-model").await.is_empty(), "no spill-over to the US on failover");
 
@@ -400,6 +453,14 @@ async fn model_deployment_controller_on_real_api_servers() {
     assert!(member_deployments(&members["us1"], "eu-model").await.is_empty(), "no spill-over when the EU is full");
     api.patch("eu-model", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 4}}))).await.unwrap();
     fleet.start("eu2");
+    wait_for("eu2's return logged", Duration::from_secs(60), || async {
+        ctl.logs().lines().any(|l| l.contains("member reachable again") && l.contains("eu2")).then_some(())
+    })
+    .await;
+    let logs = ctl.logs();
+    assert_eq!(lost(&logs), 1, "still one WARN for eu2 after it came back");
+    let back = logs.lines().filter(|l| l.contains("member reachable again") && l.contains("eu2")).count();
+    assert_eq!(back, 1, "one INFO for eu2 coming back");
 
     // Kill the controller mid-rollout and start another: the rollout completes, with exactly one
     // Flotilla Deployment for the model and nothing anywhere else.

@@ -86,8 +86,9 @@ pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]
             }
         }
         let mut ready: BTreeMap<&str, i32> = BTreeMap::new();
+        // Replicas still serving the previous spec during a rollout are routed to as well.
         for p in d.status.iter().flat_map(|s| &s.placements) {
-            *ready.entry(p.cluster.as_str()).or_default() += p.ready.max(0);
+            *ready.entry(p.cluster.as_str()).or_default() += p.ready.max(p.serving).max(0);
         }
         let routes = ready
             .into_iter()
@@ -187,6 +188,19 @@ mod tests {
         let table = RoutingTable::from_file("fleet", file).unwrap();
         let m = table.resolve("alias").unwrap();
         assert_eq!(m.sovereignty.allowed_jurisdictions[0].0, "EU");
+    }
+
+    #[test]
+    fn replicas_still_serving_the_previous_spec_are_routed_during_a_rollout() {
+        let clusters = [cluster("eu1", "EU", true, Some("http://10.0.0.1:8000"))];
+        let mut d = deployment("a", "llama", "llama", "2026-01-01T00:00:00Z", &[("eu1", 0)]);
+        // None ready on the new spec yet, 2 serving on the old one.
+        if let Some(p) = d.status.as_mut().and_then(|s| s.placements.first_mut()) {
+            (p.desired, p.serving) = (2, 2);
+        }
+        let (file, _, _) = table_file(&clusters, std::slice::from_ref(&d));
+        let routes: Vec<(&str, u32)> = file.models[0].routes.iter().map(|r| (r.cluster.as_str(), r.weight)).collect();
+        assert_eq!(routes, [("eu1", 2)]);
     }
 
     #[test]

@@ -201,6 +201,7 @@ impl Assignment {
             fallback_rank: self.fallback_rank as i32,
             desired: self.replicas as i32,
             ready,
+            serving: ready,
         }
     }
 }

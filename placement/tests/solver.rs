@@ -188,6 +188,7 @@ fn placement(cluster: &str, pool: &str, rank: i32, desired: i32) -> ClusterPlace
         fallback_rank: rank,
         desired,
         ready: desired,
+        serving: desired,
     }
 }
 

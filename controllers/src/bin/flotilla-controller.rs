@@ -153,9 +153,8 @@ fn identity(args: &Args) -> String {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    let filter = flotilla_controllers::member::log_filter(std::env::var("RUST_LOG").ok().as_deref());
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).init();
     let args = Args::parse();
     let client = control_client(args.kubeconfig.as_ref()).await?;
     // Provider files are checked before the lease is sought: a bad one stops the process here.

@@ -237,13 +237,14 @@ async fn remove_in(
     }
 }
 
-/// Writes status when it differs; the write is conditional on the resourceVersion read (a
-/// merge patch replaces the whole conditions list). Returns whether it wrote.
+/// Writes status when it differs, through `status_patch::conditional_status_patch` (fields that
+/// went away are deleted; conditional on the resourceVersion read). Returns whether it wrote.
 async fn write_status(ctx: &CacheContext, cache: &ModelCache, next: ModelCacheStatus) -> Result<bool, Error> {
-    if cache.status.as_ref() == Some(&next) {
+    let patch = crate::status_patch::conditional_status_patch(cache.status.as_ref(), cache.resource_version(), &next)
+        .map_err(kube::Error::SerdeError)?;
+    let Some(patch) = patch else {
         return Ok(false);
-    }
-    let patch = serde_json::json!({"metadata": {"resourceVersion": cache.resource_version()}, "status": next});
+    };
     api(ctx, cache)
         .patch_status(&cache.name_any(), &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch))
         .await?;

@@ -75,7 +75,7 @@ fn placed_in(d: &ModelDeployment) -> BTreeSet<String> {
     d.status
         .iter()
         .flat_map(|s| &s.placements)
-        .filter(|p| p.desired > 0 || p.ready > 0)
+        .filter(|p| p.desired > 0 || p.ready > 0 || p.serving > 0)
         .map(|p| p.cluster.clone())
         .collect()
 }

@@ -231,3 +231,48 @@ fn a_refused_volume_claim_or_job_is_named() {
     let s = refused(Some(PersistentVolumeClaim::default()));
     assert_eq!((s.phase, s.reason.as_deref()), (CachePhase::Failed, Some("JobFailed")));
 }
+
+/// RFC 7386 merge patch, as the API server applies it to status.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let (Value::Object(t), Value::Object(p)) = (&mut *target, patch) else {
+        *target = patch.clone();
+        return;
+    };
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+#[test]
+fn a_cluster_that_stops_being_a_target_leaves_status_and_a_quiet_cache_writes_nothing() {
+    let was = BTreeSet::from(["m1".to_string()]);
+    let ready = ClusterCacheStatus { cluster: "m1".into(), phase: CachePhase::Ready, ..Default::default() };
+    let mut c = cache(None);
+    c.metadata.resource_version = Some("5".into());
+    c.status = Some(desired(&c, &was, vec![ready], None, &now()));
+    // m1 is no longer a target and its objects are gone: no targets, no entries.
+    let next = desired(&c, &BTreeSet::new(), vec![], None, &now());
+    assert_eq!(next.ready_clusters.as_deref(), Some("0/0"));
+    let patch =
+        crate::status_patch::conditional_status_patch(c.status.as_ref(), c.metadata.resource_version.clone(), &next)
+            .unwrap()
+            .expect("a changed status is written");
+    assert_eq!(patch["metadata"]["resourceVersion"], json!("5"));
+    // What the API server stores after the patch is exactly the decided status: m1 is gone.
+    let mut stored = serde_json::to_value(c.status.as_ref().unwrap()).unwrap();
+    merge_patch(&mut stored, &patch["status"]);
+    let stored: ModelCacheStatus = serde_json::from_value(stored).unwrap();
+    assert!(stored.clusters.is_empty() && stored.summary.is_none(), "{stored:?}");
+    assert_eq!(stored, next);
+    // The next reconcile decides the same status from it, and writes nothing.
+    c.status = Some(stored);
+    let again = desired(&c, &BTreeSet::new(), vec![], None, &Time(Timestamp::from_second(9_000).unwrap()));
+    assert_eq!(
+        crate::status_patch::conditional_status_patch(c.status.as_ref(), Some("6".into()), &again).unwrap(),
+        None
+    );
+}

@@ -342,9 +342,10 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         let dra = ctx.cluster(cluster).and_then(|c| c.status.as_ref()?.dra).unwrap_or(false);
         let objects = if pools.is_empty() { Vec::new() } else { render(&md, &pools, dra) };
         let result = async {
-            let w = members::apply(client, &ctx.config.field_manager, &objects, state).await?;
+            let a = members::apply(client, &ctx.config.field_manager, &objects, state).await?;
+            members::report_drift(&ctx.recorder, &md, cluster, &a.drifted).await;
             let d = members::prune(client, &md, &members::ids(&objects)).await?;
-            Ok::<usize, kube::Error>(w + d)
+            Ok::<usize, kube::Error>(a.written + d)
         }
         .await;
         match result {

@@ -3,6 +3,11 @@
 //! decreases (a move away, a scale-in) only as far as the ready replicas that remain keep
 //! serving capacity at `min(desired, ready before)`. Not-ready replicas go first. Where the
 //! deployment's ModelCache is not Ready, no new replicas start (`gate_on_cache`). Pure.
+//!
+//! "Ready" here means *serving*: ready replicas of any template. A spec change (a new image or
+//! args) rolls a member's pods; while it does, its old replicas are not Ready in status (they
+//! run the old spec, see `members/readiness.rs`) but they still serve, so they still hold the
+//! floor: a rollout never makes this step remove replicas anywhere.
 
 use std::collections::BTreeMap;
 
@@ -14,8 +19,10 @@ pub type Key = (String, String);
 pub struct Running {
     /// Replicas asked for.
     pub applied: i32,
-    /// Replicas ready.
+    /// Replicas ready, on any template: they serve (make-before-break counts these).
     pub ready: i32,
+    /// Replicas ready on the current template (what status reports as ready).
+    pub current: i32,
 }
 
 /// The replica count to apply per key. Keys absent from the result are left alone (their
@@ -91,7 +98,7 @@ mod tests {
     }
 
     fn run(items: &[(&str, i32, i32)]) -> BTreeMap<Key, Running> {
-        items.iter().map(|(c, a, r)| (k(c), Running { applied: *a, ready: *r })).collect()
+        items.iter().map(|(c, a, r)| (k(c), Running { applied: *a, ready: *r, current: *r })).collect()
     }
 
     fn tgt(items: &[(&str, i32)]) -> BTreeMap<Key, i32> {
@@ -117,6 +124,19 @@ mod tests {
         // The same move with nothing ready before: nothing to protect, a is removed at once.
         let t = tgt(&[("b", 4)]);
         assert_eq!(step(&t, &run(&[("a", 4, 0)]), 4), tgt(&[("a", 0), ("b", 4)]));
+    }
+
+    #[test]
+    fn a_rollout_in_progress_tears_nothing_down() {
+        // A move from a to b while a rolls a new image: a's 4 replicas serve but none is on the
+        // current spec yet. The floor counts serving replicas, so a keeps all 4 until b is ready.
+        let t = tgt(&[("b", 4)]);
+        let rolling = |applied, ready| Running { applied, ready, current: 0 };
+        let running = BTreeMap::from([(k("a"), rolling(4, 4)), (k("b"), rolling(4, 0))]);
+        assert_eq!(step(&t, &running, 4), tgt(&[("a", 4), ("b", 4)]));
+        // And a rollout in place changes no replica count.
+        let t = tgt(&[("a", 4)]);
+        assert_eq!(step(&t, &BTreeMap::from([(k("a"), rolling(4, 4))]), 4), tgt(&[("a", 4)]));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The status a ModelDeployment should have, from the plan and from what members report. Ready
-//! counts come only from member Deployments' observed ready replicas; 1 of 8 ready is
-//! `Degraded`, never `Ready`. Pure, so that a reconcile that learns nothing new writes nothing.
+//! counts come only from member workloads' ready replicas of the current spec
+//! (`members/readiness.rs`): a rollout in progress is not Ready on the old spec; 1 of 8 ready
+//! is `Degraded`, never `Ready`. `serving` counts ready replicas of any spec. Pure, so that a reconcile that learns nothing new writes nothing.
 
 use std::collections::BTreeMap;
 
@@ -94,7 +95,10 @@ pub fn desired(
     let mut placements: Vec<ClusterPlacement> = plan
         .assignments
         .iter()
-        .map(|a| a.to_placement(observed.running.get(&(a.cluster.clone(), a.pool.clone())).map_or(0, |r| r.ready)))
+        .map(|a| {
+            let r = observed.running.get(&(a.cluster.clone(), a.pool.clone())).copied().unwrap_or_default();
+            ClusterPlacement { serving: r.ready, ..a.to_placement(r.current) }
+        })
         .collect();
     // Replicas still running where the plan no longer wants them (draining, make-before-break).
     for ((cluster, pool), r) in &observed.running {
@@ -107,7 +111,8 @@ pub fn desired(
                 capacity_type: prev.map_or(flotilla_apis::CapacityType::OnDemand, |p| p.capacity_type),
                 fallback_rank: prev.map_or(1, |p| p.fallback_rank),
                 desired: 0,
-                ready: r.ready,
+                ready: r.current,
+                serving: r.ready,
             });
         }
     }
@@ -310,7 +315,7 @@ mod tests {
 
     fn observed(ready: i32) -> Observed {
         let mut o = Observed::default();
-        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready });
+        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready, current: ready });
         o
     }
 
@@ -384,6 +389,22 @@ mod tests {
         assert_eq!((kept.placements[0].desired, kept.placements[0].ready), (0, 0), "no stale evidence");
         down.vanished.insert(cluster);
         assert!(desired(Some(&kept), Some(1), &nowhere, &down, &now()).placements.is_empty());
+    }
+
+    #[test]
+    fn a_rollout_in_progress_is_not_ready_on_the_old_spec_but_still_serving() {
+        // 8 replicas ready on the previous spec, none on the current one yet.
+        let mut o = Observed::default();
+        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready: 8, current: 0 });
+        let s = desired(None, Some(2), &plan(8, 8), &o, &now());
+        assert_eq!(s.ready_replicas, 0);
+        assert_eq!(s.conditions.get("Ready").unwrap().reason, "NoReplicasReady");
+        assert_eq!((s.placements[0].ready, s.placements[0].serving), (0, 8), "they serve: the gateway routes");
+        // Half way: 4 on the current spec.
+        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready: 8, current: 4 });
+        let s = desired(Some(&s), Some(2), &plan(8, 8), &o, &now());
+        assert_eq!(s.ready_replicas, 4);
+        assert!(s.conditions.is_true("Degraded"));
     }
 
     #[test]
