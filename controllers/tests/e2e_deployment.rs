@@ -564,10 +564,16 @@ async fn model_deployment_controller_on_real_api_servers() {
 
     // us1 answers again: the periodic sweep removes the objects no ModelDeployment owns now.
     fleet.start("us1");
+    // sel-model, the healthy deployment beside the poison objects, still runs there.
     wait_for("the sweep removed us-model's objects from us1", Duration::from_secs(120), || async {
-        flotilla_objects(&members["us1"]).await.is_empty().then_some(())
+        let left = flotilla_objects(&members["us1"]).await;
+        left.iter().all(|o| o.ends_with("(ml.sel-model)")).then_some(())
     })
     .await;
+    assert!(
+        flotilla_objects(&members["us1"]).await.iter().any(|o| o.ends_with("(ml.sel-model)")),
+        "the sweep left the objects of a deployment that exists"
+    );
     assert_eq!(flotilla_objects(&members["eu2"]).await, Vec::<String>::new(), "nothing left in eu2");
 
     ctl.kill();
