@@ -11,7 +11,7 @@
 #
 # Tools: nginx (`apt-get install nginx-light`), wrk, curl, python3; installed when missing
 # unless GATEWAY_BENCH_NO_INSTALL=1. Usage: scripts/gateway-bench-nginx.sh [seconds per
-# measurement, default 10] (about 2 minutes at 10). scripts/gateway-bench.sh runs it last.
+# measurement, default 10] (about 3 minutes at 10). scripts/gateway-bench.sh runs it last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR="${1:-10}"
@@ -160,15 +160,34 @@ for c in 16 64; do
   done
 done
 
-echo "== splice path: one connection, ${TOKENS}-token stream" >&2
-read -r su_rps su_p50 su_p99 _ su_bad _ _ <<<"$(wrkrun 1 "$WORK/stream.lua" "http://127.0.0.1:$UP_SSE" -)"
-read -r son_rps son_p50 son_p99 _ son_bad son_cpu _ <<<"$(wrkrun 1 "$WORK/stream.lua" "$(url gw)" "$(cat "$WORK/gw.pid")")"
-read -r soff_rps soff_p50 soff_p99 _ soff_bad soff_cpu _ <<<"$(wrkrun 1 "$WORK/stream.lua" "$(url gw-nocont)" "$(cat "$WORK/gw-nocont.pid")")"
-ERRORS=$((ERRORS + su_bad + son_bad + soff_bad))
 us() { # wrk's "69.00us" / "1.20ms" -> microseconds
   awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /ms$/) n *= 1000; else if (v ~ /[0-9]s$/) n *= 1000000; printf "%.0f", n }'
 }
-diff_us() { awk -v a="$(us "$1")" -v b="$(us "$2")" 'BEGIN { printf "%+d µs", a - b }'; }
+median() { tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# One connection's tail is at the mercy of the scheduler: the two gateways take turns, ROUNDS
+# times each, and each column is the median of the rounds (all rounds listed beside it).
+ROUNDS=3
+declare -A S_RPS S_P50 S_P99 S_CPU
+for r in $(seq "$ROUNDS"); do
+  for g in gw-nocont gw upstream; do
+    echo "== splice path, round $r: $g, one connection, ${TOKENS}-token stream" >&2
+    target="http://127.0.0.1:$UP_SSE" pid=-
+    [ "$g" != upstream ] && target="$(url "$g")" pid=$(cat "$WORK/$g.pid")
+    read -r rps p50 p99 _ bad cpu _ <<<"$(wrkrun 1 "$WORK/stream.lua" "$target" "$pid")"
+    S_RPS[$g]+="$rps " S_P50[$g]+="$(us "$p50") " S_P99[$g]+="$(us "$p99") " S_CPU[$g]+="$cpu "
+    ERRORS=$((ERRORS + bad))
+  done
+done
+splice_row() { # splice_row KEY LABEL
+  local k="$1"
+  printf '| %s | %s | %s µs | %s µs | %s | %s / %s |\n' "$2" "$(median <<<"${S_RPS[$k]}")" \
+    "$(median <<<"${S_P50[$k]}")" "$(median <<<"${S_P99[$k]}")" \
+    "$([ "$k" = upstream ] || median <<<"${S_CPU[$k]}")" "${S_P50[$k]% }" "${S_P99[$k]% }"
+}
+added() { # added p50|p99
+  local -n col="S_${1^^}"
+  awk -v a="$(median <<<"${col[gw]}")" -v b="$(median <<<"${col[gw-nocont]}")" 'BEGIN { printf "%+d µs", a - b }'
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 verdict() { awk -v v="$1" -v t="$2" -v dir="$3" 'BEGIN { ok = (dir == "max") ? (v <= t) : (v >= t); print ok ? "met" : "missed" }'; }
 r16=$(ratio "${RPS[gateway16]}" "${RPS[hop16]}")
@@ -213,16 +232,18 @@ Gateway / nginx hop throughput: **${r16}×** at 16 connections, **${r64}×** at 
 ## The splice path: an uninterrupted stream, continuation on vs off
 
 One connection, closed loop (\`wrk -t1 -c1 -d${DUR}s --latency -s stream.lua\`), a ${TOKENS}-token
-stream from the nginx upstream's second port (model \`s\`). With continuation on (the
-default) the gateway keeps each relayed chunk's text and the first chunk so that a broken
-stream could be finished elsewhere; with \`--continuation false\` it keeps nothing.
+stream from the nginx upstream's second port (model \`s\`), $ROUNDS rounds taking turns (a
+second gateway, started with \`--continuation false\`, beside the default one); each column is
+the median of the rounds. With continuation on (the default) the gateway keeps each relayed
+chunk's text and the first chunk so that a broken stream could be finished elsewhere; with
+\`--continuation false\` it keeps nothing.
 
-| path | req/s | p50 | p99 | gateway CPU ms per 1,000 streams |
-| --- | --- | --- | --- | --- |
-| client → nginx upstream | $su_rps | $su_p50 | $su_p99 | |
-| client → gateway, \`--continuation false\` | $soff_rps | $soff_p50 | $soff_p99 | $soff_cpu |
-| client → gateway, continuation on | $son_rps | $son_p50 | $son_p99 | $son_cpu |
-| **added by continuation** | | **$(diff_us "$son_p50" "$soff_p50")** | **$(diff_us "$son_p99" "$soff_p99")** | |
+| path | req/s | p50 | p99 | gateway CPU ms per 1,000 streams | p50 / p99 of each round (µs) |
+| --- | --- | --- | --- | --- | --- |
+$(splice_row upstream "client → nginx upstream")
+$(splice_row gw-nocont "client → gateway, \`--continuation false\`")
+$(splice_row gw "client → gateway, continuation on")
+| **added by continuation** | | **$(added p50)** | **$(added p99)** | | |
 
 ## Targets
 
