@@ -7,13 +7,11 @@ user request spent finding out: the engines' counters show that the primary refu
 `--breaker-failures` requests that opened its circuit, and nothing after."""
 
 import json
-import os
-import tempfile
 import time
 import urllib.request
 
 import pytest
-from conftest import ENGINESIM, GATEWAY, _start, _stop
+from conftest import ENGINESIM, GATEWAY, _routing_file, _start, _stop
 
 OUTAGE_S = 60
 RECOVERY_BOUND_S = 10  # docs/gateway.md: "well within 10 s" (at most 4 s with the defaults)
@@ -52,11 +50,9 @@ def outage_fleet():
             "  - {name: m, fallbacks: [m-fb], routes: [{cluster: primary}]}\n"
             "  - {name: m-fb, routes: [{cluster: backup}]}\n"
         )
-        path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-outage-"), "routing.yaml")
-        with open(path, "w") as f:
-            f.write(table)
         proc, url = _start([
-            GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--breaker-failures", str(BREAKER_FAILURES),
+            GATEWAY, "--listen", "127.0.0.1:0", "--config", _routing_file(table, "flotilla-gw-outage-"),
+            "--breaker-failures", str(BREAKER_FAILURES),
             "--backoff-base-ms", "20", "--scrape-interval-ms", "0",
         ])
         procs.append(proc)
