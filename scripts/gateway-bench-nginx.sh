@@ -267,16 +267,16 @@ window is looked up without allocating under its lock and the request id is move
 cloned (90 allocations), and the gateway uses mimalloc (A/B, 3 × 10 s at 16 connections:
 25.8 vs 29.0 ms CPU per 1,000 requests, +8 % req/s).
 
-What remains: at 16 connections the gateway is not CPU-bound (about 70 % of a core while the
-nginx hop takes 80–90 %). Each closed-loop request waits on more hand-offs than in nginx's
-single event loop: hyper-util's pooled client passes the request to the upstream connection's
-task and the answer back through channels, and Tokio's two workers wake each other. So the
-16-connection ratio sits on the 0.5 line (0.50 in a run before the allocator change, 0.49 in
-the first run after it; runs differ by ±15 % here), while at 64 connections, where the gateway
-is CPU-bound, it was 0.46 and 0.70 in those two runs. Closing the gap at 16 would mean driving the upstream connection in the
-request's own task, which is not a cheap change. The splice path's p99 over one connection is
-set by scheduler tails (the rounds above spread over several milliseconds); its p50 cost is a
-few microseconds.
+What remains: at 16 connections the gateway is not always CPU-bound (71 % of a core in one run
+while the nginx hop took 90 %). Each closed-loop request waits on more hand-offs than in
+nginx's single event loop: hyper-util's pooled client passes the request to the upstream
+connection's task and the answer back through channels, and Tokio's two workers wake each
+other. Runs on this quiet machine differ by ±15 %: on 2026-12-01 the 16-connection ratio was
+0.50 before the allocator change, then 0.49 and 0.56 in two runs after it (at 64 connections
+0.46, then 0.70 and 0.55): the target is met in some runs and missed in others, with no margin.
+A margin would mean driving the upstream connection in the request's own task, which is not a
+cheap change. The splice path's p99 over one connection is set by scheduler tails (the rounds
+above spread over several milliseconds); its p50 cost is a few microseconds at most.
 MD
 write_section "$OUT" gateway-nginx-bench "$SECTION" gateway-bench
 echo "wrote the gateway-nginx section of $OUT" >&2
