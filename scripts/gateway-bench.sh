@@ -4,12 +4,13 @@
 # gateway adds over one connection, p50/p99 at fixed rates (500, 1,000, 2,000 req/s; plain
 # and streamed) with the gateway's CPU per 1,000 req/s, throughput over 16 connections, and
 # routing quality (prefix-cache hit rate and TTFT under prefix affinity vs least load vs
-# round robin).
+# round robin). Last it runs scripts/gateway-bench-nginx.sh (the gateway beside nginx, its own
+# section).
 #
 # Tools: `oha` (fixed-rate load with percentiles; `cargo install --locked oha`), `wrk`
 # (max throughput; `apt-get install wrk`), curl and python3. Missing tools are installed
 # unless GATEWAY_BENCH_NO_INSTALL=1, in which case the script stops and says what to install.
-# Usage: scripts/gateway-bench.sh [seconds per measurement, default 8] (about 3 minutes at 8).
+# Usage: scripts/gateway-bench.sh [seconds per measurement, default 8] (about 5 minutes at 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR="${1:-8}"
@@ -17,67 +18,16 @@ OUT=docs/benchmarks.md
 SECTION=$(mktemp)
 export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
 
-need() { # need TOOL HOW-TO-INSTALL INSTALL-COMMAND...
-  local tool="$1" how="$2"
-  shift 2
-  command -v "$tool" >/dev/null && return
-  if [ "${GATEWAY_BENCH_NO_INSTALL:-0}" = 1 ]; then
-    echo "gateway-bench: \`$tool\` is not installed; install it with: $how" >&2
-    exit 1
-  fi
-  echo "gateway-bench: \`$tool\` is not installed; installing it with: $how" >&2
-  "$@" >&2
-  command -v "$tool" >/dev/null || { echo "gateway-bench: installing $tool failed; run: $how" >&2; exit 1; }
-}
-need curl "apt-get install -y curl" sh -c 'apt-get update -qq && apt-get install -y -qq curl'
-need python3 "apt-get install -y python3" sh -c 'apt-get update -qq && apt-get install -y -qq python3'
-need wrk "apt-get install -y wrk" sh -c 'apt-get update -qq && apt-get install -y -qq wrk'
+BENCH_NAME=gateway-bench
+# shellcheck source=scripts/bench-lib.sh
+source scripts/bench-lib.sh
+need curl "apt-get install -y curl" apt_install curl
+need python3 "apt-get install -y python3" apt_install python3
+need wrk "apt-get install -y wrk" apt_install wrk
 need oha "cargo install --locked oha (a few minutes to compile)" cargo install --locked oha
 
 cargo build --quiet --release --locked -p flotilla-gateway -p flotilla-enginesim
 BIN="${CARGO_TARGET_DIR:-target}/release"
-WORK="$(mktemp -d)"
-PIDS=()
-STARTS=0
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# start NAME CMD... : run CMD in the background, wait for "listening on URL"; store the URL
-# in $WORK/NAME.url and the process id in $WORK/NAME.pid
-start() {
-  local name="$1" out u
-  shift
-  STARTS=$((STARTS + 1))
-  out="$WORK/$name.$STARTS.out"
-  "$@" >"$out" 2>/dev/null &
-  PIDS+=($!)
-  echo $! >"$WORK/$name.pid"
-  for _ in $(seq 100); do
-    u="$(sed -n 's/^listening on //p' "$out" 2>/dev/null | head -1)"
-    if [ -n "$u" ]; then
-      echo "$u" >"$WORK/$name.url"
-      return
-    fi
-    sleep 0.1
-  done
-  echo "$name did not start: $*" >&2
-  exit 1
-}
-url() {
-  local u
-  u="$(cat "$WORK/$1.url")"
-  [ -n "$u" ] || { echo "no URL for $1" >&2; exit 1; }
-  echo "$u"
-}
-stop_all() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  PIDS=()
-}
 table() { # table FILE CLUSTER... : model m routed to every given simulator
   {
     echo "clusters:"
@@ -94,7 +44,6 @@ gateway() { # gateway ROUTING CLUSTER...
   # shellcheck disable=SC2086
   start gw "$BIN/flotilla-gateway" --listen 127.0.0.1:0 --config "$WORK/table.yaml" --routing "$1" $GW_FLAGS
 }
-TCK=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$(cat "$WORK/gw.pid")/stat"; }
 # cpu_pct TICKS_BEFORE TICKS_AFTER SECONDS -> percent of one core
 cpu_pct() { awk -v a="$1" -v b="$2" -v t="$TCK" -v s="$3" 'BEGIN { printf "%.1f", 100 * (b - a) / t / s }'; }
@@ -288,20 +237,9 @@ ${RQ[least-load]}
 ${RQ[round-robin]}
 MD
 # Replace only the gateway section of docs/benchmarks.md; other sections stay as they are.
-python3 - "$OUT" "$SECTION" <<'PY'
-import sys
-out, section = sys.argv[1], open(sys.argv[2]).read().rstrip() + "\n"
-begin, end = "<!-- gateway-bench:begin -->", "<!-- gateway-bench:end -->"
-try:
-    text = open(out).read()
-except FileNotFoundError:
-    text = "# Benchmarks\n"
-block = f"{begin}\n{section}{end}\n"
-if begin in text and end in text:
-    text = text[: text.index(begin)] + block + text[text.index(end) + len(end) + 1 :]
-else:
-    text = text.rstrip() + "\n\n" + block
-open(out, "w").write(text)
-PY
+write_section "$OUT" gateway-bench "$SECTION"
 rm -f "$SECTION"
 echo "wrote the gateway section of $OUT" >&2
+
+# The gateway beside nginx (lean hot path, splice overhead): its own section, after this one.
+bash scripts/gateway-bench-nginx.sh "$DUR"

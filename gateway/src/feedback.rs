@@ -53,11 +53,12 @@ impl Observation {
     }
 }
 
-/// Per (model, cluster) windows.
+/// Per (model, cluster) windows, keyed model then cluster so that recording an attempt looks
+/// its window up by the names it has, allocating only the first time a pair is seen.
 #[derive(Debug)]
 pub struct Stats {
     base: Instant,
-    windows: Mutex<HashMap<(String, String), [Slot; SLOTS]>>,
+    windows: Mutex<HashMap<String, HashMap<String, [Slot; SLOTS]>>>,
 }
 
 impl Default for Stats {
@@ -95,7 +96,14 @@ impl Stats {
     fn slot(&self, model: &str, cluster: &str, now: Instant, f: impl FnOnce(&mut Slot)) {
         let epoch = self.epoch(now);
         let mut w = lock(&self.windows);
-        let slots = w.entry((model.to_string(), cluster.to_string())).or_default();
+        if !w.contains_key(model) {
+            w.insert(model.to_string(), HashMap::new());
+        }
+        let Some(clusters) = w.get_mut(model) else { return };
+        if !clusters.contains_key(cluster) {
+            clusters.insert(cluster.to_string(), [Slot::default(); SLOTS]);
+        }
+        let Some(slots) = clusters.get_mut(cluster) else { return };
         let slot = &mut slots[(epoch % SLOTS as u64) as usize];
         if slot.epoch != epoch {
             *slot = Slot { epoch, ..Slot::default() };
@@ -107,7 +115,7 @@ impl Stats {
     pub fn observe(&self, model: &str, cluster: &str, now: Instant) -> Observation {
         let epoch = self.epoch(now);
         let w = lock(&self.windows);
-        let Some(slots) = w.get(&(model.to_string(), cluster.to_string())) else { return Observation::default() };
+        let Some(slots) = w.get(model).and_then(|c| c.get(cluster)) else { return Observation::default() };
         let mut out = Observation::default();
         let mut hist = [0u64; BOUNDS_MS.len() + 1];
         for s in slots.iter().filter(|s| s.epoch + SLOTS as u64 > epoch && s.epoch <= epoch) {

@@ -5,6 +5,7 @@
 //! path included, leaves in the OpenAI error shape.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -67,7 +68,10 @@ fn new_id() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or_default();
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    format!("{:016x}{:016x}", hash(t, &n.to_le_bytes()), hash(n, &t.to_le_bytes()))
+    let mut id = String::with_capacity(32);
+    // Writing to a String cannot fail.
+    let _ = write!(id, "{:016x}{:016x}", hash(t, &n.to_le_bytes()), hash(n, &t.to_le_bytes()));
+    id
 }
 
 async fn request_id(mut req: Request, next: Next) -> Response {
@@ -144,13 +148,13 @@ fn prompt_text(endpoint: Endpoint, v: &Value, limit: usize) -> String {
     out
 }
 
-async fn handle(st: &Arc<AppState>, endpoint: Endpoint, req: Request) -> (String, Result<Response, GatewayError>) {
+async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (String, Result<Response, GatewayError>) {
     let unknown = || "unknown".to_string();
     let key = match authenticate(st, req.headers()) {
         Ok(k) => k,
         Err(e) => return (unknown(), Err(e)),
     };
-    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone()).unwrap_or_else(new_id);
+    let request_id = req.extensions_mut().remove::<RequestId>().map_or_else(new_id, |r| r.0);
     // The whole body arrives (bounded in size and time) before a concurrency slot is taken, so
     // a client that trickles its body holds only its own connection.
     let bytes = match read_body(st, req).await {

@@ -40,6 +40,14 @@ def _stop(procs):
             p.kill()
 
 
+def _routing_file(text, prefix):
+    """Write a routing table to a fresh temporary directory; its path."""
+    path = os.path.join(tempfile.mkdtemp(prefix=prefix), "routing.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def _dead_url():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -75,9 +83,7 @@ def gateway_url():
             "  - {name: busy, routes: [{cluster: eu-4}]}\n"
             "  - {name: calm, routes: [{cluster: eu-4}]}\n"
         )
-        path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-"), "routing.yaml")
-        with open(path, "w") as f:
-            f.write(table)
+        path = _routing_file(table, "flotilla-gw-")
         keys = os.path.join(os.path.dirname(path), "keys.yaml")
         digest = hashlib.sha256(LIMITED_KEY.encode()).hexdigest()
         with open(keys, "w") as f:
@@ -138,9 +144,7 @@ def continuation_sims():
                 routes.append(f"{{cluster: {names['us']}}}")
                 policy = ", sovereignty: {allowedJurisdictions: [EU]}"
             models += f"  - {{name: {model}{policy}, routes: [{', '.join(routes)}]}}\n"
-        path = os.path.join(tempfile.mkdtemp(prefix="flotilla-gw-cont-"), "routing.yaml")
-        with open(path, "w") as f:
-            f.write("clusters:\n" + clusters + "models:\n" + models)
+        path = _routing_file("clusters:\n" + clusters + "models:\n" + models, "flotilla-gw-cont-")
         proc, url = _start([
             GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--routing", "least-load",
             "--idle-timeout-ms", "500", "--connect-timeout-ms", "300", "--backoff-base-ms", "20",
