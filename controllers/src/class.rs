@@ -71,7 +71,10 @@ async fn reconcile(class: Arc<InferenceClass>, client: Arc<Client>) -> Result<Ac
     let engine = SelectorEngine::new();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     if let Some(next) = status(&class, &engine, &now) {
-        let patch = crate::status_patch::status_patch(class.status.as_ref(), &next).map_err(kube::Error::SerdeError)?;
+        let patch =
+            crate::status_patch::conditional_status_patch(class.status.as_ref(), class.resource_version(), &next)
+                .map_err(kube::Error::SerdeError)?;
+        let Some(patch) = patch else { return Ok(Action::await_change()) };
         Api::<InferenceClass>::all((*client).clone())
             .patch_status(&class.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;

@@ -113,9 +113,9 @@ pub async fn cleanup(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Act
                 ic.metadata.generation,
                 &Time(Timestamp::now()),
             );
-            if next != current {
-                let patch =
-                    crate::status_patch::status_patch(Some(&current), &next).map_err(kube::Error::SerdeError)?;
+            let patch = crate::status_patch::conditional_status_patch(Some(&current), ic.resource_version(), &next)
+                .map_err(kube::Error::SerdeError)?;
+            if let Some(patch) = patch {
                 Api::<InferenceCluster>::all(ctx.client.clone())
                     .patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch))
                     .await?;
