@@ -71,7 +71,9 @@ wait_until() {
   done
 }
 
-cargo build -q --locked -p flotilla-controllers --bin flotilla-controller -p flotilla-gateway -p flotilla-enginesim
+# Under scripts/test.sh the binaries were built by `cargo test --workspace` (FLOTILLA_PREBUILT).
+[[ -n "${FLOTILLA_PREBUILT:-}" ]] ||
+  cargo build -q --locked -p flotilla-controllers --bin flotilla-controller -p flotilla-gateway -p flotilla-enginesim
 BIN=$(bash "${HARNESS}/build.sh")
 mkdir -p "${FLOTILLA_E2E_DIR}"
 bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true

@@ -17,7 +17,8 @@ if ! cmp -s "$REQ" "$VENV/.gateway-requirements.txt"; then
   cp "$REQ" "$VENV/.gateway-requirements.txt"
 fi
 
-cargo build --quiet --locked -p flotilla-gateway -p flotilla-enginesim
+# Under scripts/test.sh the binaries were built by `cargo test --workspace` (FLOTILLA_PREBUILT).
+[[ -n "${FLOTILLA_PREBUILT:-}" ]] || cargo build --quiet --locked -p flotilla-gateway -p flotilla-enginesim
 TARGET="${CARGO_TARGET_DIR:-target}"
 export FLOTILLA_GATEWAY_BIN="$TARGET/debug/flotilla-gateway"
 export FLOTILLA_ENGINESIM_BIN="$TARGET/debug/flotilla-enginesim"

@@ -40,6 +40,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test --workspace"
 cargo test --workspace --locked --no-run
+# The binaries the later tiers run (controller, gateway, simulator, fleetctl) are built now with
+# the workspace's feature set; scripts that would build them again with `-p` (another feature
+# set: aws-sdk-ec2 and friends compiled a second time) use these instead.
+export FLOTILLA_PREBUILT=1
 wait_prebuild
 cargo test --workspace --locked
 
