@@ -61,7 +61,7 @@ impl Ctx<'_, '_> {
                 break;
             }
             let slots = shape.count(&self.free[ci][pi], want - n);
-            let affordable = if price == 0 { slots } else { ((limit - cost) / price).min(u64::from(slots)) as u32 };
+            let affordable = (limit - cost).checked_div(price).map_or(slots, |n| n.min(u64::from(slots)) as u32);
             n += affordable;
             cost += price * u64::from(affordable);
             if affordable < slots {

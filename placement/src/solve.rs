@@ -3,7 +3,10 @@
 //! candidates are built (device match, node fit, capacity type, price) and ranked (stickiness,
 //! capacity-type preference, a ModelCache already Ready there, price, name), then replicas are placed one at a time — current
 //! placements first, then per-alternative minimums, then the rest in fallback order — each one
-//! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling.
+//! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling (held
+//! back for the most replicas it can pay for, `ceiling.rs`). Then a bounded improvement phase
+//! moves equal- or lower-priority replicas to place what the greedy pass left out
+//! (`improve.rs`).
 
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
@@ -30,7 +33,7 @@ pub struct SolveOptions {
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 2_000_000 }
+        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 1_000_000 }
     }
 }
 
@@ -79,7 +82,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     let domains = place::DomainIndex::new(&snapshot.clusters);
     let mut evaluations = 0u64;
     let mut plan = Plan::default();
-    let mut held: Vec<Vec<improve::Held>> = Vec::with_capacity(order.len());
+    let mut held: Vec<Vec<held::Held>> = Vec::with_capacity(order.len());
     for &d in &order {
         let explain = options.explain.as_ref().is_some_and(|(ns, n)| *ns == d.namespace && *n == d.name);
         if evaluations > options.max_evaluations {
@@ -201,7 +204,7 @@ impl<T> PerCluster<T> {
 
 impl Ctx<'_, '_> {
     /// One deployment's plan, and where its replicas went (for `improve`).
-    fn solve_one(&mut self, d: &DeploymentView) -> (DeploymentPlan, Vec<improve::Held>) {
+    fn solve_one(&mut self, d: &DeploymentView) -> (DeploymentPlan, Vec<held::Held>) {
         if let Some((field, message)) = self.matcher.invalid_selector(&d.spec.devices.alternatives) {
             return (invalid_spec(d, field, message), Vec::new());
         }
@@ -366,7 +369,7 @@ impl Ctx<'_, '_> {
                 }
             }
         }
-        let held = improve::Held::of(&state.candidates);
+        let held = held::Held::of(&state.candidates);
         (self.finish(d, state, verdicts, static_block, pool_blocks, &shape), held)
     }
 
@@ -510,6 +513,8 @@ impl Ctx<'_, '_> {
 
 #[path = "ceiling.rs"]
 mod ceiling;
+#[path = "held.rs"]
+mod held;
 #[path = "improve.rs"]
 mod improve;
 #[path = "place.rs"]

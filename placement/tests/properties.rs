@@ -221,13 +221,13 @@ impl<'s> Checker<'s> {
         }
         let (pods, distinct) = pods(&d.spec.topology);
         let mut least: Option<(u32, String)> = None;
-        for ci in 0..self.snap.clusters.len() {
+        for (ci, cluster_free) in free.iter().enumerate() {
             if self.eligible(d, ci).is_err() {
                 continue;
             }
-            for pi in 0..self.snap.clusters[ci].pools.len() {
+            for (pi, pool_free) in cluster_free.iter().enumerate() {
                 let usable = (1..=d.spec.devices.alternatives.len() as u32).any(|r| self.usable(d, ci, pi, r).is_ok());
-                if usable && take(&mut free[ci][pi].clone(), &pods, distinct) {
+                if usable && take(&mut pool_free.clone(), &pods, distinct) {
                     let n = counts.get(&domain(ci)).copied().unwrap_or(0);
                     if least.as_ref().is_none_or(|(m, _)| n < *m) {
                         least = Some((n, domain(ci)));
