@@ -145,6 +145,18 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
             out.push_str(&table(&rows));
         }
     }
+    if !d.moves.is_empty() {
+        out.push_str("\nMOVED AFTER THE GREEDY PASS\n");
+        let me = format!("{}/{}", d.namespace, d.name);
+        for m in &d.moves {
+            let n = m.replicas;
+            let _ = if m.moved == me {
+                writeln!(out, "  {n} replica(s) moved from {} to {} to make room for {}", m.from, m.to, m.made_room_for)
+            } else {
+                writeln!(out, "  placed on {} after {n} replica(s) of {} moved to {}", m.from, m.moved, m.to)
+            };
+        }
+    }
     if d.unplaced > 0 {
         out.push('\n');
         out.push_str(&unplaced_section(d));

@@ -35,6 +35,10 @@ fn full_solve(c: &mut Criterion) {
         let id = BenchmarkId::from_parameter(format!("{clusters}x{deployments}"));
         group.bench_with_input(id, &snap, |b, snap| b.iter(|| solve(black_box(snap), &SolveOptions::default())));
     }
+    // The greedy pass alone on the largest fleet: what the improvement phase adds.
+    let snap = fleet(1_000, 5_000);
+    let greedy = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    group.bench_function("1000x5000/greedy-only", |b| b.iter(|| solve(black_box(&snap), &greedy)));
     group.finish();
 }
 

@@ -13,10 +13,23 @@ fn main() {
         _ => (1000, 5000, 1),
     };
     let snap = generate(&GenSpec { clusters, deployments, seed });
+    // `--greedy`: without the improvement phase.
+    let options = if std::env::args().any(|a| a == "--greedy") {
+        SolveOptions { max_improvement: 0, ..SolveOptions::default() }
+    } else {
+        SolveOptions::default()
+    };
     let start = Instant::now();
-    let plan = solve(&snap, &SolveOptions::default());
+    let plan = solve(&snap, &options);
     let took = start.elapsed();
     let placed: u32 = plan.deployments.iter().flat_map(|d| &d.assignments).map(|a| a.replicas).sum();
     let rejections: usize = plan.deployments.iter().map(|d| d.rejections.len()).sum();
-    println!("{clusters} x {deployments}: {took:?}, {placed} replicas placed, {rejections} rejections");
+    let cpu = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| {
+        let f: Vec<&str> = s.rsplit(')').next()?.split_whitespace().collect();
+        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    });
+    println!(
+        "{clusters} x {deployments}: {took:?}, {placed} replicas placed, {rejections} rejections (process CPU ticks \
+         so far: {cpu:?})"
+    );
 }

@@ -158,6 +158,7 @@ mod tests {
             rejections: vec![],
             explanation: None,
             invalid: None,
+            moves: Vec::new(),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use flotilla_apis::deployment::SpreadDomain;
 
+use super::ceiling::Reserve;
 use super::{Blocks, Candidate, Ctx};
 use crate::devices::{ClassMatch, ReplicaShape, misfit};
 use crate::plan::{
@@ -21,6 +22,15 @@ pub(super) struct Placing {
     /// Replicas per spread domain (by the domain's index).
     pub domains: Vec<u32>,
     pub blocks: Blocks,
+    /// Under a cost ceiling: the budget held back for the rest of the target (`ceiling.rs`).
+    pub reserve: Option<Reserve>,
+}
+
+impl Placing {
+    /// Replicas placed so far.
+    pub fn placed(&self) -> u32 {
+        self.candidates.iter().map(|c| c.placed).sum()
+    }
 }
 
 /// How far a candidate got before it was refused; the furthest is the most telling reason. At
@@ -162,6 +172,28 @@ impl Ctx<'_, '_> {
                 state.blocks.insert(ci, (reason, format!("pool {}: {msg}", clusters[ci].pools[pi].name)));
                 continue;
             };
+            if let (Some(r), Some(max)) = (&state.reserve, state.max_cost) {
+                let price = state.candidates[i].replica_price;
+                let before = std::mem::replace(&mut self.free[ci][pi], next.clone());
+                let ok = self.within_reserve(r, shape, state.placed(), state.cost + price, max);
+                self.free[ci][pi] = before;
+                if !ok {
+                    state.blocks.insert(
+                        ci,
+                        (
+                            Reason::CostCeilingExceeded,
+                            format!(
+                                "one more replica here costs ${}/h; with ${}/h placed, the ceiling ${}/h would then \
+                                 not pay for the rest at the cheapest free capacity",
+                                flotilla_apis::common::format_price_micros(price),
+                                flotilla_apis::common::format_price_micros(state.cost),
+                                flotilla_apis::common::format_price_micros(max)
+                            ),
+                        ),
+                    );
+                    continue;
+                }
+            }
             self.free[ci][pi] = next;
             let c = &mut state.candidates[i];
             c.placed += 1;
@@ -176,6 +208,45 @@ impl Ctx<'_, '_> {
             return true;
         }
         false
+    }
+
+    /// Places per-alternative minimums (when `minimums`), then the rest in fallback order,
+    /// the fill repeated while it makes progress: a replica one alternative refused for spread
+    /// may fit it after a later alternative evened the domains.
+    pub(super) fn fill(
+        &mut self,
+        state: &mut Placing,
+        d: &DeploymentView,
+        shape: &ReplicaShape,
+        spread: Option<(SpreadDomain, u32)>,
+        proportional: bool,
+        minimums: bool,
+    ) {
+        let mut phase_min = minimums;
+        loop {
+            let mut progress = false;
+            for (ai, alt) in d.spec.devices.alternatives.iter().enumerate() {
+                let rank = ai as u32 + 1;
+                let ids: Vec<usize> = (0..state.candidates.len())
+                    .filter(|&i| state.candidates[i].rank == rank && !state.candidates[i].sticky_only)
+                    .collect();
+                let want = alt.min_replicas.unwrap_or(0).max(0) as u32;
+                while state.remaining > 0 && (!phase_min || state.per_rank[ai] < want) {
+                    let pick = if proportional { self.proportional_order(state, &ids) } else { ids.clone() };
+                    if !self.place(state, &pick, shape, spread, d) {
+                        break;
+                    }
+                    progress = true;
+                }
+            }
+            if phase_min {
+                phase_min = false;
+                continue;
+            }
+            if !progress || state.remaining == 0 {
+                break;
+            }
+        }
     }
 
     /// Builds the deployment's plan from the final state.
@@ -307,6 +378,7 @@ impl Ctx<'_, '_> {
             rejections,
             explanation,
             invalid: None,
+            moves: Vec::new(),
         }
     }
 }

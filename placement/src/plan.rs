@@ -146,6 +146,27 @@ pub struct DeploymentPlan {
     /// and keeps what runs. The rest of the fleet is solved as if it were absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid: Option<InvalidSpec>,
+    /// Replicas the improvement phase moved to make room for another deployment, and those
+    /// this deployment got thanks to such a move (what `fleetctl explain` says about them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<Move>,
+}
+
+/// Replicas moved by the improvement phase after the greedy pass: `replicas` of `moved` went
+/// from `from` to `to`, and `madeRoomFor` got replicas on `from` in their place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    /// The deployment whose replica moved (`namespace/name`).
+    pub moved: String,
+    /// Where it ran in the greedy plan: `cluster/pool`.
+    pub from: String,
+    /// Where it runs now: `cluster/pool`.
+    pub to: String,
+    /// The deployment (`namespace/name`) that got replicas on `from` because of the move.
+    pub made_room_for: String,
+    /// Replicas of `moved` that went this way.
+    pub replicas: u32,
 }
 
 /// What makes a deployment's spec invalid: the field and why.

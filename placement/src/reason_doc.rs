@@ -99,7 +99,9 @@ impl Reason {
             Self::InsufficientDevices => {
                 "Add nodes to the pool, free devices, lower `replicas`, raise `placement.priority`, or ask for capacity with a CapacityClaim."
             }
-            Self::CostCeilingExceeded => "Raise `maxCostPerHour`, or allow cheaper capacity types or alternatives.",
+            Self::CostCeilingExceeded => {
+                "Raise `maxCostPerHour` or lower `replicas`: the solver already places as many replicas as the ceiling pays for, using the cheapest allowed capacity where the preferred one would not fit the budget. Allowing a capacity type or alternative the deployment does not allow yet helps only if it is cheaper."
+            }
             Self::SpreadConstraint => {
                 "Add capacity in the emptier domains, raise `maxSkew`, or spread `by` a coarser domain."
             }

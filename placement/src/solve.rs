@@ -3,7 +3,10 @@
 //! candidates are built (device match, node fit, capacity type, price) and ranked (stickiness,
 //! capacity-type preference, a ModelCache already Ready there, price, name), then replicas are placed one at a time — current
 //! placements first, then per-alternative minimums, then the rest in fallback order — each one
-//! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling.
+//! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling (held
+//! back for the most replicas it can pay for, `ceiling.rs`). Then a bounded improvement phase
+//! moves equal- or lower-priority replicas to place what the greedy pass left out
+//! (`improve.rs`).
 
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
@@ -22,11 +25,15 @@ pub struct SolveOptions {
     /// Candidate evaluations allowed before the remaining deployments are left unsolved
     /// (reason `BudgetExhausted`; a controller keeps their current placements).
     pub max_evaluations: u64,
+    /// Work units (candidate evaluations and node visits while re-packing pools) the
+    /// improvement phase may spend after the greedy pass; 0 turns it off. Counted, not timed:
+    /// a solve that runs out stops at the same point every time.
+    pub max_improvement: u64,
 }
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        Self { explain: None, max_evaluations: 200_000_000 }
+        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 1_000_000 }
     }
 }
 
@@ -48,6 +55,8 @@ struct Candidate {
     reserved: bool,
     initial_slots: u32,
     placed: u32,
+    /// Of `placed`, replicas kept where they already run (never moved by `improve`).
+    kept: u32,
 }
 
 /// Solves the whole fleet. Same snapshot and options in, same plan out.
@@ -55,14 +64,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     let mut free: Vec<Vec<Vec<u32>>> =
         snapshot.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_per_node.clone()).collect()).collect();
     let mut matcher = DeviceMatcher::new(&snapshot.classes);
-    let mut order: Vec<&DeploymentView> = snapshot.deployments.iter().collect();
-    order.sort_by(|a, b| {
-        b.priority()
-            .cmp(&a.priority())
-            .then(a.created.cmp(&b.created))
-            .then(a.namespace.cmp(&b.namespace))
-            .then(a.name.cmp(&b.name))
-    });
+    let order = solve_order(snapshot);
     // Each cluster's position in name order, so ranking compares integers, not strings.
     let mut by_name: Vec<usize> = (0..snapshot.clusters.len()).collect();
     by_name.sort_by(|a, b| snapshot.clusters[*a].name.cmp(&snapshot.clusters[*b].name));
@@ -80,10 +82,12 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     let domains = place::DomainIndex::new(&snapshot.clusters);
     let mut evaluations = 0u64;
     let mut plan = Plan::default();
-    for d in order {
+    let mut held: Vec<Vec<held::Held>> = Vec::with_capacity(order.len());
+    for &d in &order {
         let explain = options.explain.as_ref().is_some_and(|(ns, n)| *ns == d.namespace && *n == d.name);
         if evaluations > options.max_evaluations {
             plan.deployments.push(budget_exhausted(d));
+            held.push(Vec::new());
             continue;
         }
         let mut ctx = Ctx {
@@ -97,9 +101,39 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             domains: &domains,
             cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
         };
-        plan.deployments.push(ctx.solve_one(d));
+        let (p, h) = ctx.solve_one(d);
+        plan.deployments.push(p);
+        held.push(h);
+    }
+    if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
+        let mut ctx = Ctx {
+            snapshot,
+            free: &mut free,
+            matcher: &mut matcher,
+            evaluations: &mut evaluations,
+            explain: false,
+            name_rank: &name_rank,
+            pool_class: &pool_class,
+            domains: &domains,
+            cache: None,
+        };
+        ctx.improve(&order, &mut plan.deployments, &mut held, options.max_improvement);
     }
     plan
+}
+
+/// Deployments in the order they are solved: priority (highest first), creation, namespace,
+/// name.
+fn solve_order(snapshot: &FleetSnapshot) -> Vec<&DeploymentView> {
+    let mut order: Vec<&DeploymentView> = snapshot.deployments.iter().collect();
+    order.sort_by(|a, b| {
+        b.priority()
+            .cmp(&a.priority())
+            .then(a.created.cmp(&b.created))
+            .then(a.namespace.cmp(&b.namespace))
+            .then(a.name.cmp(&b.name))
+    });
+    order
 }
 
 fn budget_exhausted(d: &DeploymentView) -> DeploymentPlan {
@@ -169,9 +203,10 @@ impl<T> PerCluster<T> {
 }
 
 impl Ctx<'_, '_> {
-    fn solve_one(&mut self, d: &DeploymentView) -> DeploymentPlan {
+    /// One deployment's plan, and where its replicas went (for `improve`).
+    fn solve_one(&mut self, d: &DeploymentView) -> (DeploymentPlan, Vec<held::Held>) {
         if let Some((field, message)) = self.matcher.invalid_selector(&d.spec.devices.alternatives) {
-            return invalid_spec(d, field, message);
+            return (invalid_spec(d, field, message), Vec::new());
         }
         let spec = &d.spec;
         let policy = &spec.placement;
@@ -268,18 +303,7 @@ impl Ctx<'_, '_> {
                 verdicts.push(v);
             }
         }
-        candidates.sort_by(|a, b| {
-            (b.sticky_quota > 0)
-                .cmp(&(a.sticky_quota > 0))
-                .then(b.reserved.cmp(&a.reserved))
-                .then(a.prefer_not.cmp(&b.prefer_not))
-                .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
-                .then(b.cache_ready.cmp(&a.cache_ready))
-                .then(a.replica_price.cmp(&b.replica_price))
-                .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
-                .then(a.pool.cmp(&b.pool))
-                .then(a.rank.cmp(&b.rank))
-        });
+        self.rank_candidates(&mut candidates);
 
         let mut state = Placing {
             candidates,
@@ -289,6 +313,7 @@ impl Ctx<'_, '_> {
             per_rank: vec![0; spec.devices.alternatives.len()],
             domains: vec![0; clusters.len()],
             blocks: PerCluster::with_len(clusters.len()),
+            reserve: None,
         };
         let spread = policy.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32));
         let proportional = policy.split == Some(SplitStrategy::Proportional);
@@ -302,6 +327,7 @@ impl Ctx<'_, '_> {
                 }
                 if state.candidates[i].sticky_quota > 0 && self.place(&mut state, &[i], &shape, spread, d) {
                     state.candidates[i].sticky_quota -= 1;
+                    state.candidates[i].kept += 1;
                     progress = true;
                 }
             }
@@ -309,33 +335,13 @@ impl Ctx<'_, '_> {
                 break;
             }
         }
-        // 2. Per-alternative minimums, 3. the rest in fallback order.
-        // Minimums once, then the fill repeated while it makes progress: a replica one
-        // alternative refused for spread may fit it after a later alternative evened the domains.
-        let mut phase_min = true;
-        loop {
-            let mut progress = false;
-            for (ai, alt) in spec.devices.alternatives.iter().enumerate() {
-                let rank = ai as u32 + 1;
-                let ids: Vec<usize> = (0..state.candidates.len())
-                    .filter(|&i| state.candidates[i].rank == rank && !state.candidates[i].sticky_only)
-                    .collect();
-                let want = alt.min_replicas.unwrap_or(0).max(0) as u32;
-                while state.remaining > 0 && (!phase_min || state.per_rank[ai] < want) {
-                    let pick = if proportional { self.proportional_order(&state, &ids) } else { ids.clone() };
-                    if !self.place(&mut state, &pick, &shape, spread, d) {
-                        break;
-                    }
-                    progress = true;
-                }
-            }
-            if phase_min {
-                phase_min = false;
-                continue;
-            }
-            if !progress || state.remaining == 0 {
-                break;
-            }
+        // 2. Per-alternative minimums, 3. the rest in fallback order, within the ceiling's hold.
+        state.reserve = self.reserve(&state.candidates, &shape, desired, state.placed(), state.cost, max_cost);
+        self.fill(&mut state, d, &shape, spread, proportional, true);
+        // A ceiling hold that spread or `maxReplicas` made unreachable: place what the plain
+        // ceiling allows.
+        if state.remaining > 0 && state.reserve.take().is_some() {
+            self.fill(&mut state, d, &shape, spread, proportional, false);
         }
         // Clusters that keep replicas only because they already run them say why no more come.
         for c in state.candidates.iter().filter(|c| c.sticky_only) {
@@ -363,7 +369,26 @@ impl Ctx<'_, '_> {
                 }
             }
         }
-        self.finish(d, state, verdicts, static_block, pool_blocks, &shape)
+        let held = held::Held::of(&state.candidates);
+        (self.finish(d, state, verdicts, static_block, pool_blocks, &shape), held)
+    }
+
+    /// Orders candidates by the documented ranking: where it runs now, a claim's own nodes,
+    /// no `PreferNoSchedule` taint, capacity-type preference, a Ready ModelCache, price, then
+    /// cluster name, pool and fallback rank.
+    fn rank_candidates(&self, candidates: &mut [Candidate]) {
+        candidates.sort_by(|a, b| {
+            (b.sticky_quota > 0)
+                .cmp(&(a.sticky_quota > 0))
+                .then(b.reserved.cmp(&a.reserved))
+                .then(a.prefer_not.cmp(&b.prefer_not))
+                .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
+                .then(b.cache_ready.cmp(&a.cache_ready))
+                .then(a.replica_price.cmp(&b.replica_price))
+                .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
+                .then(a.pool.cmp(&b.pool))
+                .then(a.rank.cmp(&b.rank))
+        });
     }
 
     /// One (pool, alternative): a candidate, or the refusal (with words when asked).
@@ -467,6 +492,7 @@ impl Ctx<'_, '_> {
             reserved: pool.reserved_for.is_some(),
             initial_slots,
             placed: 0,
+            kept: 0,
         })
     }
 
@@ -485,6 +511,14 @@ impl Ctx<'_, '_> {
     }
 }
 
+#[path = "ceiling.rs"]
+mod ceiling;
+#[path = "held.rs"]
+mod held;
+#[path = "improve.rs"]
+mod improve;
 #[path = "place.rs"]
 mod place;
+#[path = "problem.rs"]
+pub mod problem;
 use place::{Placing, stage};

@@ -189,7 +189,58 @@ impl<'s> Checker<'s> {
                 .map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
         }
         seen.full_pools += free.iter().flatten().filter(|f| !f.is_empty() && f.iter().all(|&x| x == 0)).count() as u64;
+        for dp in &plan.deployments {
+            let d = views[&(dp.namespace.as_str(), dp.name.as_str())];
+            self.check_spread(d, dp, &cluster_ix, &free).map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+        }
         Ok(())
+    }
+
+    /// Spread (`maxSkew`): once everything is placed, no domain holds more than `maxSkew`
+    /// replicas above the emptiest domain that could still take one (a full domain does not
+    /// hold the others back).
+    fn check_spread(
+        &mut self,
+        d: &DeploymentView,
+        dp: &DeploymentPlan,
+        cluster_ix: &HashMap<&str, usize>,
+        free: &[Vec<Vec<u32>>],
+    ) -> Result<(), String> {
+        let Some(spread) = &d.spec.placement.spread else { return Ok(()) };
+        let domain = |ci: usize| {
+            let c = &self.snap.clusters[ci];
+            match spread.by {
+                flotilla_apis::deployment::SpreadDomain::Cluster => c.name.clone(),
+                flotilla_apis::deployment::SpreadDomain::Region => c.region.clone(),
+                flotilla_apis::deployment::SpreadDomain::Zone => c.zones.first().unwrap_or(&c.region).clone(),
+            }
+        };
+        let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+        for a in &dp.assignments {
+            *counts.entry(domain(cluster_ix[a.cluster.as_str()])).or_default() += a.replicas;
+        }
+        let (pods, distinct) = pods(&d.spec.topology);
+        let mut least: Option<(u32, String)> = None;
+        for (ci, cluster_free) in free.iter().enumerate() {
+            if self.eligible(d, ci).is_err() {
+                continue;
+            }
+            for (pi, pool_free) in cluster_free.iter().enumerate() {
+                let usable = (1..=d.spec.devices.alternatives.len() as u32).any(|r| self.usable(d, ci, pi, r).is_ok());
+                if usable && take(&mut pool_free.clone(), &pods, distinct) {
+                    let n = counts.get(&domain(ci)).copied().unwrap_or(0);
+                    if least.as_ref().is_none_or(|(m, _)| n < *m) {
+                        least = Some((n, domain(ci)));
+                    }
+                }
+            }
+        }
+        let Some((least, open)) = least else { return Ok(()) };
+        let skew = spread.max_skew.max(1) as u32;
+        match counts.iter().find(|(_, n)| **n > least + skew) {
+            Some((dom, n)) => Err(format!("spread: {dom} has {n}, {open} has {least} and room; maxSkew {skew}")),
+            None => Ok(()),
+        }
     }
 
     fn check_one(
@@ -396,6 +447,33 @@ proptest! {
         let plan = solve(&snap, &SolveOptions::default());
         if let Err(e) = check(&snap, &plan) {
             prop_assert!(false, "{spec:?}: {e}");
+        }
+    }
+
+    /// The improvement phase never costs a deployment a replica, moves only replicas of a
+    /// deployment whose priority is at most that of the one it made room for, says so in
+    /// `moves`, and leaves a plan the checker accepts (the property above checks the default
+    /// solve, which includes the phase).
+    #[test]
+    fn improvement_only_adds_replicas_and_moves_down(spec in fleets()) {
+        let snap = generate(&spec);
+        let greedy = solve(&snap, &SolveOptions { max_improvement: 0, ..SolveOptions::default() });
+        let improved = solve(&snap, &SolveOptions::default());
+        let priority: HashMap<String, i32> =
+            snap.deployments.iter().map(|d| (format!("{}/{}", d.namespace, d.name), d.priority())).collect();
+        for (g, i) in greedy.deployments.iter().zip(&improved.deployments) {
+            let name = format!("{}/{}", g.namespace, g.name);
+            prop_assert!(i.unplaced <= g.unplaced, "{:?}: {} lost replicas: {} -> {}", spec, name, g.unplaced, i.unplaced);
+            if g.assignments != i.assignments && i.unplaced == g.unplaced {
+                prop_assert!(!i.moves.is_empty(), "{:?}: {} moved without a recorded move", spec, name);
+            }
+            for m in i.moves.iter().filter(|m| m.moved == name) {
+                prop_assert!(
+                    priority[&m.made_room_for] >= priority[&name],
+                    "{:?}: {} (priority {}) moved for {} (priority {})",
+                    spec, name, priority[&name], m.made_room_for, priority[&m.made_room_for]
+                );
+            }
         }
     }
 

@@ -2,7 +2,9 @@
 //! offerings are the declared pools of `static` InferenceClusters (one per zone and capacity
 //! type the pool lists), its "acquisitions" set declared nodes aside for a claim, and asking
 //! for more than a pool declares fails with `InsufficientCapacity` (code
-//! `StaticPoolExhausted`).
+//! `StaticPoolExhausted`). A region may hold several static clusters (two on-premises
+//! clusters at one site): each is listed as its own [`RegionInfo`], each offering names its
+//! cluster, and an acquisition is made in the cluster the request names.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -18,13 +20,15 @@ use crate::types::{AcquireRequest, Acquisition, AcquisitionState, Offering, Prov
 
 struct Held {
     acquisition: Acquisition,
+    /// The cluster whose pool the nodes belong to.
+    cluster: String,
     pool: String,
     indices: Vec<u32>,
     /// The request's `flotilla.dev/claim` label.
     claim: Option<String>,
 }
 
-/// Fixed inventory from `static` InferenceClusters (one cluster per region).
+/// Fixed inventory from `static` InferenceClusters (any number per region).
 pub struct StaticProvider {
     clusters: Vec<(String, InferenceClusterSpec)>,
     classes: BTreeMap<String, InferenceClassSpec>,
@@ -49,10 +53,17 @@ impl StaticProvider {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn cluster(&self, region: &str) -> Result<&(String, InferenceClusterSpec), ProviderError> {
-        self.clusters.iter().find(|(_, s)| s.region == region).ok_or_else(|| {
-            ProviderError::new(ErrorKind::InvalidRequest, "UnknownRegion", format!("no static cluster in {region}"))
-        })
+    /// The static clusters in `region`, in the order given; an error when there is none.
+    fn clusters_in(&self, region: &str) -> Result<Vec<&(String, InferenceClusterSpec)>, ProviderError> {
+        let found: Vec<_> = self.clusters.iter().filter(|(_, s)| s.region == region).collect();
+        if found.is_empty() {
+            return Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                "UnknownRegion",
+                format!("no static cluster in {region}"),
+            ));
+        }
+        Ok(found)
     }
 
     fn zone(spec: &InferenceClusterSpec) -> String {
@@ -61,7 +72,7 @@ impl StaticProvider {
 
     fn used(held: &BTreeMap<String, Held>, cluster: &str, pool: &str) -> Vec<u32> {
         held.values()
-            .filter(|h| h.pool == pool && h.acquisition.region == cluster)
+            .filter(|h| h.pool == pool && h.cluster == cluster)
             .flat_map(|h| h.indices.iter().copied())
             .collect()
     }
@@ -91,37 +102,65 @@ impl CapacityProvider for StaticProvider {
     }
 
     async fn offerings(&self, region: &str) -> Result<Vec<Offering>, ProviderError> {
-        let (_, spec) = self.cluster(region)?;
+        let clusters = self.clusters_in(region)?;
         let held = self.held();
         let mut out = Vec::new();
-        for pool in &spec.pools {
-            let Some(class) = self.classes.get(&pool.class) else { continue };
-            let free = Self::declared(pool).saturating_sub(Self::used(&held, region, &pool.name).len() as u32);
-            for ct in &pool.capacity_types {
-                out.push(Offering {
-                    region: region.to_string(),
-                    zone: Self::zone(spec),
-                    instance_type: pool.name.clone(),
-                    capacity_type: *ct,
-                    device: class.device.clone(),
-                    devices_per_node: class.devices_per_node,
-                    price_micros: class.price_per_node_hour.micros(*ct),
-                    reservation_id: pool.reservation_ids.first().cloned(),
-                    available_nodes: Some(free),
-                    ends_at: None,
-                    class: Some(pool.class.clone()),
-                });
+        for (name, spec) in clusters {
+            for pool in &spec.pools {
+                let Some(class) = self.classes.get(&pool.class) else { continue };
+                let free = Self::declared(pool).saturating_sub(Self::used(&held, name, &pool.name).len() as u32);
+                for ct in &pool.capacity_types {
+                    out.push(Offering {
+                        region: region.to_string(),
+                        zone: Self::zone(spec),
+                        instance_type: pool.name.clone(),
+                        capacity_type: *ct,
+                        device: class.device.clone(),
+                        devices_per_node: class.devices_per_node,
+                        price_micros: class.price_per_node_hour.micros(*ct),
+                        reservation_id: pool.reservation_ids.first().cloned(),
+                        available_nodes: Some(free),
+                        ends_at: None,
+                        class: Some(pool.class.clone()),
+                        cluster: Some(name.clone()),
+                    });
+                }
             }
         }
         Ok(out)
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquisition, ProviderError> {
-        let (cluster, spec) = self.cluster(&request.region)?;
+        let clusters = self.clusters_in(&request.region)?;
         let mut held = self.held();
         if let Some(h) = held.get(&request.name) {
             return Ok(h.acquisition.clone());
         }
+        // The cluster the request names (the offering's); without one, the only cluster of
+        // the region — with several, a request that names none is ambiguous.
+        let cluster = match &request.cluster {
+            Some(want) => clusters.iter().copied().find(|(name, _)| name == want),
+            None if clusters.len() == 1 => clusters.first().copied(),
+            None => {
+                let names: Vec<&str> = clusters.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(ProviderError::new(
+                    ErrorKind::InvalidRequest,
+                    "StaticClusterAmbiguous",
+                    format!(
+                        "region {} holds static clusters {}; the request names none of them",
+                        request.region,
+                        names.join(", ")
+                    ),
+                ));
+            }
+        };
+        let Some((cluster, spec)) = cluster else {
+            return Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                "UnknownRegion",
+                format!("no static cluster {} in {}", request.cluster.as_deref().unwrap_or_default(), request.region),
+            ));
+        };
         let Some(pool) = spec
             .pools
             .iter()
@@ -137,7 +176,7 @@ impl CapacityProvider for StaticProvider {
                 ),
             ));
         };
-        let taken = Self::used(&held, &request.region, &pool.name);
+        let taken = Self::used(&held, cluster, &pool.name);
         let free: Vec<u32> = (0..Self::declared(pool)).filter(|i| !taken.contains(i)).collect();
         let grant = request.nodes.min(free.len() as u32);
         if grant < request.min_nodes.max(1) {
@@ -189,7 +228,13 @@ impl CapacityProvider for StaticProvider {
         let claim = request.labels.get(CLAIM_LABEL).cloned();
         held.insert(
             request.name.clone(),
-            Held { acquisition: acquisition.clone(), pool: pool.name.clone(), indices, claim },
+            Held {
+                acquisition: acquisition.clone(),
+                cluster: cluster.clone(),
+                pool: pool.name.clone(),
+                indices,
+                claim,
+            },
         );
         Ok(acquisition)
     }

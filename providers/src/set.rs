@@ -24,22 +24,25 @@ impl std::fmt::Debug for ProviderSet {
 }
 
 impl ProviderSet {
-    /// Combines providers; fails when two of them serve the same region name.
+    /// Combines providers; fails when two of them serve the same region name (a call names
+    /// only a region, so it could not be routed). One provider may list a region several
+    /// times, once per cluster it holds there (a static site with two clusters).
     pub fn new(providers: Vec<Arc<dyn CapacityProvider>>) -> Result<Self, ProviderError> {
-        let mut seen: Vec<RegionInfo> = Vec::new();
-        for p in &providers {
+        let mut seen: Vec<(usize, RegionInfo)> = Vec::new();
+        for (pi, p) in providers.iter().enumerate() {
             for region in p.regions() {
-                if let Some(other) = seen.iter().find(|r| r.name == region.name) {
+                if let Some((_, other)) = seen.iter().find(|(i, r)| *i != pi && r.name == region.name) {
                     return Err(ProviderError::new(
                         ErrorKind::InvalidRequest,
                         "DuplicateRegion",
                         format!(
-                            "region {} is served by both {} and {}; give one of them another region name",
-                            region.name, other.provider, region.provider
+                            "region {} is served by both {} (cluster {}) and {} (cluster {}); give one of them \
+                             another region name",
+                            region.name, other.provider, other.cluster, region.provider, region.cluster
                         ),
                     ));
                 }
-                seen.push(region);
+                seen.push((pi, region));
             }
         }
         Ok(Self { providers })

@@ -48,6 +48,9 @@ pub struct Offering {
     pub ends_at: Option<Timestamp>,
     /// The InferenceClass the provider knows this offering as, if any (sim, static).
     pub class: Option<String>,
+    /// The InferenceCluster the nodes would join, when the provider serves several clusters
+    /// in one region (static sites); `None`: the region's one cluster ([`RegionInfo::cluster`]).
+    pub cluster: Option<String>,
 }
 
 /// A taint put on provisioned nodes.
@@ -85,6 +88,8 @@ pub struct AcquireRequest {
     pub reservation_id: Option<String>,
     /// The InferenceClass the nodes are for.
     pub class: String,
+    /// The InferenceCluster the offering named ([`Offering::cluster`]), when it named one.
+    pub cluster: Option<String>,
     /// Labels every node gets (class, claim, pool).
     pub labels: BTreeMap<String, String>,
     /// Taints every node gets.

@@ -89,6 +89,7 @@ fn request(name: &str, capacity_type: CapacityType) -> AcquireRequest {
         placement_group: false,
         reservation_id: None,
         class: "h100".into(),
+        cluster: None,
         labels: BTreeMap::from([("flotilla.dev/claim".to_string(), "ml.llama".to_string())]),
         taints: vec![NodeTaint {
             key: "flotilla.dev/claim".into(),

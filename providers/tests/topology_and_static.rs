@@ -104,7 +104,11 @@ async fn unknown_class_is_an_invalid_spec_and_asks_nothing() {
 }
 
 fn static_fleet() -> StaticProvider {
-    let cluster = InferenceClusterSpec {
+    StaticProvider::new(vec![("fra-dc".into(), static_cluster())], classes())
+}
+
+fn static_cluster() -> InferenceClusterSpec {
+    InferenceClusterSpec {
         provider: ClusterProvider { aws: None, static_: Some(StaticCluster::default()), sim: None },
         region: "onprem-fra".into(),
         zones: vec!["rack-1".into()],
@@ -125,8 +129,7 @@ fn static_fleet() -> StaticProvider {
         }],
         taints: Vec::new(),
         cordoned: false,
-    };
-    StaticProvider::new(vec![("fra-dc".into(), cluster)], classes())
+    }
 }
 
 #[tokio::test]
@@ -146,6 +149,7 @@ async fn static_provider_offers_declared_pools_and_refuses_more() {
         placement_group: false,
         reservation_id: None,
         class: "h100".into(),
+        cluster: None,
         labels: BTreeMap::new(),
         taints: Vec::new(),
     };
@@ -185,6 +189,61 @@ async fn a_provider_set_searches_a_static_site_and_a_cloud_in_one_step() {
         ]
     );
     assert!(ProviderSet::new(vec![h.sim.clone(), h.sim.clone()]).is_err(), "one provider per region name");
+}
+
+/// Two static clusters at one site (same region), each with a pool named `h100`.
+fn two_clusters_one_site() -> StaticProvider {
+    let mut second = static_cluster();
+    second.zones = vec!["rack-2".into()];
+    second.pools[0].nodes = Some(1);
+    StaticProvider::new(vec![("fra-dc".into(), static_cluster()), ("fra-dc-2".into(), second)], classes())
+}
+
+#[tokio::test]
+async fn two_static_clusters_in_one_region_are_each_offered_and_acquired_as_themselves() {
+    use std::sync::Arc;
+    let p = two_clusters_one_site();
+    let regions = p.regions();
+    assert_eq!(
+        regions.iter().map(|r| (r.name.as_str(), r.cluster.as_str())).collect::<Vec<_>>(),
+        [("onprem-fra", "fra-dc"), ("onprem-fra", "fra-dc-2")]
+    );
+    let offerings = p.offerings("onprem-fra").await.unwrap();
+    let by_cluster: Vec<_> =
+        offerings.iter().map(|o| (o.cluster.as_deref(), o.zone.as_str(), o.available_nodes)).collect();
+    assert_eq!(by_cluster, [(Some("fra-dc"), "rack-1", Some(2)), (Some("fra-dc-2"), "rack-2", Some(1))]);
+    // One provider listing a region twice is one site, not a clash; two providers are.
+    let set = ProviderSet::new(vec![Arc::new(two_clusters_one_site())]).unwrap();
+    assert!(ProviderSet::new(vec![Arc::new(two_clusters_one_site()), Arc::new(static_fleet())]).is_err());
+    // A claim for 3 nodes takes both of the first cluster's and the second's one, each
+    // recorded in the cluster whose pool it is; the region is searched once.
+    let h = Harness::new(cloud(vec![]), claim(3, &[Reserved], &["h100"], &["EU"]));
+    let out = h.engine.step(h.input(), &set).await;
+    let got: Vec<_> = out.status.allocations.iter().map(|a| (a.cluster.as_str(), a.nodes)).collect();
+    assert_eq!(got, [("fra-dc", 2), ("fra-dc-2", 1)], "{:?}", out.status.attempts);
+    assert_eq!(h_condition(&out), "True");
+    // Without naming the cluster, a request is ambiguous rather than silently the first.
+    let request = AcquireRequest {
+        name: "no-cluster".into(),
+        region: "onprem-fra".into(),
+        zones: Vec::new(),
+        instance_types: vec!["h100".into()],
+        capacity_type: Reserved,
+        nodes: 1,
+        min_nodes: 1,
+        placement_group: false,
+        reservation_id: None,
+        class: "h100".into(),
+        cluster: None,
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
+    };
+    let err = two_clusters_one_site().acquire(&request).await.unwrap_err();
+    assert_eq!(err.code(), "StaticClusterAmbiguous");
+}
+
+fn h_condition(out: &flotilla_providers::ClaimStep) -> String {
+    out.status.conditions.get(condition::FULFILLED).map(|c| c.status.clone()).unwrap_or_default()
 }
 
 #[tokio::test]

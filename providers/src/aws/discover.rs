@@ -164,6 +164,7 @@ async fn reservations(c: &RegionClients, gpu: &[GpuType]) -> Result<Vec<Offering
                 available_nodes: r.available_instance_count().and_then(|n| u32::try_from(n).ok()),
                 ends_at: r.end_date().and_then(timestamp),
                 class: None,
+                cluster: None,
             });
         }
         token = page.next_token().filter(|t| !t.is_empty()).map(str::to_string);
@@ -201,6 +202,7 @@ pub(super) async fn offerings(
             available_nodes: None,
             ends_at: None,
             class: None,
+            cluster: None,
         };
         if let Some(price) = spot.get(&(t.clone(), zone.clone())) {
             out.push(Offering { capacity_type: CapacityType::Spot, price_micros: Some(*price), ..base.clone() });

@@ -109,8 +109,13 @@ pub async fn gather(
 ) -> Result<(Vec<RegionInfo>, Vec<Offering>), ProviderError> {
     let regions = provider.regions();
     let mut offerings = Vec::new();
+    let mut listed: Vec<&str> = Vec::new();
     for region in allowed_regions(spec, &regions) {
-        offerings.extend(provider.offerings(&region.name).await?);
+        // One listing per region, however many clusters it holds.
+        if !listed.contains(&region.name.as_str()) {
+            listed.push(&region.name);
+            offerings.extend(provider.offerings(&region.name).await?);
+        }
     }
     Ok((regions, offerings))
 }
@@ -125,7 +130,7 @@ pub fn preview(
     engine: &SelectorEngine,
 ) -> Result<Vec<Try>, NoTry> {
     let alts = alternatives(spec, classes, engine).map_err(NoTry::Invalid)?;
-    let allowed = allowed_regions(spec, regions);
+    let mut allowed = allowed_regions(spec, regions);
     if allowed.is_empty() {
         return Err(NoTry::NoAllowedRegion(
             regions.iter().map(|r| format!("{} ({})", r.name, r.jurisdiction)).collect(),
@@ -137,6 +142,13 @@ pub fn preview(
             capacity_types.push(*ct);
         }
     }
+    // A region is tried once, however many clusters it holds: its offerings name their cluster.
+    let mut seen: Vec<&str> = Vec::new();
+    allowed.retain(|r| {
+        let first = !seen.contains(&r.name.as_str());
+        seen.push(&r.name);
+        first
+    });
     let mut tries = Vec::new();
     for pod_set in &spec.pod_sets {
         let before = tries.len();
@@ -155,7 +167,7 @@ pub fn preview(
                             pod_set: pod_set.name.clone(),
                             provider: region.provider.clone(),
                             region: region.name.clone(),
-                            cluster: region.cluster.clone(),
+                            cluster: o.cluster.clone().unwrap_or_else(|| region.cluster.clone()),
                             zone: o.zone.clone(),
                             instance_type: o.instance_type.clone(),
                             capacity_type: ct,

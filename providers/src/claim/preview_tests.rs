@@ -54,6 +54,7 @@ fn offering(region: &str, ty: &str, class: &str, ct: CapacityType, dollars: u64)
         available_nodes: None,
         ends_at: None,
         class: Some(class.into()),
+        cluster: None,
     }
 }
 

@@ -254,6 +254,18 @@ async fn search(
 ) {
     let settings = &engine.settings;
     let same_zone = input.spec.topology.as_ref().is_some_and(|t| t.same_zone);
+    // A region is searched once, however many clusters it holds (a static site lists each of
+    // its clusters): its offerings name the cluster they belong to.
+    let mut seen: Vec<&str> = Vec::new();
+    let allowed: Vec<&RegionInfo> = allowed
+        .iter()
+        .copied()
+        .filter(|r| {
+            let first = !seen.contains(&r.name.as_str());
+            seen.push(&r.name);
+            first
+        })
+        .collect();
     let mut offerings: Vec<(String, Vec<Offering>)> = Vec::new();
     let mut quota_blocked: BTreeSet<(String, CapacityType)> = BTreeSet::new();
     let mut capacity_types: Vec<CapacityType> = Vec::new();
@@ -265,7 +277,7 @@ async fn search(
     'pod_sets: for pod_set in &input.spec.pod_sets {
         for &ct in &capacity_types {
             for alt in alternatives {
-                for region in allowed {
+                for region in &allowed {
                     let mut missing = pod_set.count - run.pods(&pod_set.name);
                     if missing <= 0 {
                         continue 'pod_sets;
@@ -376,7 +388,7 @@ async fn search(
                                 }
                                 run.allocations.push(ClaimAllocation {
                                     pod_set: pod_set.name.clone(),
-                                    cluster: region.cluster.clone(),
+                                    cluster: offering.cluster.clone().unwrap_or_else(|| region.cluster.clone()),
                                     pool: acq.id.clone(),
                                     class: alt.class_for(offering),
                                     capacity_type: Some(ct),
@@ -464,6 +476,7 @@ async fn try_offering(
         placement_group: mode != PlacementGroupMode::None,
         reservation_id: offering.reservation_id.clone().filter(|_| offering.capacity_type == CapacityType::Reserved),
         class,
+        cluster: offering.cluster.clone(),
         labels: node_labels,
         taints,
     };

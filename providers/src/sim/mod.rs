@@ -327,6 +327,7 @@ impl CapacityProvider for SimProvider {
                     available_nodes: Some(o.nodes_per_zone.saturating_sub(taken)),
                     ends_at: o.ends_at,
                     class: Some(o.class.clone()),
+                    cluster: None,
                 });
             }
         }

@@ -1,0 +1,247 @@
+//! Where each deployment's replicas are during the improvement phase (per cluster, pool and
+//! alternative, with those kept where they already ran), how a pool re-packs them in solve
+//! order, which pools a deployment may use, and the plan rebuilt from them afterwards.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::common::parse_price_micros;
+
+use super::{Candidate, Ctx};
+use crate::devices::ReplicaShape;
+use crate::filters::first_refusal;
+use crate::plan::{Assignment, DeploymentPlan, UnmetMinimum};
+use crate::snapshot::DeploymentView;
+
+/// Replicas of one deployment on one (cluster, pool, alternative).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Held {
+    pub cluster: usize,
+    pub pool: usize,
+    pub rank: u32,
+    pub count: u32,
+    /// Of `count`, kept where they already ran: never moved.
+    pub kept: u32,
+    pub price: u64,
+}
+
+impl Held {
+    /// Where a deployment's replicas went, from its final candidates.
+    pub(super) fn of(candidates: &[Candidate]) -> Vec<Held> {
+        candidates
+            .iter()
+            .filter(|c| c.placed > 0)
+            .map(|c| Held {
+                cluster: c.cluster,
+                pool: c.pool,
+                rank: c.rank,
+                count: c.placed,
+                kept: c.kept,
+                price: c.replica_price,
+            })
+            .collect()
+    }
+}
+
+/// One replica moved: (deployment, from (cluster, pool), to (cluster, pool)).
+pub(super) type MoveStep = (usize, (usize, usize), (usize, usize));
+
+/// Moves under consideration: replaced placements and re-packed pools.
+#[derive(Clone, Default)]
+pub(super) struct Tentative {
+    pub held: BTreeMap<usize, Vec<Held>>,
+    pub free: BTreeMap<(usize, usize), Vec<u32>>,
+    /// (moved deployment, from pool, to pool), pools as (cluster, pool) indexes.
+    pub moves: Vec<MoveStep>,
+}
+
+pub(super) fn held_of<'a>(t: &'a Tentative, held: &'a [Vec<Held>], i: usize) -> &'a [Held] {
+    t.held.get(&i).map_or(held[i].as_slice(), Vec::as_slice)
+}
+
+pub(super) fn add(held: &mut Vec<Held>, c: &Candidate) {
+    match held.iter_mut().find(|h| (h.cluster, h.pool, h.rank) == (c.cluster, c.pool, c.rank)) {
+        Some(h) => h.count += 1,
+        None => held.push(Held {
+            cluster: c.cluster,
+            pool: c.pool,
+            rank: c.rank,
+            count: 1,
+            kept: 0,
+            price: c.replica_price,
+        }),
+    }
+}
+
+pub(super) fn per_rank(held: &[Held], rank: u32) -> u32 {
+    held.iter().filter(|h| h.rank == rank).map(|h| h.count).sum()
+}
+
+pub(super) fn cost(held: &[Held]) -> u64 {
+    held.iter().map(|h| h.price * u64::from(h.count)).sum()
+}
+
+/// Whether `after` offers no room `before` did not: sorted largest first, no node has more.
+pub(super) fn no_more_room(before: &[u32], after: &[u32]) -> bool {
+    let (mut b, mut a) = (before.to_vec(), after.to_vec());
+    b.sort_unstable_by(|x, y| y.cmp(x));
+    a.sort_unstable_by(|x, y| y.cmp(x));
+    a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x <= y)
+}
+
+impl Ctx<'_, '_> {
+    /// Whether `d` may take a replica on pool `q` at all (its cluster's rules and some
+    /// alternative's device and capacity rules), capacity aside.
+    pub(super) fn can_use(&mut self, d: &DeploymentView, shape: &ReplicaShape, (ci, pi): (usize, usize)) -> bool {
+        let policy = &d.spec.placement;
+        let cluster = &self.snapshot.clusters[ci];
+        let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+        let own_claim = format!("{}.{}", d.namespace, d.name);
+        if first_refusal(policy, cluster, sticky).is_some()
+            || cluster.pools[pi].reserved_for.as_ref().is_some_and(|k| *k != own_claim)
+        {
+            return false;
+        }
+        let cap_types = policy.capacity_types_or_default();
+        let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
+        let snapshot = self.snapshot;
+        let accepts: Vec<Vec<_>> = d
+            .spec
+            .devices
+            .alternatives
+            .iter()
+            .map(|alt| snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
+            .collect();
+        accepts
+            .iter()
+            .enumerate()
+            .any(|(ai, a)| self.evaluate(d, ci, pi, ai, a, shape, &cap_types, max_cost, false).is_ok())
+    }
+
+    /// Every candidate of `d`, ranked as the greedy ranks them.
+    pub(super) fn candidates_of(&mut self, d: &DeploymentView, shape: &ReplicaShape, work: &mut u64) -> Vec<Candidate> {
+        let policy = &d.spec.placement;
+        let cap_types = policy.capacity_types_or_default();
+        let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
+        let class_matches: Vec<Vec<_>> = d
+            .spec
+            .devices
+            .alternatives
+            .iter()
+            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
+            .collect();
+        let own_claim = format!("{}.{}", d.namespace, d.name);
+        let mut out = Vec::new();
+        for (ci, cluster) in self.snapshot.clusters.iter().enumerate() {
+            let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+            *work += 1;
+            if first_refusal(policy, cluster, sticky).is_some() {
+                continue;
+            }
+            for (pi, pool) in cluster.pools.iter().enumerate() {
+                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                    continue;
+                }
+                for (ai, accepts) in class_matches.iter().enumerate() {
+                    *work += 1;
+                    if let Ok(c) = self.evaluate(d, ci, pi, ai, accepts, shape, &cap_types, max_cost, false) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+        self.rank_candidates(&mut out);
+        out
+    }
+
+    /// The plan of a deployment whose placements the phase changed.
+    pub(super) fn refresh(&self, d: &DeploymentView, plan: &mut DeploymentPlan, held: &[Held]) {
+        let clusters = &self.snapshot.clusters;
+        let mut assignments: Vec<Assignment> = held
+            .iter()
+            .map(|h| {
+                let pool = &clusters[h.cluster].pools[h.pool];
+                Assignment {
+                    cluster: clusters[h.cluster].name.clone(),
+                    pool: pool.name.clone(),
+                    class: pool.class.clone(),
+                    capacity_type: pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand),
+                    fallback_rank: h.rank,
+                    replicas: h.count,
+                    cost_micros_per_hour: h.price * u64::from(h.count),
+                }
+            })
+            .collect();
+        assignments.sort_by(|a, b| {
+            a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)).then(a.fallback_rank.cmp(&b.fallback_rank))
+        });
+        assignments.dedup_by(|b, a| {
+            let same = (&a.cluster, &a.pool, a.fallback_rank, &a.class, a.capacity_type)
+                == (&b.cluster, &b.pool, b.fallback_rank, &b.class, b.capacity_type);
+            if same {
+                a.replicas += b.replicas;
+                a.cost_micros_per_hour += b.cost_micros_per_hour;
+            }
+            same
+        });
+        let placed: u32 = held.iter().map(|h| h.count).sum();
+        plan.assignments = assignments;
+        plan.cost_micros_per_hour = cost(held);
+        plan.unplaced = plan.desired.saturating_sub(placed);
+        plan.unmet_minimums = d
+            .spec
+            .devices
+            .alternatives
+            .iter()
+            .enumerate()
+            .filter_map(|(ai, alt)| {
+                let wanted = alt.min_replicas.unwrap_or(0).max(0) as u32;
+                let got = per_rank(held, ai as u32 + 1);
+                (got < wanted).then_some(UnmetMinimum { rank: ai as u32 + 1, wanted, placed: got })
+            })
+            .collect();
+        let assignments = &plan.assignments;
+        if let Some(explanation) = &mut plan.explanation {
+            for e in explanation.iter_mut() {
+                e.placed = assignments.iter().filter(|a| a.cluster == e.cluster).map(|a| a.replicas).sum();
+            }
+            plan.rejections.retain(|r| !assignments.iter().any(|a| a.cluster == r.cluster));
+        } else if plan.unplaced == 0 {
+            plan.rejections.clear();
+        }
+    }
+}
+
+/// Whether the phase may change a deployment's plan: a valid spec that was solved.
+pub(super) fn movable(plan: &DeploymentPlan) -> bool {
+    plan.invalid.is_none() && !plan.rejections.iter().any(|r| r.cluster == "*")
+}
+
+/// Pool `q`'s free devices per node after packing, in solve order, every replica the
+/// deployments up to solve-order index `upto` (with `t`'s changes) have on it; `None` when
+/// one does not fit.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn repack(
+    snapshot: &crate::snapshot::FleetSnapshot,
+    users: &BTreeMap<(usize, usize), Vec<usize>>,
+    shapes: &[ReplicaShape],
+    held: &[Vec<Held>],
+    t: &Tentative,
+    q: (usize, usize),
+    upto: usize,
+    work: &mut u64,
+) -> Option<Vec<u32>> {
+    let mut free = snapshot.clusters[q.0].pools[q.1].free_per_node.clone();
+    let mut ids: Vec<usize> = users.get(&q).cloned().unwrap_or_default();
+    ids.extend(t.held.keys().copied());
+    ids.sort_unstable();
+    ids.dedup();
+    for i in ids.into_iter().filter(|&i| i <= upto) {
+        for h in held_of(t, held, i).iter().filter(|h| (h.cluster, h.pool) == q) {
+            for _ in 0..h.count {
+                *work += free.len() as u64;
+                free = shapes[i].take(&free)?;
+            }
+        }
+    }
+    Some(free)
+}

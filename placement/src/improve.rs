@@ -1,0 +1,406 @@
+//! The improvement phase after the greedy pass. The greedy places deployments one at a time,
+//! so an earlier one may take the only pool a later one could use while it had other options.
+//! Here, for each deployment left with unplaced replicas (highest priority first), replicas of
+//! equal- or lower-priority deployments are moved out of a pool it could use, each to another
+//! pool its own rules allow, until one more replica fits; the moves are kept only if every
+//! rule still holds: capacity (pools re-packed in solve order, as the greedy packed them),
+//! `maxReplicas`, met `minReplicas`, cost ceilings, and spread as each deployment saw it when
+//! it was solved (also for deployments the moves did not touch but whose pools gained room).
+//! A replica kept where it already runs is never moved, nor one of a higher-priority
+//! deployment; no deployment loses a replica. Deterministic (fixed orders, no clock) and
+//! bounded by a work budget. The placements it works on are in `held.rs`.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::common::parse_price_micros;
+use flotilla_apis::deployment::SpreadDomain;
+
+use super::held::{Held, Tentative, add, cost, held_of, movable, no_more_room, per_rank, repack};
+use super::{Candidate, Ctx};
+use crate::devices::ReplicaShape;
+use crate::plan::{DeploymentPlan, Move};
+use crate::snapshot::DeploymentView;
+
+/// Victims moved for one more replica, at most.
+const MAX_MOVES: usize = 4;
+
+/// What the phase knows of one deployment.
+struct Dep {
+    shape: ReplicaShape,
+    /// Every candidate, in the greedy's ranking.
+    cands: Vec<Candidate>,
+    max_cost: Option<u64>,
+    spread: Option<(SpreadDomain, u32)>,
+}
+
+/// The phase's state: lazily built deployment data, pool users, work spent.
+struct Phase<'o, 's> {
+    order: &'o [&'s DeploymentView],
+    shapes: Vec<ReplicaShape>,
+    deps: Vec<Option<Dep>>,
+    /// Per pool, the deployments (solve-order indexes, ascending) with replicas on it.
+    users: BTreeMap<(usize, usize), Vec<usize>>,
+    /// Per deployment: a valid spec that was solved (the phase may change its plan).
+    movable: Vec<bool>,
+    /// Deployments whose spread or unplaced replicas make room a move frees matter.
+    watched: Vec<usize>,
+    work: u64,
+    budget: u64,
+}
+
+impl Ctx<'_, '_> {
+    /// Runs the phase over the greedy's plans and placements (both in solve order).
+    pub(super) fn improve(
+        &mut self,
+        order: &[&DeploymentView],
+        plans: &mut [DeploymentPlan],
+        held: &mut [Vec<Held>],
+        budget: u64,
+    ) {
+        let mut users: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
+        for (i, hs) in held.iter().enumerate() {
+            for h in hs {
+                let u = users.entry((h.cluster, h.pool)).or_default();
+                if u.last() != Some(&i) {
+                    u.push(i);
+                }
+            }
+        }
+        let mut ph = Phase {
+            order,
+            shapes: order.iter().map(|d| ReplicaShape::of(&d.spec.topology)).collect(),
+            deps: (0..order.len()).map(|_| None).collect(),
+            users,
+            movable: plans.iter().map(movable).collect(),
+            watched: (0..order.len())
+                .filter(|&i| order[i].spec.placement.spread.is_some() || plans[i].unplaced > 0)
+                .collect(),
+            work: 0,
+            budget,
+        };
+        let mut changed = vec![false; order.len()];
+        for di in 0..order.len() {
+            if !ph.movable[di] || plans[di].unplaced == 0 {
+                continue;
+            }
+            while plans[di].unplaced > 0 && ph.work < ph.budget {
+                let Some(t) = self.one_more(&mut ph, plans, held, di) else { break };
+                for (&i, h) in &t.held {
+                    held[i] = h.clone();
+                    changed[i] = true;
+                }
+                for (&(ci, pi), f) in &t.free {
+                    self.free[ci][pi] = f.clone();
+                    let mut u: Vec<usize> = ph.users.remove(&(ci, pi)).unwrap_or_default();
+                    u.extend(t.held.keys().copied());
+                    u.sort_unstable();
+                    u.dedup();
+                    u.retain(|&i| held[i].iter().any(|h| (h.cluster, h.pool) == (ci, pi)));
+                    ph.users.insert((ci, pi), u);
+                }
+                for &(ei, from, to) in &t.moves {
+                    let name = |i: usize| format!("{}/{}", order[i].namespace, order[i].name);
+                    let at = |(ci, pi): (usize, usize)| {
+                        let c = &self.snapshot.clusters[ci];
+                        format!("{}/{}", c.name, c.pools[pi].name)
+                    };
+                    let m = Move { moved: name(ei), from: at(from), to: at(to), made_room_for: name(di), replicas: 1 };
+                    for i in [ei, di] {
+                        let same = |x: &&mut Move| {
+                            (&x.moved, &x.from, &x.to, &x.made_room_for) == (&m.moved, &m.from, &m.to, &m.made_room_for)
+                        };
+                        match plans[i].moves.iter_mut().find(|x| same(x)) {
+                            Some(x) => x.replicas += 1,
+                            None => plans[i].moves.push(m.clone()),
+                        }
+                    }
+                }
+                let placed: u32 = held[di].iter().map(|h| h.count).sum();
+                plans[di].unplaced = plans[di].desired.saturating_sub(placed);
+            }
+        }
+        for (i, d) in order.iter().enumerate() {
+            if changed[i] {
+                self.refresh(d, &mut plans[i], &held[i]);
+            }
+        }
+    }
+
+    /// Builds the deployment's phase data on first use.
+    fn dep(&mut self, ph: &mut Phase<'_, '_>, i: usize) {
+        if ph.deps[i].is_none() {
+            let d = ph.order[i];
+            self.cache = d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c));
+            let cands = self.candidates_of(d, &ph.shapes[i], &mut ph.work);
+            let policy = &d.spec.placement;
+            ph.deps[i] = Some(Dep {
+                shape: ph.shapes[i].clone(),
+                cands,
+                max_cost: policy.max_cost_per_hour.as_deref().and_then(parse_price_micros),
+                spread: policy.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32)),
+            });
+        }
+    }
+
+    /// Moves (at most [`MAX_MOVES`]) that let deployment `di` take one more replica, or `None`.
+    fn one_more(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &[DeploymentPlan],
+        held: &[Vec<Held>],
+        di: usize,
+    ) -> Option<Tentative> {
+        let d = ph.order[di];
+        let prio = d.priority();
+        self.dep(ph, di);
+        let n = ph.deps[di].as_ref()?.cands.len();
+        for k in 0..n {
+            if ph.work >= ph.budget {
+                return None;
+            }
+            let dep = ph.deps[di].as_ref()?;
+            let c = &dep.cands[k];
+            if c.sticky_only {
+                continue;
+            }
+            let alt = &d.spec.devices.alternatives[(c.rank - 1) as usize];
+            if alt.max_replicas.is_some_and(|m| per_rank(&held[di], c.rank) >= m.max(0) as u32)
+                || dep.max_cost.is_some_and(|m| cost(&held[di]) + c.replica_price > m)
+            {
+                continue;
+            }
+            let p = (c.cluster, c.pool);
+            let mut t = Tentative::default();
+            let mut mine = held[di].clone();
+            add(&mut mine, c);
+            t.held.insert(di, mine);
+            if dep.shape.fits(&self.free[p.0][p.1])
+                && let Some(done) = self.settle(ph, plans, held, t.clone(), (di, k))
+            {
+                return Some(done);
+            }
+            // Victims: equal- or lower-priority replicas on the pool not kept where they ran,
+            // lowest priority first, then the last solved first.
+            let mut victims: Vec<(usize, u32)> = Vec::new();
+            for &i in ph.users.get(&p).map_or(&[][..], Vec::as_slice) {
+                if i == di || !ph.movable[i] || ph.order[i].priority() > prio {
+                    continue;
+                }
+                for h in held[i].iter().filter(|h| (h.cluster, h.pool) == p && h.count > h.kept) {
+                    victims.push((i, h.rank));
+                }
+            }
+            victims.sort_by_key(|&(i, rank)| (ph.order[i].priority(), std::cmp::Reverse(i), rank));
+            for (ei, rank) in victims {
+                loop {
+                    if t.moves.len() >= MAX_MOVES || ph.work >= ph.budget {
+                        break;
+                    }
+                    let Some(next) = self.move_out(ph, held, &t, ei, rank, p) else { break };
+                    t = next;
+                    if let Some(done) = self.settle(ph, plans, held, t.clone(), (di, k)) {
+                        return Some(done);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// One replica of `ei` on (`p`, `rank`) moved to the first other candidate of its own
+    /// that takes it within its limits, or `None`.
+    fn move_out(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        held: &[Vec<Held>],
+        t: &Tentative,
+        ei: usize,
+        rank: u32,
+        p: (usize, usize),
+    ) -> Option<Tentative> {
+        self.dep(ph, ei);
+        let Phase { deps, order, shapes, users, work, .. } = ph;
+        let dep = deps[ei].as_ref()?;
+        let alts = &order[ei].spec.devices.alternatives;
+        let cur = held_of(t, held, ei);
+        let at = cur.iter().position(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)?;
+        let from = &cur[at];
+        for dest in &dep.cands {
+            let q = (dest.cluster, dest.pool);
+            if dest.sticky_only || q == p {
+                continue;
+            }
+            if dest.rank != from.rank {
+                let most = alts[(dest.rank - 1) as usize].max_replicas;
+                let least = alts[(from.rank - 1) as usize].min_replicas.unwrap_or(0).max(0) as u32;
+                if most.is_some_and(|m| per_rank(cur, dest.rank) >= m.max(0) as u32)
+                    || per_rank(cur, from.rank) <= least
+                {
+                    continue;
+                }
+            }
+            if dep.max_cost.is_some_and(|m| cost(cur) - from.price + dest.replica_price > m) {
+                continue;
+            }
+            *work += 1;
+            if !dep.shape.fits(t.free.get(&q).unwrap_or(&self.free[q.0][q.1])) {
+                continue;
+            }
+            let mut next = cur.to_vec();
+            next[at].count -= 1;
+            if next[at].count == 0 {
+                next.remove(at);
+            }
+            add(&mut next, dest);
+            let mut t2 = t.clone();
+            t2.held.insert(ei, next);
+            let Some(packed) = repack(self.snapshot, users, shapes, held, &t2, q, usize::MAX, work) else { continue };
+            t2.free.insert(q, packed);
+            t2.moves.push((ei, p, q));
+            return Some(t2);
+        }
+        None
+    }
+
+    /// `t` completed with the gaining deployment's candidate pool re-packed, if every replica
+    /// fits and every rule holds. Room the moves freed beyond one replica is taken by more
+    /// replicas of the gaining deployment, within its limits.
+    fn settle(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &[DeploymentPlan],
+        held: &[Vec<Held>],
+        mut t: Tentative,
+        (di, k): (usize, usize),
+    ) -> Option<Tentative> {
+        let dep = ph.deps[di].as_ref()?;
+        let c = dep.cands[k].clone();
+        let p = (c.cluster, c.pool);
+        let packed = repack(self.snapshot, &ph.users, &ph.shapes, held, &t, p, usize::MAX, &mut ph.work)?;
+        t.free.insert(p, packed);
+        let alt = &ph.order[di].spec.devices.alternatives[(c.rank - 1) as usize];
+        loop {
+            let mine = held_of(&t, held, di);
+            let placed: u32 = mine.iter().map(|h| h.count).sum();
+            let dep = ph.deps[di].as_ref()?;
+            if placed >= plans[di].desired
+                || alt.max_replicas.is_some_and(|m| per_rank(mine, c.rank) >= m.max(0) as u32)
+                || dep.max_cost.is_some_and(|m| cost(mine) + c.replica_price > m)
+                || !dep.shape.fits(t.free.get(&p)?)
+            {
+                break;
+            }
+            let mut more = t.clone();
+            let mut mine = mine.to_vec();
+            add(&mut mine, &c);
+            more.held.insert(di, mine);
+            let Some(packed) = repack(self.snapshot, &ph.users, &ph.shapes, held, &more, p, usize::MAX, &mut ph.work)
+            else {
+                break;
+            };
+            more.free.insert(p, packed);
+            t = more;
+        }
+        // Room a move leaves where a deployment solved after the first one changed would have
+        // seen it (a victim solved before the one that gains, or a victim's replica larger than
+        // what took its place): one with spread must still hold its skew against it, and one
+        // still missing replicas must not be able to use it (it would have had first pick).
+        let roomier: Vec<(usize, usize)> =
+            t.free.iter().filter(|&(&(ci, pi), f)| !no_more_room(&self.free[ci][pi], f)).map(|(&q, _)| q).collect();
+        let victim_first = t.moves.iter().any(|m| t.held.keys().any(|&i| i > m.0));
+        if !roomier.is_empty() || victim_first {
+            let first = t.held.keys().copied().min().unwrap_or(0);
+            let last = t.held.keys().copied().max().unwrap_or(0);
+            let from = ph.watched.partition_point(|&x| x < first);
+            for w in from..ph.watched.len() {
+                let x = ph.watched[w];
+                ph.work += 1;
+                if t.held.contains_key(&x) || !ph.movable[x] {
+                    continue;
+                }
+                let spread = ph.order[x].spec.placement.spread.is_some();
+                let short = plans[x].unplaced > 0;
+                if !spread && !short {
+                    continue;
+                }
+                // Between the first and the last deployment changed, every pool touched may
+                // show more room than before; after the last, only the roomier ones.
+                let pools: Vec<(usize, usize)> =
+                    if x < last { t.free.keys().copied().collect() } else { roomier.clone() };
+                for &q in &pools {
+                    ph.work += 1;
+                    if ph.work >= ph.budget || !self.can_use(ph.order[x], &ph.shapes[x], q) {
+                        continue;
+                    }
+                    self.dep(ph, x);
+                    if spread && !self.spread_ok(ph, held, x, &t) {
+                        return None;
+                    }
+                    let dep = ph.deps[x].as_ref()?;
+                    let alts = &ph.order[x].spec.devices.alternatives;
+                    let usable = short
+                        && dep.cands.iter().any(|c| {
+                            (c.cluster, c.pool) == q
+                                && !c.sticky_only
+                                && alts[(c.rank - 1) as usize]
+                                    .max_replicas
+                                    .is_none_or(|m| per_rank(&held[x], c.rank) < m.max(0) as u32)
+                                && dep.max_cost.is_none_or(|m| cost(&held[x]) + c.replica_price <= m)
+                        });
+                    if usable {
+                        let at = repack(self.snapshot, &ph.users, &ph.shapes, held, &t, q, x, &mut ph.work)?;
+                        if ph.shapes[x].fits(&at) {
+                            return None;
+                        }
+                    }
+                }
+            }
+            if ph.work >= ph.budget {
+                return None;
+            }
+        }
+        let ids: Vec<usize> = t.held.keys().copied().collect();
+        for i in ids {
+            self.dep(ph, i);
+            if !self.spread_ok(ph, held, i, &t) {
+                return None;
+            }
+        }
+        Some(t)
+    }
+
+    /// Spread as the greedy keeps it when it solves deployment `x`: no domain more than
+    /// `maxSkew` above the emptiest domain that could still take a replica then (capacity
+    /// counted after the deployments solved before `x`, and `x` itself).
+    fn spread_ok(&self, ph: &mut Phase<'_, '_>, held_all: &[Vec<Held>], x: usize, t: &Tentative) -> bool {
+        let Some(dep) = ph.deps[x].as_ref() else { return false };
+        let Some((by, skew)) = dep.spread else { return true };
+        let ix = &self.domains.of(by).0;
+        let mut counts: BTreeMap<usize, u32> = BTreeMap::new();
+        for h in held_of(t, held_all, x) {
+            *counts.entry(ix[h.cluster]).or_default() += h.count;
+        }
+        let mut least: Option<u32> = None;
+        for c in &dep.cands {
+            let q = (c.cluster, c.pool);
+            // Deployments solved after `x` on this pool do not count.
+            let later = ph.users.get(&q).is_some_and(|u| u.last().is_some_and(|&i| i > x))
+                || t.held.keys().any(|&i| i > x && held_of(t, held_all, i).iter().any(|h| (h.cluster, h.pool) == q));
+            let at_x;
+            let free = if later {
+                let Some(f) = repack(self.snapshot, &ph.users, &ph.shapes, held_all, t, q, x, &mut ph.work) else {
+                    return false;
+                };
+                at_x = f;
+                &at_x
+            } else {
+                t.free.get(&q).unwrap_or(&self.free[q.0][q.1])
+            };
+            if dep.shape.fits(free) {
+                let n = counts.get(&ix[c.cluster]).copied().unwrap_or(0);
+                least = Some(least.map_or(n, |m| m.min(n)));
+            }
+        }
+        least.is_none_or(|m| counts.values().all(|&n| n <= m + skew))
+    }
+}

@@ -1,0 +1,138 @@
+//! The improvement phase: a replica the greedy pass left unplaced because an earlier deployment
+//! took the only pool it could use is placed once that deployment's replica moves to its other
+//! option; never at the cost of a higher-priority deployment or of a replica already running.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
+
+use flotilla_apis::CapacityType;
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
+use flotilla_placement::plan::DeploymentPlan;
+use flotilla_placement::snapshot::free_per_node;
+use flotilla_placement::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, SolveOptions, solve};
+use serde_json::json;
+
+fn class(name: &str, on_demand: &str) -> (String, ClassView) {
+    let spec: InferenceClassSpec = serde_json::from_value(json!({
+        "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": name}},
+                   "capacity": {"memory": "80Gi"}},
+        "devicesPerNode": 8,
+        "pricePerNodeHour": {"onDemand": on_demand}
+    }))
+    .unwrap();
+    (name.to_string(), ClassView { spec })
+}
+
+fn cluster(name: &str, class: &str) -> ClusterView {
+    ClusterView {
+        name: name.into(),
+        region: format!("{name}-region"),
+        jurisdiction: "EU".into(),
+        ready: true,
+        pools: vec![PoolView {
+            name: class.into(),
+            class: class.into(),
+            capacity_type: Some(CapacityType::OnDemand),
+            free_per_node: free_per_node(1, 8, 0),
+            reserved_for: None,
+        }],
+        ..Default::default()
+    }
+}
+
+fn deployment(name: &str, created: i64, priority: i32, alternatives: serde_json::Value) -> DeploymentView {
+    let spec = json!({
+        "model": {"name": name, "source": "hf://org/m"},
+        "replicas": 1,
+        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "topology": {"type": "TensorParallel", "devicesPerReplica": 8},
+        "devices": {"alternatives": alternatives},
+        "placement": {"priority": priority}
+    });
+    DeploymentView {
+        namespace: "ml".into(),
+        name: name.into(),
+        created,
+        spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
+        current: vec![],
+    }
+}
+
+/// One node of H100 (cheap) and one of H200. `flexible`, solved first, takes either and
+/// prefers the cheaper H100; `h100-only` needs the H100.
+fn fleet(flexible_priority: i32) -> FleetSnapshot {
+    FleetSnapshot {
+        classes: [class("h100", "10.00"), class("h200", "20.00")].into_iter().collect(),
+        clusters: vec![cluster("a", "h100"), cluster("b", "h200")],
+        deployments: vec![
+            deployment(
+                "flexible",
+                1,
+                flexible_priority,
+                json!([{"selectors": ["device.driver == \"gpu.nvidia.com\""]}]),
+            ),
+            deployment("h100-only", 2, 0, json!([{"class": "h100"}])),
+        ],
+    }
+}
+
+fn plans(snap: &FleetSnapshot, improve: bool) -> Vec<DeploymentPlan> {
+    let options =
+        if improve { SolveOptions::default() } else { SolveOptions { max_improvement: 0, ..SolveOptions::default() } };
+    solve(snap, &options).deployments
+}
+
+fn on(plan: &DeploymentPlan) -> Vec<&str> {
+    plan.assignments.iter().map(|a| a.cluster.as_str()).collect()
+}
+
+#[test]
+fn a_move_of_an_equal_priority_replica_places_the_one_left_out() {
+    let snap = fleet(0);
+    // The greedy pass alone: the flexible deployment took the H100, the other is left out.
+    let greedy = plans(&snap, false);
+    assert_eq!((on(&greedy[0]), greedy[1].unplaced), (vec!["a"], 1));
+    // With the improvement phase both run; each says why.
+    let improved = plans(&snap, true);
+    assert_eq!((on(&improved[0]), on(&improved[1])), (vec!["b"], vec!["a"]));
+    assert_eq!(improved[1].unplaced, 0);
+    assert!(improved[1].rejections.is_empty(), "{:?}", improved[1].rejections);
+    let m = &improved[0].moves;
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(
+        (m[0].moved.as_str(), m[0].from.as_str(), m[0].to.as_str(), m[0].made_room_for.as_str(), m[0].replicas),
+        ("ml/flexible", "a/h100", "b/h200", "ml/h100-only", 1)
+    );
+    assert_eq!(improved[1].moves, improved[0].moves);
+    assert!((improved[0].cost_micros_per_hour, improved[1].cost_micros_per_hour) == (20_000_000, 10_000_000));
+    // Byte for byte the same on every run.
+    let a = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+    assert_eq!(a, serde_json::to_string(&solve(&fleet(0), &SolveOptions::default())).unwrap());
+}
+
+#[test]
+fn a_higher_priority_replica_is_never_moved() {
+    // Twin: the flexible deployment has the higher priority; its replica stays on the H100.
+    let improved = plans(&fleet(10), true);
+    assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
+    assert!(improved.iter().all(|p| p.moves.is_empty()));
+}
+
+#[test]
+fn a_replica_already_running_is_never_moved() {
+    // Twin: the flexible deployment already runs on the H100 (its status says so).
+    let mut snap = fleet(0);
+    snap.deployments[0].current = vec![ClusterPlacement {
+        cluster: "a".into(),
+        pool: "h100".into(),
+        class: "h100".into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: 1,
+        ready: 1,
+        serving: 1,
+    }];
+    let improved = plans(&snap, true);
+    assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
+    assert!(improved.iter().all(|p| p.moves.is_empty()));
+}
