@@ -114,6 +114,7 @@ fn static_fleet() -> StaticProvider {
         endpoint: None,
         cache_storage_class_name: None,
         deletion_policy: None,
+        endpoint_auth: None,
         pools: vec![NodePool {
             name: "h100".into(),
             class: "h100".into(),
