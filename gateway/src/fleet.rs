@@ -251,6 +251,59 @@ mod tests {
     }
 
     #[test]
+    fn tls_secrets_are_checked_per_cluster_and_a_bad_one_keeps_only_that_cluster_out() {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap().pem();
+        let auth = |secret: &str| serde_json::from_value(serde_json::json!({"caSecretRef": {"name": secret}})).unwrap();
+        let mut good = cluster("eu1", "EU", true, Some("https://inference.eu1.example:443/v1"));
+        good.spec.endpoint_auth = auth("fleet-ca");
+        let mut garbage = cluster("eu2", "EU", true, Some("https://inference.eu2.example"));
+        garbage.spec.endpoint_auth = auth("garbage");
+        let mut plain = cluster("eu3", "EU", true, Some("http://10.0.0.3:8000"));
+        plain.spec.endpoint_auth = auth("fleet-ca");
+        let mut elsewhere = cluster("eu4", "EU", true, Some("https://inference.eu4.example"));
+        elsewhere.spec.endpoint_auth =
+            serde_json::from_value(serde_json::json!({"clientCertSecretRef": {"name": "gw", "namespace": "other"}}))
+                .unwrap();
+        let secrets = |ns: Option<&str>, name: &str, key: &str| -> Result<Vec<u8>, String> {
+            match (ns, name, key) {
+                (Some(other), _, _) => {
+                    Err(format!("the gateway reads upstream Secrets only in namespace gw, not {other}"))
+                }
+                (None, "fleet-ca", "ca.crt") => Ok(ca.clone().into_bytes()),
+                (None, "garbage", "ca.crt") => Ok(b"not a certificate".to_vec()),
+                _ => Err("no such Secret".into()),
+            }
+        };
+        let d = deployment(
+            "a",
+            "llama",
+            "llama",
+            "2026-01-01T00:00:00Z",
+            &[("eu1", 1), ("eu2", 1), ("eu3", 1), ("eu4", 1)],
+        );
+        let (file, _, problems) = table_file(&[good, garbage, plain, elsewhere], &[d], &secrets);
+        let routes: Vec<&str> = file.models[0].routes.iter().map(|r| r.cluster.as_str()).collect();
+        assert_eq!(routes, ["eu1"], "{problems:?}");
+        let eu1 = &file.clusters[0];
+        assert_eq!(
+            (eu1.url.as_str(), eu1.material.ca_pem.as_deref()),
+            ("https://inference.eu1.example:443", Some(ca.as_bytes()))
+        );
+        let problem = |n: &str| {
+            problems.iter().find(|p| p.contains(&format!("InferenceCluster {n}:"))).cloned().unwrap_or_default()
+        };
+        assert!(problem("eu2").contains("CA bundle"), "{problems:?}");
+        assert!(problem("eu3").contains("use https://"), "{problems:?}");
+        assert!(problem("eu4").contains("clientCertSecretRef") && problem("eu4").contains("not other"), "{problems:?}");
+        // The whole table still loads, TLS client of eu1 included.
+        let table = RoutingTable::from_file("fleet", file).unwrap();
+        assert!(table.clusters().next().unwrap().tls.is_some());
+    }
+
+    #[test]
     fn routes_only_ready_replicas_on_ready_clusters_with_a_usable_entry() {
         let clusters = [
             cluster("eu1", "EU", true, Some("http://10.0.0.1:8000")),
