@@ -466,3 +466,33 @@ impl ControlTasks {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(ns: &str, name: &str, data: &[(&str, &[u8])]) -> Secret {
+        let mut s = Secret::default();
+        s.metadata.namespace = Some(ns.into());
+        s.metadata.name = Some(name.into());
+        s.data = Some(data.iter().map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.to_vec()))).collect());
+        s
+    }
+
+    #[test]
+    fn upstream_secrets_are_read_only_from_their_namespace_and_name_what_is_missing() {
+        let (store, mut writer) = reflector::store::<Secret>();
+        writer.apply_watcher_event(&Event::Apply(secret("gw", "eu1-engine", &[("token", b"t")])));
+        let up = Some((&store, "gw"));
+        assert_eq!(upstream_secret(up, None, "eu1-engine", "token").unwrap(), b"t");
+        assert_eq!(upstream_secret(up, Some("gw"), "eu1-engine", "token").unwrap(), b"t");
+        let e = upstream_secret(up, Some("flotilla-system"), "eu1-engine", "token").unwrap_err();
+        assert!(e.contains("only in namespace gw, not flotilla-system"), "{e}");
+        assert!(
+            upstream_secret(up, None, "eu2-engine", "token").unwrap_err().contains("no such Secret in namespace gw")
+        );
+        assert!(upstream_secret(up, None, "eu1-engine", "ca.crt").unwrap_err().contains("no such key"));
+        let e = upstream_secret(None, None, "eu1-engine", "token").unwrap_err();
+        assert!(e.contains("--upstream-secrets-namespace"), "{e}");
+    }
+}
