@@ -123,7 +123,7 @@ say "4. flotilla-controller and flotilla-gateway, run locally against the contro
 PIDS+=($!)
 GW=$(start_listener "${LOGS}/gateway.log" "${TARGET}/flotilla-gateway" --control-cluster \
   --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" --listen 127.0.0.1:0 --feedback-interval-ms 2000 \
-  --breaker-failures 3 --connect-timeout-ms 300)
+  --breaker-failures 3 --connect-timeout-ms 300 --allow-anonymous)
 echo "gateway: ${GW}"
 waiting_70b() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="WaitingForCache")].status}' | grep -qx True; }
 wait_until "llama-3.3-70b-eu waiting for its cache" 120 waiting_70b

@@ -94,7 +94,7 @@ models:
   - {name: m, routes: [{cluster: up}]}
   - {name: s, routes: [{cluster: up-sse}]}
 YAML
-GW_FLAGS="--scrape-interval-ms 500 --max-concurrency 4096"
+GW_FLAGS="--scrape-interval-ms 500 --max-concurrency 4096 --allow-anonymous"
 # shellcheck disable=SC2086
 start gw "$BIN/flotilla-gateway" --listen 127.0.0.1:0 --config "$WORK/table.yaml" $GW_FLAGS
 # shellcheck disable=SC2086

@@ -38,7 +38,7 @@ table() { # table FILE CLUSTER... : model m routed to every given simulator
     for c in "${@:2}"; do echo "      - {cluster: $c}"; done
   } >"$1"
 }
-GW_FLAGS="--scrape-interval-ms 500 --max-concurrency 4096"
+GW_FLAGS="--scrape-interval-ms 500 --max-concurrency 4096 --allow-anonymous"
 gateway() { # gateway ROUTING CLUSTER...
   table "$WORK/table.yaml" "${@:2}"
   # shellcheck disable=SC2086

@@ -71,6 +71,30 @@ pub struct InferenceClusterSpec {
     /// the InferenceCluster goes; `Orphan` leaves them running there, unmanaged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_policy: Option<DeletionPolicy>,
+    /// How the fleet gateway authenticates to `endpoint` and verifies it: an upstream bearer
+    /// token, and for an `https://` endpoint the CA bundle and an optional client certificate.
+    /// The Secrets are read by the gateway from its own namespace (docs/gateway.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_auth: Option<EndpointAuth>,
+}
+
+/// How the fleet gateway authenticates to a member's entry point and verifies it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointAuth {
+    /// A Secret whose key (default `token`) holds the bearer token the serving engine expects
+    /// (vLLM's `--api-key`), sent as `Authorization: Bearer` on every request to the endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretRef>,
+    /// For an `https://` endpoint: a Secret whose key (default `ca.crt`) holds the PEM CA bundle
+    /// that verifies the endpoint's certificate (absent: the system's roots). Hostnames are
+    /// always verified; there is no insecure mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretRef>,
+    /// For an `https://` endpoint: a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) whose
+    /// certificate the gateway presents (mutual TLS). Its `key` is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret_ref: Option<SecretRef>,
 }
 
 /// What deleting an InferenceCluster does to Flotilla's workloads in the member.

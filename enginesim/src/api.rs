@@ -46,7 +46,22 @@ pub fn router(state: Arc<SimState>) -> axum::Router {
         .route("/sim/stats", get(stats))
         .route("/sim/model", post(crate::models::set_model))
         .merge(crate::streams::routes())
+        .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
         .with_state(state)
+}
+
+/// vLLM's `--api-key` check: `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise).
+async fn api_key(State(s): State<Arc<SimState>>, req: Request, next: axum::middleware::Next) -> Response {
+    if let Some(key) = &s.config.api_key
+        && req.uri().path().starts_with("/v1")
+    {
+        let sent = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if sent != Some(format!("Bearer {key}").as_str()) {
+            s.count_unauthorized();
+            return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"}))).into_response();
+        }
+    }
+    next.run(req).await
 }
 
 fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {

@@ -75,6 +75,10 @@ pub struct SimConfig {
     /// the start, then healthy (repeatable).
     #[arg(long = "model-down", value_name = "MODEL=MS")]
     pub model_down: Vec<crate::models::ModelDown>,
+    /// Like vLLM's `--api-key`: every `/v1/*` request must carry `Authorization: Bearer KEY`,
+    /// else 401 `{"error": "Unauthorized"}` (`/health` and `/metrics` stay open).
+    #[arg(long, env = "ENGINESIM_API_KEY")]
+    pub api_key: Option<String>,
     /// Per-model stream faults, prefill refusal and non-deterministic regeneration.
     #[command(flatten)]
     pub streams: crate::streams::StreamArgs,
@@ -101,6 +105,7 @@ impl Default for SimConfig {
             fixed_response: false,
             model_faults: Vec::new(),
             model_down: Vec::new(),
+            api_key: None,
             streams: crate::streams::StreamArgs::default(),
         }
     }

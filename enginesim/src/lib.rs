@@ -63,6 +63,7 @@ pub struct SimState {
     pub(crate) prefix_hits: AtomicU64,
     pub(crate) completed: AtomicU64,
     pub(crate) cancelled: AtomicU64,
+    unauthorized: AtomicU64,
     pub(crate) ttft: Mutex<metrics::Histogram>,
     pub(crate) outages: models::Outages,
     pub(crate) streams: streams::Registry,
@@ -87,6 +88,7 @@ impl SimState {
             prefix_hits: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            unauthorized: AtomicU64::new(0),
             ttft: Mutex::new(metrics::Histogram::default()),
             outages: models::Outages::new(&config.model_faults, &config.model_down),
             streams: streams::Registry::new(&config.streams),
@@ -139,6 +141,15 @@ impl SimState {
     /// Requests whose client went away before the answer was complete.
     pub fn cancelled(&self) -> u64 {
         self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused with 401 for a missing or wrong `Authorization` (`--api-key`).
+    pub fn unauthorized(&self) -> u64 {
+        self.unauthorized.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_unauthorized(&self) {
+        self.unauthorized.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sequences running now.

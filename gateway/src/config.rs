@@ -46,6 +46,10 @@ pub struct GatewayConfig {
     /// Namespace whose Secrets labelled `flotilla.dev/api-keys=true` hold API keys (data key `keys.yaml`).
     #[arg(long, env = "FLOTILLA_GATEWAY_KEYS_NAMESPACE", requires = "control_cluster")]
     pub keys_namespace: Option<String>,
+    /// Namespace whose Secrets hold the upstream tokens and certificates that InferenceClusters'
+    /// `spec.endpointAuth` names (watched; a reference to another namespace is refused).
+    #[arg(long, env = "FLOTILLA_GATEWAY_UPSTREAM_SECRETS_NAMESPACE", requires = "control_cluster")]
+    pub upstream_secrets_namespace: Option<String>,
     /// Namespace of the Lease electing the one replica that writes `Serving` conditions.
     #[arg(long, default_value = "flotilla-system")]
     pub lease_namespace: String,
@@ -72,10 +76,15 @@ pub struct GatewayConfig {
     /// How often the routing table file is checked for changes, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub reload_interval_ms: u64,
-    /// API keys clients must send as `Authorization: Bearer` (comma-separated; with no key
-    /// source at all, no authentication). Full-access keys in plain text; prefer --keys-file or --keys-namespace, which store digests.
+    /// API keys clients must send as `Authorization: Bearer` (comma-separated). Full-access
+    /// keys in plain text; prefer --keys-file or --keys-namespace, which store digests.
     #[arg(long, env = "FLOTILLA_GATEWAY_API_KEYS", value_delimiter = ',')]
     pub api_keys: Vec<String>,
+    /// Serve without authentication when no key source (--api-keys, --keys-file,
+    /// --keys-namespace) is given: anyone who can reach the listener may use every model.
+    /// Without it, starting with no key source is refused; with a key source it changes nothing.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ALLOW_ANONYMOUS")]
+    pub allow_anonymous: bool,
     /// Upstream attempts per model (first try plus retries).
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,
@@ -132,9 +141,17 @@ pub struct GatewayConfig {
     /// Bounded-load factor: an affine cluster is skipped above this multiple of the mean load.
     #[arg(long, default_value_t = 1.25)]
     pub load_factor: f64,
-    /// How often each cluster's `/metrics` is scraped for its queue depth, in milliseconds (0: never).
+    /// How often each cluster's `/metrics` is scraped for vLLM's queue depth and KV-cache use,
+    /// in milliseconds (0: never, for entry points that are not vLLM engines).
     #[arg(long, default_value_t = 2000)]
     pub scrape_interval_ms: u64,
+    /// Answers without vLLM metrics in a row (a 404, another server's page) after which a
+    /// cluster is scraped at doubling intervals, logged once (0: never back off).
+    #[arg(long, default_value_t = 3)]
+    pub scrape_quiet_after: u32,
+    /// Longest interval between scrapes of a cluster without vLLM metrics, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    pub scrape_max_interval_ms: u64,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
@@ -194,6 +211,17 @@ impl GatewayConfig {
     pub fn auth_required(&self) -> bool {
         !self.api_keys.is_empty() || self.keys_file.is_some() || self.keys_namespace.is_some()
     }
+
+    /// Refuse to serve anonymously unless asked to: with no key source, `--allow-anonymous`.
+    pub fn check_auth(&self) -> Result<(), String> {
+        if self.auth_required() || self.allow_anonymous {
+            return Ok(());
+        }
+        Err(format!(
+            "no API key source: clients would not be authenticated and anyone reaching {} could use every model. Give --keys-file, --keys-namespace or --api-keys, or --allow-anonymous to serve without authentication on purpose",
+            self.listen
+        ))
+    }
 }
 
 /// Milliseconds as a duration.
@@ -210,6 +238,19 @@ mod tests {
     fn cli_is_consistent() {
         GatewayConfig::command().debug_assert();
         assert_eq!(GatewayConfig::with_table("t.yaml").max_attempts, 3);
+    }
+
+    #[test]
+    fn no_key_source_needs_allow_anonymous() {
+        let c = GatewayConfig::with_table("t.yaml");
+        let e = c.check_auth().unwrap_err();
+        assert!(e.contains("--allow-anonymous") && e.contains("0.0.0.0:8080"), "{e}");
+        let anon = GatewayConfig::parse_from(["gw", "--config", "t", "--allow-anonymous"]);
+        assert!(anon.check_auth().is_ok() && !anon.auth_required());
+        let keyed = GatewayConfig::parse_from(["gw", "--config", "t", "--api-keys", "k"]);
+        assert!(keyed.check_auth().is_ok() && keyed.auth_required());
+        let both = GatewayConfig::parse_from(["gw", "--config", "t", "--api-keys", "k", "--allow-anonymous"]);
+        assert!(both.auth_required(), "a key source wins: keys are still checked");
     }
 
     #[test]

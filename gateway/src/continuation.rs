@@ -220,6 +220,8 @@ mod tests {
             url: "http://127.0.0.1:1".into(),
             jurisdiction: "EU".into(),
             region: String::new(),
+            auth: None,
+            tls: None,
         };
         Route {
             cluster: Arc::new(cluster),

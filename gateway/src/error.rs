@@ -26,6 +26,9 @@ pub enum GatewayError {
         /// What is wrong and what to change.
         message: String,
     },
+    /// The command line or environment asks for something the gateway will not do.
+    #[error("configuration: {0}")]
+    Config(String),
     /// The control cluster could not be reached or read.
     #[error("control cluster: {0}")]
     Control(String),
@@ -120,6 +123,17 @@ pub enum GatewayError {
         /// The last failure.
         reason: String,
     },
+    /// Every allowed cluster's entry point is misconfigured (wrong URL, refused credential):
+    /// an operator must fix the configuration; retrying does not help.
+    #[error(
+        "model `{model}` cannot be served: the entry point of every cluster allowed to serve it is misconfigured ({detail}); the gateway's operator must fix it (see the gateway's /readyz and log)"
+    )]
+    UpstreamMisconfigured {
+        /// Requested model.
+        model: String,
+        /// Cluster names and reasons (`a: UpstreamNotFound`).
+        detail: String,
+    },
     /// Upstream clusters timed out and the attempt budget ran out.
     #[error("upstream timeout serving `{model}`: {reason}")]
     UpstreamTimeout {
@@ -148,11 +162,13 @@ impl GatewayError {
             GatewayError::UnknownModel(_) | GatewayError::NoRoute(_) => StatusCode::NOT_FOUND,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::NoHealthyCluster { .. } | GatewayError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
-            GatewayError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::Upstream { .. } | GatewayError::UpstreamMisconfigured { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::Table { .. } | GatewayError::Keys { .. } | GatewayError::Control(_) | GatewayError::Io(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            GatewayError::Table { .. }
+            | GatewayError::Keys { .. }
+            | GatewayError::Config(_)
+            | GatewayError::Control(_)
+            | GatewayError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -173,10 +189,13 @@ impl GatewayError {
             GatewayError::NoHealthyCluster { .. } => ("service_unavailable_error", "no_healthy_cluster"),
             GatewayError::Overloaded(_) => ("service_unavailable_error", "gateway_overloaded"),
             GatewayError::Upstream { .. } => ("upstream_error", "upstream_failed"),
+            GatewayError::UpstreamMisconfigured { .. } => ("upstream_error", "upstream_misconfigured"),
             GatewayError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
-            GatewayError::Table { .. } | GatewayError::Keys { .. } | GatewayError::Control(_) | GatewayError::Io(_) => {
-                ("server_error", "internal_error")
-            }
+            GatewayError::Table { .. }
+            | GatewayError::Keys { .. }
+            | GatewayError::Config(_)
+            | GatewayError::Control(_)
+            | GatewayError::Io(_) => ("server_error", "internal_error"),
         }
     }
 
@@ -237,6 +256,10 @@ mod tests {
         let up = GatewayError::Upstream { model: "m".into(), reason: "reset".into() };
         assert_eq!(up.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(up.body()["error"]["code"], "upstream_failed");
+        let mis = GatewayError::UpstreamMisconfigured { model: "m".into(), detail: "a: UpstreamNotFound".into() };
+        assert_eq!(mis.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(mis.body()["error"]["code"], "upstream_misconfigured");
+        assert!(mis.into_response().headers().get(header::RETRY_AFTER).is_none(), "retrying does not help");
         let slow = GatewayError::BodyTimeout(10).into_response();
         assert_eq!(slow.status(), StatusCode::REQUEST_TIMEOUT);
         let wrong = GatewayError::MethodNotAllowed { method: "GET".into(), path: "/v1/x".into(), allow: "POST" };

@@ -1,7 +1,8 @@
 //! The gateway's link to the control cluster. Watches of InferenceClusters, ModelDeployments
 //! and (optionally) API-key Secrets fill reflector stores; after each burst of events the
 //! routing table is rebuilt with `fleet::table_file` and swapped atomically when it changed,
-//! and the keys likewise. A failing watch leaves the last good table serving and marks the
+//! and the keys likewise. With `--upstream-secrets-namespace`, the Secrets there are watched
+//! too, for the tokens and certificates InferenceClusters' `spec.endpointAuth` names. A failing watch leaves the last good table serving and marks the
 //! feed stale for `/readyz` and the `feed_stale` metric. The elected replica then writes each
 //! ModelDeployment's `Serving` condition (decided by `feedback::serving`) on change only.
 
@@ -95,6 +96,7 @@ enum Source {
     Clusters,
     Deployments,
     Secrets,
+    UpstreamSecrets,
 }
 
 type Tagged = (Source, Result<bool, String>);
@@ -160,11 +162,19 @@ pub fn start(st: Arc<AppState>, client: Client) -> (Store<ModelDeployment>, toki
         ));
         store
     });
+    let upstream = st.cfg.upstream_secrets_namespace.as_ref().map(|ns| {
+        let (store, sw) = reflector::store::<Secret>();
+        streams.push(tagged(
+            Source::UpstreamSecrets,
+            reflector::reflector(sw, watcher::watcher(Api::namespaced(client.clone(), ns), watcher::Config::default())),
+        ));
+        (store, ns.clone())
+    });
     let store = deployments.clone();
     let task = tokio::spawn(async move {
         let mut events = futures_util::stream::select_all(streams);
         let mut synced: HashMap<&'static str, bool> = HashMap::new();
-        let need = if secrets.is_some() { 3 } else { 2 };
+        let need = 2 + usize::from(secrets.is_some()) + usize::from(upstream.is_some());
         let mut errors: HashMap<&'static str, String> = HashMap::new();
         let mut dirty = false;
         let mut last = Built::default();
@@ -173,7 +183,12 @@ pub fn start(st: Arc<AppState>, client: Client) -> (Store<ModelDeployment>, toki
             tokio::select! {
                 item = events.next() => {
                     let Some((source, r)) = item else { break };
-                    let key = match source { Source::Clusters => "InferenceClusters", Source::Deployments => "ModelDeployments", Source::Secrets => "API-key Secrets" };
+                    let key = match source {
+                        Source::Clusters => "InferenceClusters",
+                        Source::Deployments => "ModelDeployments",
+                        Source::Secrets => "API-key Secrets",
+                        Source::UpstreamSecrets => "upstream Secrets",
+                    };
                     match r {
                         Ok(changed) => {
                             errors.remove(key);
@@ -197,7 +212,8 @@ pub fn start(st: Arc<AppState>, client: Client) -> (Store<ModelDeployment>, toki
                 }
                 _ = tick.tick(), if dirty && synced.len() == need => {
                     dirty = false;
-                    rebuild(&st, &clusters, &deployments, secrets.as_ref(), &mut last);
+                    let up = upstream.as_ref().map(|(store, ns)| (store, ns.as_str()));
+                    rebuild(&st, &clusters, &deployments, secrets.as_ref(), up, &mut last);
                     lock(&st.feed.state).synced = true;
                 }
             }
@@ -215,19 +231,49 @@ struct Built {
     keys_installed: bool,
 }
 
+/// One key of a Secret in the upstream-Secrets namespace (`--upstream-secrets-namespace`).
+fn upstream_secret(
+    upstream: Option<(&Store<Secret>, &str)>,
+    ns: Option<&str>,
+    name: &str,
+    key: &str,
+) -> Result<Vec<u8>, String> {
+    let Some((store, home)) = upstream else {
+        return Err("the gateway reads no upstream Secrets: start it with --upstream-secrets-namespace (the chart sets it to the API-key namespace)".into());
+    };
+    if let Some(ns) = ns
+        && ns != home
+    {
+        return Err(format!(
+            "the gateway reads upstream Secrets only in namespace {home}, not {ns}: move the Secret there"
+        ));
+    }
+    let secret = store
+        .get(&reflector::ObjectRef::new(name).within(home))
+        .ok_or_else(|| format!("no such Secret in namespace {home}"))?;
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .ok_or_else(|| "the Secret has no such key".into())
+}
+
 fn rebuild(
     st: &AppState,
     clusters: &Store<InferenceCluster>,
     deployments: &Store<ModelDeployment>,
     secrets: Option<&Store<Secret>>,
+    upstream: Option<(&Store<Secret>, &str)>,
     last: &mut Built,
 ) {
     let cs: Vec<InferenceCluster> = clusters.state().iter().map(|c| c.as_ref().clone()).collect();
     let ds: Vec<ModelDeployment> = deployments.state().iter().map(|d| d.as_ref().clone()).collect();
-    let (file, owners, problems) = crate::fleet::table_file(&cs, &ds);
+    let read = |ns: Option<&str>, name: &str, key: &str| upstream_secret(upstream, ns, name, key);
+    let (file, owners, problems) = crate::fleet::table_file(&cs, &ds, &read);
     if problems != last.problems {
         for p in &problems {
-            tracing::warn!(problem = %p, "left out of the routing table");
+            tracing::warn!(problem = %p, "routing table from the control cluster");
         }
         last.problems = problems;
     }
@@ -418,5 +464,35 @@ impl ControlTasks {
         {
             let _ = manager.release().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(ns: &str, name: &str, data: &[(&str, &[u8])]) -> Secret {
+        let mut s = Secret::default();
+        s.metadata.namespace = Some(ns.into());
+        s.metadata.name = Some(name.into());
+        s.data = Some(data.iter().map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.to_vec()))).collect());
+        s
+    }
+
+    #[test]
+    fn upstream_secrets_are_read_only_from_their_namespace_and_name_what_is_missing() {
+        let (store, mut writer) = reflector::store::<Secret>();
+        writer.apply_watcher_event(&Event::Apply(secret("gw", "eu1-engine", &[("token", b"t")])));
+        let up = Some((&store, "gw"));
+        assert_eq!(upstream_secret(up, None, "eu1-engine", "token").unwrap(), b"t");
+        assert_eq!(upstream_secret(up, Some("gw"), "eu1-engine", "token").unwrap(), b"t");
+        let e = upstream_secret(up, Some("flotilla-system"), "eu1-engine", "token").unwrap_err();
+        assert!(e.contains("only in namespace gw, not flotilla-system"), "{e}");
+        assert!(
+            upstream_secret(up, None, "eu2-engine", "token").unwrap_err().contains("no such Secret in namespace gw")
+        );
+        assert!(upstream_secret(up, None, "eu1-engine", "ca.crt").unwrap_err().contains("no such key"));
+        let e = upstream_secret(None, None, "eu1-engine", "token").unwrap_err();
+        assert!(e.contains("--upstream-secrets-namespace"), "{e}");
     }
 }

@@ -7,17 +7,50 @@
 use std::collections::{BTreeMap, HashMap};
 
 use flotilla_apis::cluster::InferenceCluster;
+use flotilla_apis::common::SecretRef;
 use flotilla_apis::constants::condition;
 use flotilla_apis::deployment::ModelDeployment;
 use kube::ResourceExt;
 
+use crate::member::{Material, SCHEMES, UpstreamToken, normalise_url};
 use crate::table::{ClusterSpec, ModelSpec, RouteSpec, TableFile};
 
 /// ModelDeployment (namespace, name) → the model name it serves in the table.
 pub type Owners = BTreeMap<(String, String), String>;
 
+/// Reads one key of a Secret: `(namespace from the reference, name, key)` → its bytes, or what
+/// is wrong (no such Secret or key, a namespace the gateway does not read).
+pub type SecretReader<'a> = &'a dyn Fn(Option<&str>, &str, &str) -> Result<Vec<u8>, String>;
+
+/// What the InferenceCluster's `spec.endpointAuth` Secrets hold for the gateway.
+fn material(c: &InferenceCluster, secret: SecretReader<'_>) -> Result<Material, String> {
+    let Some(auth) = &c.spec.endpoint_auth else { return Ok(Material::default()) };
+    let read = |r: &SecretRef, key: &str, field: &str| {
+        secret(r.namespace.as_deref(), &r.name, key).map_err(|e| format!("{field} (Secret {}, key {key}): {e}", r.name))
+    };
+    let mut m = Material::default();
+    if let Some(r) = &auth.token_secret_ref {
+        let bytes = read(r, r.key.as_deref().unwrap_or("token"), "tokenSecretRef")?;
+        let text = String::from_utf8(bytes).map_err(|_| "tokenSecretRef: the token is not UTF-8".to_string())?;
+        m.token = Some(UpstreamToken::parse(&text).map_err(|e| format!("tokenSecretRef (Secret {}): {e}", r.name))?);
+    }
+    if let Some(r) = &auth.ca_secret_ref {
+        m.ca_pem = Some(read(r, r.key.as_deref().unwrap_or("ca.crt"), "caSecretRef")?);
+    }
+    if let Some(r) = &auth.client_cert_secret_ref {
+        m.client_cert_pem = Some(read(r, "tls.crt", "clientCertSecretRef")?);
+        m.client_key_pem = Some(read(r, "tls.key", "clientCertSecretRef")?);
+    }
+    Ok(m)
+}
+
 /// The table for the fleet, which deployment serves each model, and what was left out and why.
-pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]) -> (TableFile, Owners, Vec<String>) {
+/// `secret` reads the Secrets that InferenceClusters' `spec.endpointAuth` names.
+pub fn table_file(
+    clusters: &[InferenceCluster],
+    deployments: &[ModelDeployment],
+    secret: SecretReader<'_>,
+) -> (TableFile, Owners, Vec<String>) {
     let mut problems = Vec::new();
     let mut owners = Owners::new();
     let mut file = TableFile { clusters: Vec::new(), models: Vec::new() };
@@ -30,21 +63,39 @@ pub fn table_file(clusters: &[InferenceCluster], deployments: &[ModelDeployment]
             routable.insert(name, false);
             continue;
         };
-        if !url.starts_with("http://") {
-            problems.push(format!(
-                "InferenceCluster {name}: spec.endpoint `{url}` is not routed: the gateway speaks plain http to member entry points; use an http:// in-cluster URL"
-            ));
-            routable.insert(name, false);
-            continue;
-        }
+        let url = match normalise_url(url, SCHEMES) {
+            Ok((url, note)) => {
+                problems.extend(note.map(|n| format!("InferenceCluster {name}: spec.endpoint: {n}")));
+                url
+            }
+            Err(e) => {
+                problems.push(format!("InferenceCluster {name}: spec.endpoint is not routed: {e}"));
+                routable.insert(name, false);
+                continue;
+            }
+        };
+        let checked = material(c, secret).and_then(|m| crate::table::cluster_tls(&url, &m).map(|_| m));
+        let material = match checked {
+            Ok(m) => m,
+            Err(e) => {
+                problems.push(format!("InferenceCluster {name}: spec.endpointAuth: {e}: the cluster is not routed"));
+                routable.insert(name, false);
+                continue;
+            }
+        };
         // Ready is written by the controller only on evidence from the member.
         let ready = c.status.as_ref().is_some_and(|s| s.conditions.is_true(condition::READY));
         routable.insert(name.clone(), ready);
         file.clusters.push(ClusterSpec {
             name,
-            url: url.to_string(),
+            url,
             jurisdiction: c.spec.jurisdiction.0.clone(),
             region: c.spec.region.clone(),
+            token_file: None,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            material,
         });
     }
 
@@ -163,27 +214,127 @@ mod tests {
         .unwrap()
     }
 
+    fn no_secrets(_: Option<&str>, name: &str, _: &str) -> Result<Vec<u8>, String> {
+        Err(format!("no Secret {name}"))
+    }
+
     #[test]
-    fn routes_only_ready_replicas_on_ready_clusters_with_an_http_entry() {
+    fn endpoint_auth_secrets_become_the_clusters_material_and_a_missing_one_keeps_it_out() {
+        let mut with = cluster("eu1", "EU", true, Some("http://10.0.0.1:8000"));
+        with.spec.endpoint_auth =
+            serde_json::from_value(serde_json::json!({"tokenSecretRef": {"name": "eu1-engine"}})).unwrap();
+        let mut other_key = cluster("eu2", "EU", true, Some("http://10.0.0.2:8000"));
+        other_key.spec.endpoint_auth =
+            serde_json::from_value(serde_json::json!({"tokenSecretRef": {"name": "eu2-engine", "key": "api-key"}}))
+                .unwrap();
+        let mut missing = cluster("eu3", "EU", true, Some("http://10.0.0.3:8000"));
+        missing.spec.endpoint_auth =
+            serde_json::from_value(serde_json::json!({"tokenSecretRef": {"name": "nope"}})).unwrap();
+        let secrets = |ns: Option<&str>, name: &str, key: &str| -> Result<Vec<u8>, String> {
+            match (ns, name, key) {
+                (None, "eu1-engine", "token") => Ok(b"sekrit-1\n".to_vec()),
+                (None, "eu2-engine", "api-key") => Ok(b"sekrit-2".to_vec()),
+                _ => Err(format!("no Secret {name} with key {key}")),
+            }
+        };
+        let d = deployment("a", "llama", "llama", "2026-01-01T00:00:00Z", &[("eu1", 1), ("eu2", 1), ("eu3", 1)]);
+        let (file, _, problems) = table_file(&[with, other_key, missing], &[d], &secrets);
+        let token = |n: &str| file.clusters.iter().find(|c| c.name == n).map(|c| c.material.token.clone());
+        assert_eq!(token("eu1"), Some(Some(UpstreamToken::parse("sekrit-1").unwrap())));
+        assert_eq!(token("eu2"), Some(Some(UpstreamToken::parse("sekrit-2").unwrap())));
+        assert_eq!(token("eu3"), None, "left out");
+        let routes: Vec<&str> = file.models[0].routes.iter().map(|r| r.cluster.as_str()).collect();
+        assert_eq!(routes, ["eu1", "eu2"]);
+        let p = problems.iter().find(|p| p.contains("eu3")).unwrap();
+        assert!(p.contains("tokenSecretRef") && p.contains("nope") && p.contains("not routed"), "{p}");
+        assert!(!format!("{file:?}").contains("sekrit"), "the token is never printed");
+    }
+
+    #[test]
+    fn tls_secrets_are_checked_per_cluster_and_a_bad_one_keeps_only_that_cluster_out() {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap().pem();
+        let auth = |secret: &str| serde_json::from_value(serde_json::json!({"caSecretRef": {"name": secret}})).unwrap();
+        let mut good = cluster("eu1", "EU", true, Some("https://inference.eu1.example:443/v1"));
+        good.spec.endpoint_auth = auth("fleet-ca");
+        let mut garbage = cluster("eu2", "EU", true, Some("https://inference.eu2.example"));
+        garbage.spec.endpoint_auth = auth("garbage");
+        let mut plain = cluster("eu3", "EU", true, Some("http://10.0.0.3:8000"));
+        plain.spec.endpoint_auth = auth("fleet-ca");
+        let mut elsewhere = cluster("eu4", "EU", true, Some("https://inference.eu4.example"));
+        elsewhere.spec.endpoint_auth =
+            serde_json::from_value(serde_json::json!({"clientCertSecretRef": {"name": "gw", "namespace": "other"}}))
+                .unwrap();
+        let secrets = |ns: Option<&str>, name: &str, key: &str| -> Result<Vec<u8>, String> {
+            match (ns, name, key) {
+                (Some(other), _, _) => {
+                    Err(format!("the gateway reads upstream Secrets only in namespace gw, not {other}"))
+                }
+                (None, "fleet-ca", "ca.crt") => Ok(ca.clone().into_bytes()),
+                (None, "garbage", "ca.crt") => Ok(b"not a certificate".to_vec()),
+                _ => Err("no such Secret".into()),
+            }
+        };
+        let d = deployment(
+            "a",
+            "llama",
+            "llama",
+            "2026-01-01T00:00:00Z",
+            &[("eu1", 1), ("eu2", 1), ("eu3", 1), ("eu4", 1)],
+        );
+        let (file, _, problems) = table_file(&[good, garbage, plain, elsewhere], &[d], &secrets);
+        let routes: Vec<&str> = file.models[0].routes.iter().map(|r| r.cluster.as_str()).collect();
+        assert_eq!(routes, ["eu1"], "{problems:?}");
+        let eu1 = &file.clusters[0];
+        assert_eq!(
+            (eu1.url.as_str(), eu1.material.ca_pem.as_deref()),
+            ("https://inference.eu1.example:443", Some(ca.as_bytes()))
+        );
+        let problem = |n: &str| {
+            problems.iter().find(|p| p.contains(&format!("InferenceCluster {n}:"))).cloned().unwrap_or_default()
+        };
+        assert!(problem("eu2").contains("CA bundle"), "{problems:?}");
+        assert!(problem("eu3").contains("use https://"), "{problems:?}");
+        assert!(problem("eu4").contains("clientCertSecretRef") && problem("eu4").contains("not other"), "{problems:?}");
+        // The whole table still loads, TLS client of eu1 included.
+        let table = RoutingTable::from_file("fleet", file).unwrap();
+        assert!(table.clusters().next().unwrap().tls.is_some());
+    }
+
+    #[test]
+    fn routes_only_ready_replicas_on_ready_clusters_with_a_usable_entry() {
         let clusters = [
             cluster("eu1", "EU", true, Some("http://10.0.0.1:8000")),
             cluster("eu2", "EU", false, Some("http://10.0.0.2:8000")),
             cluster("eu3", "EU", true, None),
-            cluster("eu4", "EU", true, Some("https://tls:443")),
+            cluster("eu4", "EU", true, Some("grpc://tls:443")),
             cluster("eu5", "EU", true, Some("http://10.0.0.5:8000")),
+            cluster("eu6", "EU", true, Some("http://10.0.0.6:8000/v1/")),
+            cluster("eu7", "EU", true, Some("http://10.0.0.7:8000/v1/chat/completions")),
         ];
         let d = deployment(
             "a",
             "llama",
             "llama",
             "2026-01-01T00:00:00Z",
-            &[("eu1", 2), ("eu2", 1), ("eu3", 1), ("eu4", 1), ("eu5", 0)],
+            &[("eu1", 2), ("eu2", 1), ("eu3", 1), ("eu4", 1), ("eu5", 0), ("eu6", 1), ("eu7", 1)],
         );
-        let (file, owners, problems) = table_file(&clusters, &[d]);
+        let (file, owners, problems) = table_file(&clusters, &[d], &no_secrets);
         assert_eq!(owners.get(&("a".to_string(), "llama".to_string())).map(String::as_str), Some("llama"));
         let routes: Vec<(&str, u32)> = file.models[0].routes.iter().map(|r| (r.cluster.as_str(), r.weight)).collect();
-        assert_eq!(routes, [("eu1", 2)]);
-        assert!(problems.iter().any(|p| p.contains("eu4") && p.contains("http://")), "{problems:?}");
+        assert_eq!(routes, [("eu1", 2), ("eu6", 1)]);
+        assert!(
+            problems.iter().any(|p| p.contains("eu4") && p.contains("must start with http:// or https://")),
+            "{problems:?}"
+        );
+        // A `/v1` suffix (as LiteLLM's api_base is written) is dropped and said so; an API path is refused.
+        let eu6 = file.clusters.iter().find(|c| c.name == "eu6").unwrap();
+        assert_eq!(eu6.url, "http://10.0.0.6:8000");
+        assert!(problems.iter().any(|p| p.contains("eu6") && p.contains("ends in /v1")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("eu7") && p.contains("API path")), "{problems:?}");
+        assert!(!file.clusters.iter().any(|c| c.name == "eu7"));
         assert!(problems.iter().any(|p| p.contains("fallback `nope`")), "{problems:?}");
         let table = RoutingTable::from_file("fleet", file).unwrap();
         let m = table.resolve("alias").unwrap();
@@ -198,7 +349,7 @@ mod tests {
         if let Some(p) = d.status.as_mut().and_then(|s| s.placements.first_mut()) {
             (p.desired, p.serving) = (2, 2);
         }
-        let (file, _, _) = table_file(&clusters, std::slice::from_ref(&d));
+        let (file, _, _) = table_file(&clusters, std::slice::from_ref(&d), &no_secrets);
         let routes: Vec<(&str, u32)> = file.models[0].routes.iter().map(|r| (r.cluster.as_str(), r.weight)).collect();
         assert_eq!(routes, [("eu1", 2)]);
     }
@@ -208,7 +359,7 @@ mod tests {
         let clusters = [cluster("eu1", "EU", true, Some("http://10.0.0.1:8000"))];
         let old = deployment("b", "old", "llama", "2026-01-01T00:00:00Z", &[("eu1", 1)]);
         let new = deployment("a", "new", "llama", "2026-02-01T00:00:00Z", &[("eu1", 3)]);
-        let (file, owners, problems) = table_file(&clusters, &[new.clone(), old.clone()]);
+        let (file, owners, problems) = table_file(&clusters, &[new.clone(), old.clone()], &no_secrets);
         assert_eq!(
             owners.keys().collect::<Vec<_>>(),
             [&("b".to_string(), "old".to_string())],
@@ -219,7 +370,7 @@ mod tests {
         assert!(problems.iter().any(|p| p.contains("ModelDeployment a/new") && p.contains("already served")));
         let mut gone = old;
         gone.metadata.deletion_timestamp = new.metadata.creation_timestamp.clone();
-        let (file, _, _) = table_file(&clusters, &[gone]);
+        let (file, _, _) = table_file(&clusters, &[gone], &no_secrets);
         assert!(file.models.is_empty(), "a deployment being deleted gets no new traffic");
     }
 }

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::gauge::Gauge;
 
 pub use crate::breaker::{Breaker, BreakerConfig, BreakerState};
+use crate::member::ConfigReason;
+use crate::metrics::Metrics;
 use crate::table::RoutingTable;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -32,10 +34,18 @@ pub struct ClusterHealth {
     breaker: Mutex<Breaker>,
     inflight_gauge: Gauge,
     open_gauge: Gauge,
+    fault: Mutex<Option<(ConfigReason, String)>>,
+    /// Name and metrics, for the `cluster_misconfigured` gauge (absent for detached health).
+    metrics: Option<(String, Arc<Metrics>)>,
 }
 
 impl ClusterHealth {
-    fn new(cfg: BreakerConfig, inflight_gauge: Gauge, open_gauge: Gauge) -> Self {
+    fn new(
+        cfg: BreakerConfig,
+        inflight_gauge: Gauge,
+        open_gauge: Gauge,
+        metrics: Option<(String, Arc<Metrics>)>,
+    ) -> Self {
         ClusterHealth {
             inflight: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
@@ -44,7 +54,39 @@ impl ClusterHealth {
             breaker: Mutex::new(Breaker::new(cfg)),
             inflight_gauge,
             open_gauge,
+            fault: Mutex::new(None),
+            metrics,
         }
+    }
+    /// The configuration fault the cluster's entry point showed last, if any, and what it said.
+    pub fn fault(&self) -> Option<(ConfigReason, String)> {
+        lock(&self.fault).clone()
+    }
+    /// Whether the entry point is misconfigured: no request goes there until a probe finds it
+    /// answering (or a new table changes its URL or credential).
+    pub fn misconfigured(&self) -> bool {
+        lock(&self.fault).is_some()
+    }
+    /// Record a configuration fault; `true` when it is news (for logging once).
+    pub fn set_fault(&self, reason: ConfigReason, message: String) -> bool {
+        let mut f = lock(&self.fault);
+        let news = f.as_ref().map(|(r, _)| *r) != Some(reason);
+        if let (Some((old, _)), Some((name, m))) = (f.as_ref(), &self.metrics) {
+            m.set_misconfigured(name, *old, false);
+        }
+        if let Some((name, m)) = &self.metrics {
+            m.set_misconfigured(name, reason, true);
+        }
+        *f = Some((reason, message));
+        news
+    }
+    /// Forget the configuration fault; the reason it had, if any.
+    pub fn clear_fault(&self) -> Option<ConfigReason> {
+        let old = lock(&self.fault).take().map(|(r, _)| r);
+        if let (Some(r), Some((name, m))) = (old, &self.metrics) {
+            m.set_misconfigured(name, r, false);
+        }
+        old
     }
     /// Requests this gateway has in flight to the cluster.
     pub fn inflight(&self) -> u64 {
@@ -84,9 +126,9 @@ impl ClusterHealth {
     pub fn breaker_available(&self, now: Instant) -> bool {
         lock(&self.breaker).available(now)
     }
-    /// Whether the cluster's circuit is open or probing.
+    /// Whether the cluster's circuit is open or probing, or its entry point misconfigured.
     pub fn circuit_open(&self) -> bool {
-        lock(&self.breaker).is_open()
+        lock(&self.breaker).is_open() || self.misconfigured()
     }
     /// Record a transport failure (connect, reset, timeout, a stream cut or stalled).
     pub fn record_failure(&self, now: Instant) {
@@ -128,16 +170,17 @@ impl RouteHealth {
     /// Health not tied to a registry (a table not yet put in force).
     pub fn detached() -> Arc<Self> {
         let cfg = BreakerConfig { failures: 5, open: Duration::from_secs(5), max_open: Duration::from_secs(60) };
-        Arc::new(RouteHealth::new(Arc::new(ClusterHealth::new(cfg, Gauge::default(), Gauge::default())), cfg))
+        Arc::new(RouteHealth::new(Arc::new(ClusterHealth::new(cfg, Gauge::default(), Gauge::default(), None)), cfg))
     }
 
     /// The cluster's shared health.
     pub fn cluster(&self) -> &Arc<ClusterHealth> {
         &self.cluster
     }
-    /// Whether both breakers (the cluster's and the model's) let a request through now.
+    /// Whether both breakers (the cluster's and the model's) let a request through now and the
+    /// cluster's entry point is not known to be misconfigured.
     pub fn available(&self, now: Instant) -> bool {
-        self.cluster.breaker_available(now) && lock(&self.model).breaker.available(now)
+        self.cluster.breaker_available(now) && !self.cluster.misconfigured() && lock(&self.model).breaker.available(now)
     }
     /// End of the model's current 429 cool-down on this cluster, if any.
     pub fn cooling_until(&self) -> Option<Instant> {
@@ -182,12 +225,12 @@ pub struct HealthRegistry {
     cfg: BreakerConfig,
     clusters: RwLock<HashMap<String, Arc<ClusterHealth>>>,
     routes: Mutex<HashMap<(String, String), Arc<RouteHealth>>>,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<Metrics>,
 }
 
 impl HealthRegistry {
     /// An empty registry.
-    pub fn new(cfg: BreakerConfig, metrics: Arc<crate::metrics::Metrics>) -> Self {
+    pub fn new(cfg: BreakerConfig, metrics: Arc<Metrics>) -> Self {
         HealthRegistry { cfg, clusters: RwLock::new(HashMap::new()), routes: Mutex::new(HashMap::new()), metrics }
     }
 
@@ -203,6 +246,7 @@ impl HealthRegistry {
                     self.cfg,
                     self.metrics.inflight(cluster),
                     self.metrics.circuit_open(cluster),
+                    Some((cluster.to_string(), self.metrics.clone())),
                 ))
             })
             .clone()

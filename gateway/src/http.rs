@@ -1,7 +1,7 @@
 //! The gateway's HTTP surface: `fn app(state) -> Router`. Client requests get a request id,
 //! authentication, a body bounded in size and time, only then a concurrency slot, and a known
 //! model here; then the proxy serves them. Also `/v1/models` (the routing table's models and
-//! aliases), `/healthz`, `/readyz` and `/metrics`. Every error, a wrong method or an unknown
+//! aliases), `/healthz`, `/readyz` (which names misconfigured clusters) and `/metrics`. Every error, a wrong method or an unknown
 //! path included, leaves in the OpenAI error shape.
 
 use std::borrow::Cow;
@@ -313,7 +313,13 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let now = Instant::now();
     let serving =
         table.models().any(|m| table.allowed_routes(m, &[&m.sovereignty]).iter().any(|r| r.health.available(now)));
-    let feed = st.feed.describe(now);
+    let mut feed = st.feed.describe(now);
+    // Misconfigured entry points are named with their reason and what to change.
+    for c in table.clusters() {
+        if let Some((reason, message)) = st.health.get(&c.name).fault() {
+            let _ = write!(feed, "; cluster {} MISCONFIGURED ({reason:?}): {message}", c.name);
+        }
+    }
     if !st.feed.synced() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {feed}")).into_response();
     }

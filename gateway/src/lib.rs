@@ -17,14 +17,17 @@ pub mod fleet;
 pub mod health;
 pub mod http;
 pub mod keys;
+pub mod member;
 pub mod metrics;
 pub mod pick;
 pub mod probe;
 pub mod proxy;
+pub mod scrape;
 pub mod serve;
 pub mod splice;
 pub mod sse;
 pub mod table;
+pub mod tls;
 pub mod upstream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,8 +108,13 @@ impl AppState {
     }
 
     /// State with the table read from `cfg.config` (empty until the feed fills it in
-    /// control-cluster mode) and the keys from `cfg.keys_file`.
+    /// control-cluster mode) and the keys from `cfg.keys_file`. Refused without a key source
+    /// unless `--allow-anonymous`.
     pub fn load(cfg: GatewayConfig) -> Result<Arc<Self>, GatewayError> {
+        cfg.check_auth().map_err(GatewayError::Config)?;
+        if cfg.allow_anonymous && !cfg.auth_required() {
+            tracing::warn!(listen = %cfg.listen, "serving WITHOUT authentication (--allow-anonymous): anyone reaching the listener may use every model");
+        }
         let st = AppState::new(cfg, RoutingTable::default());
         st.reload()?;
         st.reload_keys()?;
@@ -170,8 +178,27 @@ impl AppState {
 
     /// Put `t` in force, its routes bound to the health kept for them.
     pub fn set_table(&self, mut t: RoutingTable) {
+        for n in t.notes() {
+            tracing::warn!(note = %n, "routing table");
+        }
+        // A cluster whose URL or credential changed gets a fresh chance.
+        let old = self.table.load();
+        for c in t.clusters() {
+            let same = old.clusters().any(|o| o.name == c.name && o.url == c.url && o.auth == c.auth && o.tls == c.tls);
+            if !same && self.health.get(&c.name).clear_fault().is_some() {
+                tracing::info!(cluster = %c.name, "cluster entry point changed; its configuration fault is cleared");
+            }
+        }
         self.health.bind(&mut t);
         self.table.store(Arc::new(t));
+    }
+
+    /// The client for `cluster`: the shared plain one, or the cluster's own TLS one.
+    pub fn conn<'a>(&'a self, cluster: &'a table::Cluster) -> upstream::Conn<'a> {
+        match &cluster.tls {
+            None => upstream::Conn::Plain(&self.client),
+            Some(t) => upstream::Conn::Tls(t.client(ms(self.cfg.connect_timeout_ms))),
+        }
     }
 
     pub(crate) fn next_rr(&self) -> u64 {

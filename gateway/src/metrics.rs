@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::member::ConfigReason;
+
 /// The API a request used.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -59,6 +61,8 @@ pub enum AttemptResult {
     ok,
     /// TCP connect failed.
     connect_error,
+    /// The TLS handshake failed (untrusted certificate, wrong hostname, refused client certificate).
+    tls_error,
     /// The connection closed before an answer.
     reset,
     /// No first token in time.
@@ -138,6 +142,8 @@ pub enum ProbeResult {
     failed,
     /// Another answer (a 4xx, an unreadable list): circuits are left to their own periods.
     inconclusive,
+    /// A wrong path or a refused credential: the cluster is marked misconfigured.
+    misconfigured,
 }
 
 impl StreamEnd {
@@ -222,6 +228,11 @@ struct ProbeLabels {
     result: ProbeResult,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MisconfiguredLabels {
+    cluster: String,
+    reason: ConfigReason,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterLabel {
     cluster: String,
 }
@@ -266,6 +277,8 @@ pub struct Metrics {
     continuations: Family<ContinuationLabels, Counter>,
     abandoned: Family<AbandonLabels, Counter>,
     skipped: Family<ClusterLabel, Counter>,
+    misconfigured: Family<MisconfiguredLabels, Gauge>,
+    scrape_quiet: Family<ClusterLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -289,6 +302,8 @@ impl Default for Metrics {
             continuations: Family::default(),
             abandoned: Family::default(),
             skipped: Family::default(),
+            misconfigured: Family::default(),
+            scrape_quiet: Family::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -336,6 +351,16 @@ impl Default for Metrics {
             m.skipped.clone(),
         );
         registry.register("feedback_leader", "1 while this replica writes the Serving conditions", m.leader.clone());
+        registry.register(
+            "cluster_misconfigured",
+            "1 while a cluster's entry point shows a configuration fault (wrong URL, refused credential), by reason",
+            m.misconfigured.clone(),
+        );
+        registry.register(
+            "scrape_quiet",
+            "1 while a cluster's /metrics shows no vLLM metrics and is scraped rarely",
+            m.scrape_quiet.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -409,6 +434,16 @@ impl Metrics {
     /// Set whether this replica leads the status feedback.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+    /// Set whether `cluster` shows the configuration fault `reason`.
+    pub fn set_misconfigured(&self, cluster: &str, reason: ConfigReason, on: bool) {
+        self.misconfigured
+            .get_or_create(&MisconfiguredLabels { cluster: cluster.to_string(), reason })
+            .set(i64::from(on));
+    }
+    /// Set whether `cluster` is scraped rarely for want of vLLM metrics.
+    pub fn set_scrape_quiet(&self, cluster: &str, quiet: bool) {
+        self.scrape_quiet.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).set(i64::from(quiet));
     }
     /// The text exposition.
     pub fn render(&self) -> String {

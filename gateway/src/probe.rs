@@ -5,54 +5,125 @@
 //! the cluster's open circuit, and the open circuit of every model it lists, admit their one
 //! half-open request now; no answer or a 5xx keeps them open for another period (so their
 //! period never runs out onto a user request while the cluster is down); any other answer
-//! leaves the circuits to their own periods. The loop runs beside the server and is
-//! cancelled when shutdown begins.
+//! leaves the circuits to their own periods. A wrong path or a refused credential marks the
+//! cluster misconfigured (a health reason, `member::config_fault`); every cluster is checked
+//! so once when it enters the table, so a bad URL is reported before a user request meets it.
+//! The loop runs beside the server and is cancelled when shutdown begins.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::header;
 use http_body_util::{BodyExt, Full, Limited};
 
 use crate::AppState;
 use crate::config::ms;
 use crate::health::{ClusterHealth, RouteHealth};
+use crate::member::{ConfigReason, config_fault};
 use crate::metrics::ProbeResult;
+use crate::table::Cluster;
+use crate::tls::tls_fault;
 
 /// A cluster to probe and its ejected routes.
 struct Target {
-    url: String,
+    spec: Arc<Cluster>,
     cluster: Arc<ClusterHealth>,
     routes: Vec<(String, Arc<RouteHealth>)>,
 }
 
-/// What one probe found: `Ok(models listed)`, `Err(true)` no answer or a 5xx, `Err(false)`
-/// an answer that says nothing either way.
-async fn fetch(st: &AppState, url: &str) -> Result<HashSet<String>, bool> {
-    let req = hyper::Request::get(format!("{url}/v1/models")).body(Full::new(Bytes::new())).map_err(|_| false)?;
+/// What one probe found.
+enum Found {
+    /// The model list.
+    Listed(HashSet<String>),
+    /// No answer, or a 5xx.
+    Down,
+    /// An answer that says nothing either way.
+    Inconclusive,
+    /// A configuration fault (wrong path, refused credential, failed TLS handshake) and what
+    /// was seen.
+    Misconfigured(ConfigReason, String),
+}
+
+/// `GET /v1/models` on the cluster with its credential, bounded by `--probe-timeout-ms`.
+async fn fetch(st: &AppState, c: &Cluster) -> Found {
+    let url = &c.url;
+    let Ok(mut req) = hyper::Request::get(format!("{url}/v1/models")).body(Full::new(Bytes::new())) else {
+        return Found::Inconclusive;
+    };
+    if let Some(a) = &c.auth {
+        req.headers_mut().insert(header::AUTHORIZATION, a.clone());
+    }
     let ask = async {
-        let resp = st.client.request(req).await.map_err(|_| true)?;
+        let resp = match st.conn(c).request(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                return match tls_fault(&e) {
+                    Some(t) => {
+                        Found::Misconfigured(ConfigReason::UpstreamTls, format!("TLS handshake with {url} failed: {t}"))
+                    }
+                    None => Found::Down,
+                };
+            }
+        };
         let status = resp.status();
         if status.is_server_error() {
-            return Err(true);
+            return Found::Down;
         }
-        let body = Limited::new(resp.into_body(), 1 << 20).collect().await.map_err(|_| true)?.to_bytes();
+        let Ok(body) = Limited::new(resp.into_body(), 1 << 20).collect().await.map(|c| c.to_bytes()) else {
+            return Found::Down;
+        };
+        if let Some(reason) = config_fault(status, &body) {
+            return Found::Misconfigured(reason, format!("answered {status} on {url}/v1/models"));
+        }
         if !status.is_success() {
-            return Err(false);
+            return Found::Inconclusive;
         }
-        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|_| false)?;
-        let data = v["data"].as_array().ok_or(false)?;
-        Ok(data.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect())
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else { return Found::Inconclusive };
+        let Some(data) = v["data"].as_array() else { return Found::Inconclusive };
+        Found::Listed(data.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect())
     };
-    tokio::time::timeout(ms(st.cfg.probe_timeout_ms.max(1)), ask).await.unwrap_or(Err(true))
+    tokio::time::timeout(ms(st.cfg.probe_timeout_ms.max(1)), ask).await.unwrap_or(Found::Down)
+}
+
+/// Record a configuration fault found by a probe or check (logged when it is news).
+fn misconfigured(name: &str, cluster: &ClusterHealth, reason: ConfigReason, what: &str) {
+    let message = format!("cluster `{name}` {what}: {}", reason.advice());
+    if cluster.set_fault(reason, message.clone()) {
+        tracing::error!(cluster = name, reason = ?reason, %message, "cluster entry point misconfigured");
+    }
+}
+
+/// Check a cluster new to the table (or whose URL or credentials changed) once: a
+/// configuration fault is reported before a user request finds it. Anything else is left to
+/// the requests and probes.
+async fn check(st: &AppState, c: &Cluster) {
+    let name = c.name.as_str();
+    let cluster = st.health.get(name);
+    match fetch(st, c).await {
+        Found::Misconfigured(reason, what) => misconfigured(name, &cluster, reason, &what),
+        Found::Listed(_) => {
+            if cluster.clear_fault().is_some() {
+                tracing::info!(cluster = name, "cluster entry point answers again; its configuration fault is cleared");
+            }
+        }
+        Found::Down | Found::Inconclusive => {}
+    }
 }
 
 async fn probe(st: &AppState, name: &str, t: Target) {
-    let found = fetch(st, &t.url).await;
+    let found = fetch(st, &t.spec).await;
     let now = Instant::now();
     let result = match &found {
-        Ok(listed) => {
+        Found::Misconfigured(reason, what) => {
+            misconfigured(name, &t.cluster, *reason, what);
+            ProbeResult::misconfigured
+        }
+        Found::Listed(listed) => {
+            if t.cluster.clear_fault().is_some() {
+                tracing::info!(cluster = name, "cluster entry point answers again; its configuration fault is cleared");
+            }
             t.cluster.probed(true, now);
             for (model, route) in &t.routes {
                 if route.model_circuit_open() {
@@ -61,14 +132,14 @@ async fn probe(st: &AppState, name: &str, t: Target) {
             }
             ProbeResult::ok
         }
-        Err(true) => {
+        Found::Down => {
             t.cluster.probed(false, now);
             for (_, route) in &t.routes {
                 route.probed(false, now);
             }
             ProbeResult::failed
         }
-        Err(false) => ProbeResult::inconclusive,
+        Found::Inconclusive => ProbeResult::inconclusive,
     };
     tracing::debug!(cluster = name, result = ?result, "probed an ejected route's cluster");
     st.metrics.probe(name, result);
@@ -90,16 +161,23 @@ pub async fn probe_loop(st: Arc<AppState>) {
     let mut tick = tokio::time::interval((interval / 4).max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = st.cfg.seed;
+    // Clusters (as loaded: name, URL, credential, TLS) checked once since they entered the table.
+    let mut checked: Vec<Arc<Cluster>> = Vec::new();
     loop {
         tick.tick().await;
         let table = st.table.load_full();
         let now = Instant::now();
+        checked.retain(|c| table.clusters().any(|t| **t == **c));
+        let new: Vec<Arc<Cluster>> =
+            table.clusters().filter(|t| !checked.iter().any(|c| **c == ***t)).cloned().collect();
+        futures_util::future::join_all(new.iter().map(|c| check(&st, c))).await;
+        checked.extend(new);
         let mut due: BTreeMap<&str, Target> = BTreeMap::new();
         for m in table.models() {
             for r in m.routes.iter().filter(|r| r.ready && r.health.ejected()) {
                 let name = r.cluster.name.as_str();
                 let t = due.entry(name).or_insert_with(|| Target {
-                    url: r.cluster.url.clone(),
+                    spec: r.cluster.clone(),
                     cluster: r.health.cluster().clone(),
                     routes: Vec::new(),
                 });

@@ -21,6 +21,7 @@ use crate::config::ms;
 use crate::continuation;
 use crate::health::AttemptGuard;
 use crate::keys::{ApiKey, usage_tokens};
+use crate::member::{self, ConfigReason};
 use crate::metrics::{AttemptResult, Endpoint};
 use crate::pick::{self, Candidate};
 use crate::splice::Splice;
@@ -312,6 +313,7 @@ async fn try_model<'t>(
         let budget = ms(if p.stream { cfg.ttft_timeout_ms } else { cfg.request_timeout_ms });
         let out = Outgoing {
             base: &route.cluster.url,
+            auth: route.cluster.auth.as_ref(),
             path: p.endpoint.path(),
             body,
             collect,
@@ -322,7 +324,7 @@ async fn try_model<'t>(
             max_event: cfg.max_event_bytes,
         };
         let sent = Instant::now();
-        let failure = match upstream::attempt(&st.client, out).await {
+        let failure = match upstream::attempt(st.conn(&route.cluster), out).await {
             Ok(success) => {
                 guard.success();
                 st.metrics.attempt(name(i), AttemptResult::ok);
@@ -335,7 +337,28 @@ async fn try_model<'t>(
         tracing::info!(request_id = %p.request_id, cluster = name(i), attempt = attempts, failure = %failure.describe(), "attempt failed");
         let t = tried.entry(name(i)).or_default();
         t.attempts += 1;
+        let (url, path) = (&route.cluster.url, p.endpoint.path());
+        let fault = match &failure {
+            Failure::Status { status, body, .. } => {
+                member::config_fault(*status, body).map(|r| (r, format!("answered {status} on {url}{path}")))
+            }
+            Failure::Tls(e) => Some((ConfigReason::UpstreamTls, format!("TLS handshake with {url} failed: {e}"))),
+            _ => None,
+        };
         match &failure {
+            // A wrong path, a refused credential or certificate: a configuration fault of the
+            // cluster's entry point, not an outage. Reported (once) and kept off the route until
+            // a probe or a new table clears it; the request goes elsewhere.
+            _ if fault.is_some() => {
+                guard.neutral();
+                t.excluded = true;
+                if let Some((reason, what)) = fault {
+                    let message = format!("cluster `{}` {what}: {}", name(i), reason.advice());
+                    if route.health.cluster().set_fault(reason, message.clone()) {
+                        tracing::error!(cluster = name(i), reason = ?reason, %message, "cluster entry point misconfigured");
+                    }
+                }
+            }
             Failure::Status { status, retry_after, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
                 guard.neutral();
                 let wait = retry_after.unwrap_or_else(|| st.backoff(attempts));
@@ -381,7 +404,7 @@ async fn try_model<'t>(
                 t.excluded = true;
             }
             // The cluster did not answer: its breaker counts it, for every model on it.
-            Failure::Connect(_) | Failure::Reset(_) | Failure::Timeout(_) => {
+            Failure::Connect(_) | Failure::Tls(_) | Failure::Reset(_) | Failure::Timeout(_) => {
                 guard.transport_failure();
                 st.stats.record(&m.name, name(i), None, Instant::now());
                 t.excluded = true;
@@ -402,6 +425,15 @@ async fn try_model<'t>(
         model: origin.name.clone(),
         retry_after: (wait.as_secs_f64().ceil() as u64).clamp(1, cfg.retry_after_cap_s.max(1)),
     };
+    // Every allowed cluster is misconfigured: say so, without a Retry-After.
+    let faults: Vec<String> = routes
+        .iter()
+        .filter_map(|r| r.health.cluster().fault().map(|(reason, _)| format!("{}: {reason:?}", r.cluster.name)))
+        .collect();
+    if faults.len() == routes.len() {
+        let error = GatewayError::UpstreamMisconfigured { model: origin.name.clone(), detail: faults.join(", ") };
+        return Err(ModelError::Failed { error, attempted: attempts > 0 });
+    }
     let error = match last {
         Some(Failure::Status { status, .. }) if status == StatusCode::TOO_MANY_REQUESTS => {
             rate_limited(rate_after.max(cooling.unwrap_or_default()))

@@ -1,15 +1,13 @@
 //! Running the gateway: the accept loop (HTTP/1 with header limits and a header read
 //! timeout), graceful shutdown that stops probing and drains in-flight requests, the
 //! routing-table reload loop (file changes and SIGHUP), the probe loop (`probe`), and the
-//! scrape loop that reads each cluster's queue depth from its vLLM `/metrics`.
+//! scrape loop (`scrape`).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -26,7 +24,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     let app = crate::app(st.clone());
-    let background = [tokio::spawn(reload_loop(st.clone())), tokio::spawn(scrape_loop(st.clone()))];
+    let background = [tokio::spawn(reload_loop(st.clone())), tokio::spawn(crate::scrape::scrape_loop(st.clone()))];
     let probes = tokio::spawn(crate::probe::probe_loop(st.clone()));
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -107,80 +105,5 @@ async fn reload_loop(st: Arc<AppState>) {
             Ok(false) => {}
             Err(e) => tracing::error!(error = %e, "routing table not reloaded; the previous table stays in force"),
         }
-    }
-}
-
-/// The values of a metric's samples in a Prometheus text page (`name` exactly, with or without
-/// labels; non-finite values skipped).
-fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 'a {
-    text.lines().filter_map(move |line| {
-        let rest = line.strip_prefix(name)?;
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            return None;
-        }
-        rest.rsplit(' ').next()?.parse::<f64>().ok().filter(|v| v.is_finite())
-    })
-}
-
-/// The sum of `vllm:num_requests_waiting` samples in a Prometheus text page.
-pub fn waiting_from_metrics(text: &str) -> Option<u64> {
-    samples(text, "vllm:num_requests_waiting").map(|v| v.max(0.0)).reduce(|a, b| a + b).map(|v| v as u64)
-}
-
-/// KV-cache use (0 to 1): vLLM's `vllm:kv_cache_usage_perc` (V1) or `vllm:gpu_cache_usage_perc`,
-/// the highest sample when an entry serves several engines.
-pub fn kv_cache_from_metrics(text: &str) -> Option<f64> {
-    ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
-        .into_iter()
-        .flat_map(|name| samples(text, name))
-        .reduce(f64::max)
-        .map(|v| v.clamp(0.0, 1.0))
-}
-
-async fn scrape_once(st: &AppState, name: String, url: String) {
-    let Ok(req) = hyper::Request::get(format!("{url}/metrics")).body(Full::new(Bytes::new())) else { return };
-    let fetch = async {
-        let resp = st.client.request(req).await.ok()?;
-        let body = resp.into_body().collect().await.ok()?.to_bytes();
-        let text = String::from_utf8_lossy(&body).into_owned();
-        Some((waiting_from_metrics(&text), kv_cache_from_metrics(&text)))
-    };
-    if let Ok(Some((depth, kv))) = tokio::time::timeout(Duration::from_secs(1), fetch).await {
-        let h = st.health.get(&name);
-        if let Some(d) = depth {
-            h.set_queue_depth(d);
-        }
-        if let Some(k) = kv {
-            h.set_kv_cache(k);
-        }
-    }
-}
-
-async fn scrape_loop(st: Arc<AppState>) {
-    if st.cfg.scrape_interval_ms == 0 {
-        return;
-    }
-    let mut tick = tokio::time::interval(ms(st.cfg.scrape_interval_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let clusters: Vec<(String, String)> =
-            st.table.load().clusters().map(|c| (c.name.clone(), c.url.clone())).collect();
-        futures_util::future::join_all(clusters.into_iter().map(|(n, u)| scrape_once(&st, n, u))).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_vllm_queue_depth() {
-        let text = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 3\nvllm:num_requests_waiting_other 9\nvllm:num_requests_waiting{model_name=\"n\"} 2.0\n";
-        assert_eq!(waiting_from_metrics(text), Some(5));
-        assert_eq!(waiting_from_metrics("nothing 1"), None);
-        let kv = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\nvllm:gpu_cache_usage_perc{engine=\"1\"} 0.75\n";
-        assert_eq!(kv_cache_from_metrics(kv), Some(0.75));
-        assert_eq!(kv_cache_from_metrics("vllm:kv_cache_usage_perc_x 1\n"), None);
     }
 }

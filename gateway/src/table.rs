@@ -3,13 +3,17 @@
 //! (`--config`), validated as a whole, and swapped atomically by the server.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use flotilla_apis::common::Sovereignty;
+use http::HeaderValue;
 use serde::Deserialize;
 
 use crate::GatewayError;
 use crate::health::RouteHealth;
+use crate::member::{Material, SCHEMES, UpstreamToken, normalise_url};
+use crate::tls::Tls;
 
 /// The file as written.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -34,6 +38,23 @@ pub struct ClusterSpec {
     /// Region (`eu-central-1`).
     #[serde(default)]
     pub region: String,
+    /// A file holding the bearer token the engine expects (vLLM's `--api-key`), sent as
+    /// `Authorization: Bearer` on every request to this cluster; read when the table is loaded.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// `https://` only: a PEM CA bundle verifying the cluster's certificate (absent: the
+    /// system's roots). Hostnames are always verified.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `https://` only: a PEM client certificate (chain) the gateway presents (mutual TLS).
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// `https://` only: the client certificate's PEM private key.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+    /// What the control cluster's Secrets hold for this cluster (never written in a file).
+    #[serde(skip)]
+    pub material: Material,
 }
 
 /// A served model.
@@ -86,6 +107,44 @@ pub enum Continuation {
     None,
 }
 
+/// The token in `path` (`Err` names the file and the problem, never the content).
+fn read_token(path: &Path) -> Result<UpstreamToken, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+    UpstreamToken::parse(&text).map_err(|e| format!("`{}`: {e}", path.display()))
+}
+
+/// The cluster's material: the files the table names, else what the control cluster gave.
+fn read_material(c: &ClusterSpec) -> Result<Material, String> {
+    let mut m = c.material.clone();
+    if let Some(f) = &c.token_file {
+        m.token = Some(read_token(f).map_err(|e| format!("tokenFile: {e}"))?);
+    }
+    let read = |f: &PathBuf, field: &str| std::fs::read(f).map_err(|e| format!("{field} `{}`: {e}", f.display()));
+    if let Some(f) = &c.ca_file {
+        m.ca_pem = Some(read(f, "caFile")?);
+    }
+    if let Some(f) = &c.client_cert_file {
+        m.client_cert_pem = Some(read(f, "clientCertFile")?);
+    }
+    if let Some(f) = &c.client_key_file {
+        m.client_key_pem = Some(read(f, "clientKeyFile")?);
+    }
+    Ok(m)
+}
+
+/// TLS for an `https://` URL; TLS settings on an `http://` URL are refused, never ignored.
+pub fn cluster_tls(url: &str, m: &Material) -> Result<Option<Tls>, String> {
+    if url.starts_with("https://") {
+        return Tls::new(m).map(Some);
+    }
+    if m.has_tls() {
+        return Err(format!(
+            "url `{url}` is plain http but a CA bundle or client certificate is given: use https:// (TLS settings are never ignored)"
+        ));
+    }
+    Ok(None)
+}
+
 fn one() -> u32 {
     1
 }
@@ -104,6 +163,10 @@ pub struct Cluster {
     pub jurisdiction: String,
     /// Region.
     pub region: String,
+    /// `Authorization` sent to the cluster's engine (marked sensitive).
+    pub auth: Option<HeaderValue>,
+    /// TLS settings and client of an `https://` cluster.
+    pub tls: Option<Tls>,
 }
 
 /// A model's route to one cluster.
@@ -142,6 +205,7 @@ pub struct RoutingTable {
     clusters: BTreeMap<String, Arc<Cluster>>,
     models: BTreeMap<String, Model>,
     names: HashMap<String, String>,
+    notes: Vec<String>,
 }
 
 impl RoutingTable {
@@ -157,11 +221,17 @@ impl RoutingTable {
         let err = |message: String| GatewayError::Table { path: path.to_string(), message };
         let mut t = RoutingTable::default();
         for c in file.clusters {
-            let url = c.url.trim_end_matches('/').to_string();
-            if !url.starts_with("http://") {
-                return Err(err(format!("cluster `{}`: url `{url}` must start with http://", c.name)));
-            }
-            let cluster = Cluster { name: c.name.clone(), url, jurisdiction: c.jurisdiction, region: c.region };
+            let (url, note) = normalise_url(&c.url, SCHEMES).map_err(|e| err(format!("cluster `{}`: {e}", c.name)))?;
+            t.notes.extend(note.map(|n| format!("cluster `{}`: {n}", c.name)));
+            let named = |e: String| err(format!("cluster `{}`: {e}", c.name));
+            let material = read_material(&c).map_err(named)?;
+            let auth = match &material.token {
+                Some(t) => Some(t.header().ok_or_else(|| named("the token is not a header value".into()))?),
+                None => None,
+            };
+            let tls = cluster_tls(&url, &material).map_err(named)?;
+            let cluster =
+                Cluster { name: c.name.clone(), url, jurisdiction: c.jurisdiction, region: c.region, auth, tls };
             if t.clusters.insert(c.name.clone(), Arc::new(cluster)).is_some() {
                 return Err(err(format!("cluster `{}` is listed twice", c.name)));
             }
@@ -204,6 +274,11 @@ impl RoutingTable {
             t.models.insert(m.name, model);
         }
         Ok(t)
+    }
+
+    /// What loading changed and the operator should know (e.g. a `/v1` suffix dropped).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Give every route its health: `health(cluster, model)`.
@@ -279,6 +354,44 @@ models:
         let t = RoutingTable::from_yaml("example", include_str!("../examples/routing.yaml")).unwrap();
         let m = t.resolve("llama-70b").unwrap();
         assert_eq!(t.allowed_routes(m, &[&m.sovereignty]).len(), 2);
+    }
+
+    #[test]
+    fn a_v1_suffix_is_dropped_with_a_note_and_an_api_path_refused() {
+        let v1 = YAML.replace("http://127.0.0.1:2\"", "http://127.0.0.1:2/v1/\"");
+        let t = RoutingTable::from_yaml("t", &v1).unwrap();
+        assert_eq!(
+            t.clusters().map(|c| c.url.as_str()).collect::<Vec<_>>(),
+            ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+        );
+        assert_eq!(t.notes().len(), 1);
+        assert!(t.notes()[0].contains("cluster `us-1`") && t.notes()[0].contains("ends in /v1"), "{:?}", t.notes());
+        assert!(RoutingTable::from_yaml("t", YAML).unwrap().notes().is_empty(), "nothing to say about clean URLs");
+        let path = YAML.replace("http://127.0.0.1:2\"", "http://127.0.0.1:2/v1/chat/completions\"");
+        let e = RoutingTable::from_yaml("t", &path).unwrap_err().to_string();
+        assert!(e.contains("cluster `us-1`") && e.contains("API path"), "{e}");
+    }
+
+    #[test]
+    fn a_token_file_becomes_a_sensitive_authorization_header() {
+        let dir = std::env::temp_dir().join(format!("flotilla-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let with = YAML.replace("region: us-east-1}", &format!("region: us-east-1, tokenFile: {}}}", file.display()));
+        let t = RoutingTable::from_yaml("t", &with).unwrap();
+        let us = t.clusters().find(|c| c.name == "us-1").unwrap();
+        let auth = us.auth.as_ref().unwrap();
+        assert!(auth.is_sensitive() && auth == "Bearer s3cret");
+        assert!(!format!("{t:?}").contains("s3cret"), "never printed");
+        assert!(t.clusters().find(|c| c.name == "eu-1").unwrap().auth.is_none());
+        std::fs::write(&file, "").unwrap();
+        let e = RoutingTable::from_yaml("t", &with).unwrap_err().to_string();
+        assert!(e.contains("tokenFile") && e.contains("empty"), "{e}");
+        let gone = with.replace(&file.display().to_string(), "/nonexistent/token");
+        let e = RoutingTable::from_yaml("t", &gone).unwrap_err().to_string();
+        assert!(e.contains("tokenFile") && e.contains("/nonexistent/token"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -19,6 +19,25 @@ use crate::sse::{Event, Parser};
 /// The upstream HTTP client.
 pub type Client = HyperClient<HttpConnector, Full<Bytes>>;
 
+/// The client for one cluster: the shared plain one, or the cluster's own TLS one.
+#[derive(Clone, Copy, Debug)]
+pub enum Conn<'a> {
+    /// `http://`.
+    Plain(&'a Client),
+    /// `https://`, with the cluster's CA bundle and client certificate.
+    Tls(&'a crate::tls::TlsClient),
+}
+
+impl Conn<'_> {
+    /// Send `req`.
+    pub fn request(self, req: Request<Full<Bytes>>) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            Conn::Plain(c) => c.request(req),
+            Conn::Tls(c) => c.request(req),
+        }
+    }
+}
+
 /// A pooled HTTP/1 client with a connect timeout.
 pub fn client(connect_timeout: Duration) -> Client {
     let mut c = HttpConnector::new();
@@ -32,6 +51,9 @@ pub fn client(connect_timeout: Duration) -> Client {
 pub enum Failure {
     /// TCP connect failed.
     Connect(String),
+    /// The TLS handshake failed: the member's certificate is not trusted, names another host,
+    /// or the member refused the gateway's client certificate (rustls' words).
+    Tls(String),
     /// The connection closed or broke before a complete answer.
     Reset(String),
     /// Nothing arrived in time; the route is treated as silent.
@@ -54,6 +76,7 @@ impl Failure {
     pub fn result(&self) -> AttemptResult {
         match self {
             Failure::Connect(_) => AttemptResult::connect_error,
+            Failure::Tls(_) => AttemptResult::tls_error,
             Failure::Reset(_) => AttemptResult::reset,
             Failure::Timeout(_) => AttemptResult::timeout,
             Failure::Status { status, .. } if *status == StatusCode::TOO_MANY_REQUESTS => AttemptResult::rate_limited,
@@ -67,6 +90,7 @@ impl Failure {
     pub fn describe(&self) -> String {
         match self {
             Failure::Connect(e) => format!("connect failed: {e}"),
+            Failure::Tls(e) => format!("TLS handshake failed: {e}"),
             Failure::Reset(e) => format!("connection closed early: {e}"),
             Failure::Timeout(what) => format!("no {what} in time"),
             Failure::Status { status, .. } => format!("upstream answered {status}"),
@@ -101,6 +125,8 @@ pub enum Success {
 pub struct Outgoing<'a> {
     /// Cluster base URL.
     pub base: &'a str,
+    /// The cluster's upstream credential (`Authorization`), if it has one.
+    pub auth: Option<&'a HeaderValue>,
     /// Path.
     pub path: &'static str,
     /// JSON body.
@@ -131,6 +157,9 @@ fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
 }
 
 fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
+    if let Some(tls) = crate::tls::tls_fault(e) {
+        return Failure::Tls(tls);
+    }
     let mut text = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -141,14 +170,19 @@ fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
 }
 
 /// Send one attempt and classify the answer.
-pub async fn attempt(client: &Client, out: Outgoing<'_>) -> Result<Success, Failure> {
+pub async fn attempt(client: Conn<'_>, out: Outgoing<'_>) -> Result<Success, Failure> {
     let uri = format!("{}{}", out.base, out.path);
-    let req = Request::post(uri)
+    // Only these headers go upstream: the client's own `Authorization` (the gateway's key)
+    // never reaches the engine; the cluster's credential does.
+    let mut req = Request::post(uri)
         .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(header::ACCEPT, if out.stream { "text/event-stream" } else { "application/json" })
         .header("x-request-id", out.request_id)
         .body(Full::new(out.body))
         .map_err(|e| Failure::Connect(e.to_string()))?;
+    if let Some(auth) = out.auth {
+        req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
+    }
     let deadline = tokio::time::Instant::from_std(out.deadline);
     let what = if out.stream { "first token" } else { "answer" };
     let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {

@@ -283,6 +283,7 @@ fn cluster(seed: u64, index: usize, classes: &[&'static str]) -> InferenceCluste
         cordoned,
         cache_storage_class_name: None,
         deletion_policy: None,
+        endpoint_auth: None,
     };
     let mut c = InferenceCluster::new(&name, spec);
     c.metadata.labels = Some(labels);

@@ -118,6 +118,7 @@ fn static_cluster() -> InferenceClusterSpec {
         endpoint: None,
         cache_storage_class_name: None,
         deletion_policy: None,
+        endpoint_auth: None,
         pools: vec![NodePool {
             name: "h100".into(),
             class: "h100".into(),

@@ -148,7 +148,7 @@ def continuation_sims():
         proc, url = _start([
             GATEWAY, "--listen", "127.0.0.1:0", "--config", path, "--routing", "least-load",
             "--idle-timeout-ms", "500", "--connect-timeout-ms", "300", "--backoff-base-ms", "20",
-            "--scrape-interval-ms", "0",
+            "--scrape-interval-ms", "0", "--allow-anonymous",
         ])
         procs.append(proc)
         yield {"gateway": url, **urls}

@@ -53,7 +53,7 @@ def outage_fleet():
         proc, url = _start([
             GATEWAY, "--listen", "127.0.0.1:0", "--config", _routing_file(table, "flotilla-gw-outage-"),
             "--breaker-failures", str(BREAKER_FAILURES),
-            "--backoff-base-ms", "20", "--scrape-interval-ms", "0",
+            "--backoff-base-ms", "20", "--scrape-interval-ms", "0", "--allow-anonymous",
         ])
         procs.append(proc)
         yield {"gateway": url, **sims}

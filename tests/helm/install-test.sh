@@ -518,7 +518,7 @@ else
     '  - {name: m2, routes: [{cluster: sim}]}' >"${gdir}/routing.yaml"
   "${ENGINESIM_BIN}" --listen "127.0.0.1:${sport}" --name sim --model m2 >"${gdir}/sim.log" 2>&1 &
   sim_pid=$!
-  "${GATEWAY_BIN}" --config "${gdir}/routing.yaml" --listen "127.0.0.1:${gport}" --breaker-failures 1 >"${gdir}/gw.log" 2>&1 &
+  "${GATEWAY_BIN}" --config "${gdir}/routing.yaml" --listen "127.0.0.1:${gport}" --breaker-failures 1 --allow-anonymous >"${gdir}/gw.log" 2>&1 &
   gw_pid=$!
   for _ in $(seq 30); do curl -sf "http://127.0.0.1:${gport}/healthz" >/dev/null && break; sleep 0.2; done
   curl -s -N "http://127.0.0.1:${gport}/v1/chat/completions" -H 'content-type: application/json' \
@@ -539,7 +539,7 @@ else
   "${HELM}" template flotilla "${root}/charts/flotilla" -f "${here}/values/gateway-file.yaml" \
     --show-only templates/gateway/configmap.yaml \
     | k create --dry-run=client -f - -o 'jsonpath={.data.routing\.yaml}' >"${gdir}/full-routing.yaml"
-  "${GATEWAY_BIN}" --config "${gdir}/full-routing.yaml" --listen "127.0.0.1:${gport}" >"${gdir}/gw-full.log" 2>&1 &
+  "${GATEWAY_BIN}" --config "${gdir}/full-routing.yaml" --listen "127.0.0.1:${gport}" --allow-anonymous >"${gdir}/gw-full.log" 2>&1 &
   gw_pid=$!
   loaded=""
   for _ in $(seq 30); do

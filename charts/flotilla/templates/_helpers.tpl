@@ -122,6 +122,9 @@ podAntiAffinity:
 {{- fail (printf "gateway.apiKeys.namespace %q is the release namespace, which holds Helm's release Secrets: the gateway may list and watch every Secret in its keys namespace, so it must be a namespace of its own" $ns) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $g.upstreamSecrets (eq $g.routing.source "controlCluster") -}}
+{{- fail "gateway.upstreamSecrets is for routing.source=file (the routing table's tokenFile/caFile/clientCertFile/clientKeyFile); with routing.source=controlCluster name the Secrets in each InferenceCluster's spec.endpointAuth and put them in the API-key namespace" -}}
+{{- end -}}
 {{- if and $k.existingSecret (ne $k.source "file") -}}
 {{- fail "gateway.apiKeys.existingSecret is read only with gateway.apiKeys.source=file, and holds a keys document of SHA-256 digests (docs/gateway.md), no longer comma-separated plain-text keys: set source=file after converting it, or move the keys to labelled Secrets in gateway.apiKeys.namespace" -}}
 {{- end -}}

@@ -59,6 +59,8 @@ pub fn test_config(path: PathBuf) -> GatewayConfig {
     c.reload_interval_ms = 50;
     c.routing = RoutingMode::LeastLoad;
     c.drain_ms = 2000;
+    // Tests that exercise keys give a key source; the rest serve anonymously on purpose.
+    c.allow_anonymous = true;
     c
 }
 
