@@ -434,7 +434,8 @@ async fn model_deployment_controller_on_real_api_servers() {
             .map(|(_, v)| v)
             .sum();
         eprintln!(
-            "quiet minute, member {name}: {total} requests in all, {flotilla} on Flotilla's resources: {grown:?}"
+            "quiet minute, member {name}: {total} requests in all, {} on Flotilla's resources: {grown:?}",
+            flotilla + 0.0
         );
         let bad = flotilla_lists_and_writes(&grown);
         assert!(bad.is_empty(), "a settled fleet LISTs or writes Flotilla's resources on member {name}: {bad:?}");
