@@ -85,12 +85,13 @@ pub async fn cleanup(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Act
         tracing::info!(cluster = %name, "InferenceCluster deleted: {why}");
         return Ok(Action::await_change());
     }
-    let result = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
-        Ok(client) => {
+    let result = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
+        Ok(member) => {
             let owners = Owners::from_stores(&ctx.tenants.0, &ctx.tenants.1);
             // No owner: every labelled object goes; look in the tenants' namespaces where the
             // member does not allow a cluster-wide list.
-            sweep::member(&client, &Owners::default(), &owners.namespaces(), Duration::ZERO, ctx.config.timeouts).await
+            let t = ctx.config.timeouts;
+            sweep::member(&member, &Owners::default(), &owners.namespaces(), Duration::ZERO, t, true).await
         }
         Err(e) => Err(e.to_string()),
     };

@@ -1,27 +1,34 @@
-//! Member-cluster access: the kubeconfig Secret named by an `InferenceCluster` becomes a kube
-//! `Client` (cached per Secret `resourceVersion`), and one observation lists what inventory
-//! needs. Every failure is classified (`SecretMissing`, `SecretInvalid`, `Unauthorized`,
-//! `Unreachable`) with a message that never carries the credentials themselves. Reachability
-//! is logged per member on change only: WARN when it stops answering, INFO when it answers
-//! again, DEBUG in between (kube-client's own per-request ERROR lines are turned off by
-//! `log_filter`).
+//! Member-cluster access. The kubeconfig Secret named by an `InferenceCluster` comes from a
+//! watch on the control cluster (`secrets.rs`, no GET per reconcile) and becomes two kube
+//! clients, rebuilt only when the Secret's `resourceVersion` changes: a *request* client for
+//! apply, delete and the liveness check, whose calls are bounded (`Timeouts`), and a *watch*
+//! client without a read timeout, which would break idle watches (the watcher bounds each
+//! watch with a server-side timeout and finds dead connections itself). Member state comes
+//! from watches only: inventory's (`watch.rs`) and Flotilla's own objects (`objects.rs`), all
+//! stripped to what is read (`strip.rs`), with what Flotilla wrote and the caches do not show
+//! yet in a memo (`memo.rs`). Every failure is classified (`SecretMissing`, `SecretInvalid`,
+//! `Unauthorized`, `Unreachable`) with a message that never carries the credentials themselves.
+//! A member that stops answering is found by the liveness check every poll; reachability is
+//! logged per member on change only: WARN when it stops answering, INFO when it answers again,
+//! DEBUG in between (kube-client's own per-request ERROR lines are turned off by `log_filter`).
 
-use std::collections::HashMap;
+pub mod memo;
+pub mod objects;
+pub mod secrets;
+pub mod strip;
+pub mod watch;
+
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_apis::InferenceCluster;
 use flotilla_apis::constants::reason;
-use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Config};
+use kube::{Client, Config};
 
-use crate::inventory::MemberObservation;
+pub use objects::MemberObjects;
+pub use watch::MemberWatch;
 
 /// Namespace of the kubeconfig Secret when the spec names none and the controller was given
 /// none (`--member-secret-namespace`).
@@ -63,7 +70,8 @@ impl MemberError {
 pub struct Timeouts {
     /// TCP connect.
     pub connect: Duration,
-    /// A whole observation (all list calls).
+    /// One request (read and write timeout of the request client), and how long a reconcile
+    /// waits for a cache's first sync.
     pub observe: Duration,
 }
 
@@ -73,12 +81,28 @@ impl Default for Timeouts {
     }
 }
 
-/// A member's client and, once inventory asked for it, its watches; valid for one version of
-/// the kubeconfig Secret.
+/// The server-side timeout of every member watch (`timeoutSeconds`): the server ends the watch
+/// then and the watcher starts the next one from where it was (no LIST). The watcher counts a
+/// watch silent for this long plus a margin as dead.
+pub const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// A member's clients, its object caches and, once inventory asked for them, its inventory
+/// watches; valid for one version of the kubeconfig Secret.
 struct Member {
     secret_version: String,
     client: Client,
+    watch_client: Client,
+    objects: Arc<MemberObjects>,
     watch: Option<Arc<MemberWatch>>,
+}
+
+/// What a reconcile needs of one member: its request client and its caches.
+#[derive(Clone)]
+pub struct Handle {
+    /// The request client (bounded calls: apply, delete, liveness).
+    pub client: Client,
+    /// Flotilla's objects there, from watches.
+    pub objects: Arc<MemberObjects>,
 }
 
 /// Member clients and watches, cached by cluster and Secret version.
@@ -88,6 +112,10 @@ pub struct MemberClients {
     default_namespace: String,
     /// Per member, whether its last liveness check answered.
     reachable: Mutex<HashMap<String, bool>>,
+    /// The kubeconfig Secrets, from watches.
+    secrets: secrets::SecretWatches,
+    /// Per cluster, the Secret (`namespace`, `name`) it names.
+    refs: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl Default for MemberClients {
@@ -125,14 +153,45 @@ pub fn log_filter(rust_log: Option<&str>) -> String {
     if base.contains("kube_client") { base.to_string() } else { format!("{base},kube_client::client::builder=off") }
 }
 
+/// The two clients of a kubeconfig: requests bounded by `t`; watches without a read timeout.
+async fn clients(kubeconfig: Kubeconfig, t: Timeouts) -> Result<(Client, Client), &'static str> {
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|_| "the kubeconfig has no usable context, cluster or user")?;
+    config.connect_timeout = Some(t.connect);
+    config.write_timeout = Some(t.observe);
+    let mut request = config.clone();
+    request.read_timeout = Some(t.observe);
+    // A pooled connection's idle time must not count against the next request's timeout.
+    request.reset_reader_on_write = true;
+    config.read_timeout = None;
+    crate::install_crypto();
+    let request = Client::try_from(request).map_err(|_| "cannot build a client from it")?;
+    let watch = Client::try_from(config).map_err(|_| "cannot build a client from it")?;
+    Ok((request, watch))
+}
+
 impl MemberClients {
     /// No clients yet; `secretRef`s without a namespace name a Secret in `default_namespace`.
     pub fn new(default_namespace: impl Into<String>) -> Self {
-        Self { cache: Mutex::default(), default_namespace: default_namespace.into(), reachable: Mutex::default() }
+        Self {
+            cache: Mutex::default(),
+            default_namespace: default_namespace.into(),
+            reachable: Mutex::default(),
+            secrets: secrets::SecretWatches::default(),
+            refs: Mutex::default(),
+        }
     }
 
-    /// The client for a member, built from its kubeconfig Secret.
+    /// The request client for a member, built from its kubeconfig Secret.
     pub async fn client(&self, control: &Client, ic: &InferenceCluster, t: Timeouts) -> Result<Client, MemberError> {
+        Ok(self.handle(control, ic, t).await?.client)
+    }
+
+    /// The member's request client and object caches, built from its kubeconfig Secret (read
+    /// from its watch; the clients are built again only when the Secret's `resourceVersion`
+    /// changed).
+    pub async fn handle(&self, control: &Client, ic: &InferenceCluster, t: Timeouts) -> Result<Handle, MemberError> {
         let name = ic.metadata.name.clone().unwrap_or_default();
         let Some(creds) = &ic.spec.credentials else {
             return Err(MemberError::SecretMissing(
@@ -142,8 +201,10 @@ impl MemberClients {
         let r = &creds.secret_ref;
         let ns = r.namespace.as_deref().unwrap_or(&self.default_namespace);
         let key = r.key.as_deref().unwrap_or(DEFAULT_SECRET_KEY);
-        let secrets: Api<Secret> = Api::namespaced(control.clone(), ns);
-        let secret = match secrets.get_opt(&r.name).await {
+        if let Ok(mut refs) = self.refs.lock() {
+            refs.insert(name.clone(), (ns.to_string(), r.name.clone()));
+        }
+        let secret = match self.secrets.get(control, ns, &r.name, t.observe).await {
             Ok(Some(s)) => s,
             Ok(None) => {
                 return Err(MemberError::SecretMissing(format!(
@@ -151,14 +212,24 @@ impl MemberClients {
                     r.name
                 )));
             }
-            Err(e) => return Err(MemberError::Unreachable(format!("reading Secret {ns}/{}: {}", r.name, brief(&e)))),
+            Err(secrets::SecretError::Forbidden) => {
+                return Err(MemberError::SecretMissing(format!(
+                    "reading Secret {ns}/{} is forbidden (HTTP 403): kubeconfig Secrets must be in one of the \
+                     namespaces of controller.memberSecrets.namespaces (and named in memberSecrets.names when that \
+                     is set); move the Secret there or add {ns} to those values",
+                    r.name
+                )));
+            }
+            Err(secrets::SecretError::Unavailable(why)) => {
+                return Err(MemberError::Unreachable(format!("reading Secret {ns}/{}: {why}", r.name)));
+            }
         };
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
         if let Ok(cache) = self.cache.lock()
             && let Some(m) = cache.get(&name)
             && m.secret_version == version
         {
-            return Ok(m.client.clone());
+            return Ok(Handle { client: m.client.clone(), objects: m.objects.clone() });
         }
         let bytes = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
         let Some(bytes) = bytes else {
@@ -167,18 +238,22 @@ impl MemberClients {
         let invalid = |what: &str| MemberError::SecretInvalid(format!("Secret {ns}/{} key {key:?}: {what}", r.name));
         let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text"))?;
         let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|_| invalid("not a kubeconfig"))?;
-        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(|_| invalid("the kubeconfig has no usable context, cluster or user"))?;
-        config.connect_timeout = Some(t.connect);
-        config.read_timeout = Some(t.observe);
-        config.write_timeout = Some(t.observe);
-        crate::install_crypto();
-        let client = Client::try_from(config).map_err(|_| invalid("cannot build a client from it"))?;
+        let (client, watch_client) = clients(kubeconfig, t).await.map_err(invalid)?;
+        let objects = Arc::new(MemberObjects::new(watch_client.clone()));
         if let Ok(mut cache) = self.cache.lock() {
-            cache.insert(name, Member { secret_version: version, client: client.clone(), watch: None });
+            if cache.contains_key(&name) {
+                tracing::info!(cluster = %name, "kubeconfig Secret changed: member clients and watches started again");
+            }
+            let m = Member {
+                secret_version: version,
+                client: client.clone(),
+                watch_client,
+                objects: objects.clone(),
+                watch: None,
+            };
+            cache.insert(name, m);
         }
-        Ok(client)
+        Ok(Handle { client, objects })
     }
 
     /// The liveness check (`liveness`) of member `cluster`, logged when its reachability changes.
@@ -194,10 +269,16 @@ impl MemberClients {
         result
     }
 
-    /// Drops the clients and watches of clusters not in `keep`; returns their names.
-    pub fn retain(&self, keep: &std::collections::HashSet<String>) -> Vec<String> {
+    /// Drops the clients, caches and watches (and the Secret watches) of clusters not in
+    /// `keep`; returns their names.
+    pub fn retain(&self, keep: &HashSet<String>) -> Vec<String> {
         if let Ok(mut r) = self.reachable.lock() {
             r.retain(|k, _| keep.contains(k));
+        }
+        if let Ok(mut refs) = self.refs.lock() {
+            refs.retain(|k, _| keep.contains(k));
+            let secrets: HashSet<(String, String)> = refs.values().cloned().collect();
+            self.secrets.retain(&secrets);
         }
         let Ok(mut cache) = self.cache.lock() else { return Vec::new() };
         let mut gone: Vec<String> = cache.keys().filter(|k| !keep.contains(*k)).cloned().collect();
@@ -208,14 +289,22 @@ impl MemberClients {
         gone
     }
 
-    /// The member's watches (started on first use, kept while its Secret does not change).
+    /// The member's inventory watches (started on first use, kept while its Secret does not
+    /// change); `client` is its request client.
     pub async fn watch(&self, cluster: &str, client: &Client, t: Timeouts) -> Result<Arc<MemberWatch>, MemberError> {
-        if let Ok(cache) = self.cache.lock()
-            && let Some(w) = cache.get(cluster).and_then(|m| m.watch.clone())
-        {
-            return Ok(w);
-        }
-        let w = Arc::new(MemberWatch::start(client, t).await?);
+        let watch_client = {
+            let Ok(cache) = self.cache.lock() else {
+                return Err(MemberError::Unreachable("internal lock poisoned".into()));
+            };
+            let Some(m) = cache.get(cluster) else {
+                return Err(MemberError::Unreachable("no client for this member yet".into()));
+            };
+            if let Some(w) = m.watch.clone() {
+                return Ok(w);
+            }
+            m.watch_client.clone()
+        };
+        let w = Arc::new(MemberWatch::start(client, &watch_client, t).await?);
         if let Ok(mut cache) = self.cache.lock()
             && let Some(m) = cache.get_mut(cluster)
         {
@@ -234,84 +323,14 @@ impl Drop for AbortOnDrop {
     }
 }
 
-fn spawn_store<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, AbortOnDrop)
-where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store::<K>();
-    let task = tokio::spawn(async move {
-        reflector::reflector(writer, watcher(api, config)).default_backoff().for_each(|_| async {}).await;
-    });
-    (store, AbortOnDrop(task))
-}
-
-/// Watches on one member's nodes, non-terminal pods and — where it serves DRA —
-/// ResourceSlices and ResourceClaims. Dropping it stops them.
-pub struct MemberWatch {
-    nodes: Store<Node>,
-    pods: Store<Pod>,
-    slices: Option<Store<ResourceSlice>>,
-    claims: Option<Store<ResourceClaim>>,
-    _tasks: Vec<AbortOnDrop>,
-}
-
-impl MemberWatch {
-    async fn start(client: &Client, t: Timeouts) -> Result<Self, MemberError> {
-        let slices_api = Api::<ResourceSlice>::all(client.clone());
-        let one = ListParams::default().limit(1);
-        let dra = match tokio::time::timeout(t.observe, slices_api.list(&one)).await {
-            Ok(Ok(_)) => true,
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 => false,
-            Ok(Err(e)) => return Err(classify(&e)),
-            Err(_) => return Err(MemberError::Unreachable("the member API server did not answer in time".into())),
-        };
-        let mut tasks = Vec::new();
-        let (nodes, task) = spawn_store(Api::<Node>::all(client.clone()), watcher::Config::default());
-        tasks.push(task);
-        let running = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-        let (pods, task) = spawn_store(Api::<Pod>::all(client.clone()), running);
-        tasks.push(task);
-        let (slices, claims) = if dra {
-            let (slices, task) = spawn_store(Api::<ResourceSlice>::all(client.clone()), watcher::Config::default());
-            tasks.push(task);
-            let (claims, task) = spawn_store(Api::<ResourceClaim>::all(client.clone()), watcher::Config::default());
-            tasks.push(task);
-            (Some(slices), Some(claims))
-        } else {
-            (None, None)
-        };
-        Ok(Self { nodes, pods, slices, claims, _tasks: tasks })
+/// A watch error's gist (as `brief`).
+pub(crate) fn watch_error(e: &kube::runtime::watcher::Error) -> String {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(k) | W::WatchStartFailed(k) | W::WatchFailed(k) => brief(k),
+        W::WatchError(s) => format!("HTTP {} {}", s.code, s.reason),
+        other => other.to_string().chars().take(160).collect(),
     }
-
-    /// What the watches hold now; waits (bounded) for their first list.
-    pub async fn observation(&self, t: Timeouts) -> Result<MemberObservation, MemberError> {
-        let synced = async {
-            let _ = self.nodes.wait_until_ready().await;
-            let _ = self.pods.wait_until_ready().await;
-            if let Some(s) = &self.slices {
-                let _ = s.wait_until_ready().await;
-            }
-            if let Some(c) = &self.claims {
-                let _ = c.wait_until_ready().await;
-            }
-        };
-        if tokio::time::timeout(t.observe, synced).await.is_err() {
-            return Err(MemberError::Unreachable(format!(
-                "the member's watches did not sync within {} s",
-                t.observe.as_secs()
-            )));
-        }
-        Ok(MemberObservation {
-            nodes: owned(&self.nodes),
-            pods: owned(&self.pods),
-            slices: self.slices.as_ref().map(owned).unwrap_or_default(),
-            claims: self.claims.as_ref().map(owned).unwrap_or_default(),
-        })
-    }
-}
-
-fn owned<K: kube::Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> Vec<K> {
-    store.state().into_iter().map(|a| (*a).clone()).collect()
 }
 
 /// Whether the member answers, and its version: the liveness check run on every poll.
@@ -390,17 +409,23 @@ mod retain_tests {
         assert_eq!(log_filter(Some("info,kube_client=debug")), "info,kube_client=debug");
     }
 
+    fn member(client: &Client) -> Member {
+        Member {
+            secret_version: "1".into(),
+            client: client.clone(),
+            watch_client: client.clone(),
+            objects: Arc::new(MemberObjects::new(client.clone())),
+            watch: None,
+        }
+    }
+
     #[tokio::test]
     async fn a_deleted_clusters_client_is_dropped_and_the_others_kept() {
         crate::install_crypto();
         let members = MemberClients::default();
         let client = Client::try_from(Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
         for name in ["eu1", "eu2", "us1"] {
-            members
-                .cache
-                .lock()
-                .unwrap()
-                .insert(name.to_string(), Member { secret_version: "1".into(), client: client.clone(), watch: None });
+            members.cache.lock().unwrap().insert(name.to_string(), member(&client));
         }
         let keep = ["eu1".to_string(), "us1".to_string()].into_iter().collect();
         assert_eq!(members.retain(&keep), ["eu2"]);

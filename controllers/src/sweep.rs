@@ -1,12 +1,17 @@
 //! Removing what Flotilla left in a member. Observe: the member's objects carrying Flotilla's
 //! labels (`app.kubernetes.io/managed-by=flotilla` plus `flotilla.dev/deployment` or
-//! `flotilla.dev/cache`) — across the cluster where the member lets the controller list them,
-//! else in the namespaces of the control cluster's tenant objects. Decide ([`orphans`], pure):
-//! those whose owner (`<namespace>.<name>`) no ModelDeployment or ModelCache is any more, older
-//! than a grace period, at most a bounded number per pass. Apply: delete them. Objects without
-//! Flotilla's labels are never listed, so never touched. The periodic sweep runs every member
-//! concurrently, each bounded by a timeout, so one unreachable member stalls no other; an
-//! InferenceCluster deleted with `deletionPolicy: Cleanup` is swept with no owner at all.
+//! `flotilla.dev/cache`). Deployments, Services, LeaderWorkerSets and ResourceClaimTemplates
+//! come from the member's caches (`member/objects.rs`: every namespace the controller applied
+//! to since it started); the first pass that reaches a member also lists them once —
+//! across the cluster where the member lets the controller, else in the namespaces of the
+//! control cluster's tenant objects — for what was left before the controller started. The
+//! ModelCache kinds (Jobs, volume claims, Secrets) are not cached and are listed every pass.
+//! Decide ([`orphans`], pure): those whose owner (`<namespace>.<name>`) no ModelDeployment or
+//! ModelCache is any more, older than a grace period, at most a bounded number per pass.
+//! Apply: delete them. Objects without Flotilla's labels are never listed, so never touched.
+//! The periodic sweep runs every member concurrently, each bounded by a timeout, so one
+//! unreachable member stalls no other; an InferenceCluster deleted with `deletionPolicy:
+//! Cleanup` is swept with no owner at all.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,12 +20,13 @@ use std::time::Duration;
 use flotilla_apis::constants::labels;
 use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ObjectMeta;
 use kube::api::{DeleteParams, ListParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 
-use crate::member::{MemberClients, Timeouts, brief};
+use crate::member::{Handle, MemberClients, Timeouts, brief};
 
 /// Objects younger than this are never swept: their owner may not have reached the reflector
 /// the sweep reads yet.
@@ -28,7 +34,8 @@ pub const GRACE: Duration = Duration::from_secs(60);
 /// At most this many deletions per member per pass; the next pass continues.
 pub const MAX_DELETES: usize = 200;
 
-/// The member kinds Flotilla creates, with the label naming their owner.
+/// The member kinds Flotilla creates, with the label naming their owner. The first four are
+/// the ModelDeployment kinds the member caches hold.
 const KINDS: [(&str, &str, &str, &str); 7] = [
     ("apps", "v1", "Deployment", labels::DEPLOYMENT),
     ("", "v1", "Service", labels::DEPLOYMENT),
@@ -113,35 +120,46 @@ fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
     }
 }
 
-fn found(kind: usize, o: &PartialObjectMeta<DynamicObject>, now: Timestamp) -> Option<Found> {
-    let owner = o.labels().get(KINDS[kind].3)?.clone();
-    let created = o.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+/// How many of `KINDS` the member caches hold.
+const CACHED_KINDS: usize = 4;
+
+fn found(kind: usize, o: &ObjectMeta, now: Timestamp) -> Option<Found> {
+    let owner = o.labels.as_ref()?.get(KINDS[kind].3)?.clone();
+    let managed = o.labels.as_ref()?.get(labels::MANAGED_BY).is_some_and(|v| v == "flotilla");
+    if !managed {
+        return None;
+    }
+    let created = o.creation_timestamp.as_ref().map_or(now, |t| t.0);
     let age = Duration::from_secs(now.as_second().saturating_sub(created.as_second()).max(0) as u64);
     Some(Found {
         kind,
-        namespace: o.namespace().unwrap_or_default(),
-        name: o.name_any(),
+        namespace: o.namespace.clone().unwrap_or_default(),
+        name: o.name.clone().unwrap_or_default(),
         owner,
         age,
-        deleting: o.metadata.deletion_timestamp.is_some(),
+        deleting: o.deletion_timestamp.is_some(),
     })
 }
 
-/// Lists Flotilla's labelled objects in a member: cluster-wide, or — where the member refuses
-/// that (namespaced RBAC) — in each of `namespaces`. A kind the member lacks or does not let the
-/// controller see is skipped.
-pub async fn list(client: &Client, namespaces: &BTreeSet<String>) -> Result<Vec<Found>, kube::Error> {
+/// Lists Flotilla's labelled objects of `KINDS[kinds]` in a member: cluster-wide, or — where
+/// the member refuses that (namespaced RBAC) — in each of `namespaces`. A kind the member lacks
+/// or does not let the controller see is skipped.
+pub async fn list(
+    client: &Client,
+    namespaces: &BTreeSet<String>,
+    kinds: std::ops::Range<usize>,
+) -> Result<Vec<Found>, kube::Error> {
     let now = Timestamp::now();
     let mut out = Vec::new();
-    for (i, (_, _, kind, label)) in KINDS.iter().enumerate() {
+    for (i, (_, _, kind, label)) in KINDS.iter().enumerate().filter(|(i, _)| kinds.contains(i)) {
         let lp = ListParams::default().labels(&format!("{label},{}=flotilla", labels::MANAGED_BY));
         match api(client, i, None).list_metadata(&lp).await {
-            Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, o, now))),
+            Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now))),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(kube::Error::Api(s)) if s.code == 403 => {
                 for ns in namespaces {
                     match api(client, i, Some(ns)).list_metadata(&lp).await {
-                        Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, o, now))),
+                        Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now))),
                         Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
                             tracing::debug!(kind, namespace = %ns, code = s.code, "sweep: not listable there");
                         }
@@ -168,19 +186,48 @@ pub async fn delete(client: &Client, doomed: &[Found]) -> Result<usize, kube::Er
     Ok(n)
 }
 
-/// One pass over one member: list, decide, delete; bounded by the member timeout (twice: a list
-/// and the deletions).
-/// `namespaces` are where to look when the member refuses a cluster-wide list.
+/// What a member's caches hold of the ModelDeployment kinds, as `Found`s.
+async fn cached(member: &Handle, t: Timeouts) -> Vec<Found> {
+    let now = Timestamp::now();
+    member
+        .objects
+        .all(t.observe)
+        .await
+        .into_iter()
+        .filter_map(|(i, o)| {
+            let kind = KINDS.iter().position(|k| k.2 == crate::member::objects::KINDS[i].2)?;
+            found(kind, &o.metadata, now)
+        })
+        .collect()
+}
+
+/// One pass over one member: observe (caches, and lists as the module header says; every kind
+/// when `list_all`, as an InferenceCluster's deletion does), decide, delete; bounded by the
+/// member timeout (twice: the reads and the deletions). `namespaces` are where to look when
+/// the member refuses a cluster-wide list.
 pub async fn member(
-    client: &Client,
+    member: &Handle,
     owners: &Owners,
     namespaces: &BTreeSet<String>,
     grace: Duration,
     t: Timeouts,
+    list_all: bool,
 ) -> Result<usize, String> {
+    use std::sync::atomic::Ordering;
+    let first = list_all || !member.objects.swept_once.load(Ordering::Relaxed);
     let pass = async {
-        let found = list(client, namespaces).await?;
-        delete(client, &orphans(&found, owners, grace, MAX_DELETES)).await
+        let mut found = cached(member, t).await;
+        let listed = if first { 0..KINDS.len() } else { CACHED_KINDS..KINDS.len() };
+        let more = list(&member.client, namespaces, listed).await?;
+        // What the first pass lists may also be cached: once each.
+        for f in more {
+            if !found.iter().any(|g| g.kind == f.kind && g.namespace == f.namespace && g.name == f.name) {
+                found.push(f);
+            }
+        }
+        let n = delete(&member.client, &orphans(&found, owners, grace, MAX_DELETES)).await?;
+        member.objects.swept_once.store(true, Ordering::Relaxed);
+        Ok::<usize, kube::Error>(n)
     };
     match tokio::time::timeout(t.observe * 2, pass).await {
         Ok(Ok(n)) => Ok(n),
@@ -215,11 +262,11 @@ pub async fn pass(ctx: &SweepContext) {
         let (owners, namespaces) = (&owners, &namespaces);
         async move {
             let name = ic.name_any();
-            let client = match ctx.members.client(&ctx.client, ic, ctx.timeouts).await {
-                Ok(c) => c,
+            let handle = match ctx.members.handle(&ctx.client, ic, ctx.timeouts).await {
+                Ok(h) => h,
                 Err(e) => return tracing::debug!(cluster = %name, "sweep skipped: {e}"),
             };
-            match member(&client, owners, namespaces, GRACE, ctx.timeouts).await {
+            match member(&handle, owners, namespaces, GRACE, ctx.timeouts, false).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(cluster = %name, deleted = n, "sweep removed objects no ModelDeployment or ModelCache owns"),
                 Err(e) => tracing::debug!(cluster = %name, "sweep skipped: {e}"),

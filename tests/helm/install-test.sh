@@ -174,9 +174,12 @@ can "$C" no get "${helm_secret:-secret/sh.helm.release.v1.flotilla.v1}" -n "${NS
 can "$C" no get secret/member-kubeconfig -n "${NS}"
 can "$C" no get secret/member-kubeconfig -n other
 can "$C" no get secret/member-kubeconfig -n ml
-can "$C" no list secrets -n "${MNS}"
+# The kubeconfigs come from watches (one per Secret, by name): list/watch in their namespace only.
+can "$C" yes list secrets -n "${MNS}"
+can "$C" yes watch secrets -n "${MNS}"
 can "$C" no list secrets -n "${NS}"
-can "$C" no watch secrets -n "${MNS}"
+can "$C" no watch secrets -n "${NS}"
+can "$C" no watch secrets -n other
 can "$C" no update secret/member-kubeconfig -n "${MNS}"
 can "$C" no get secrets -n kube-system
 can "$C" no patch lease/kube-scheduler -n kube-system

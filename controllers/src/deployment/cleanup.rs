@@ -5,7 +5,9 @@
 //! was, or when the deployment is annotated `flotilla.dev/orphan-on-unreachable=true`;
 //! otherwise only this deployment waits, `Ready=False` `CleanupBlocked` naming the members. An
 //! unreachable member that never ran the deployment holds nothing up; nor does a placement on
-//! an InferenceCluster that no longer exists (its own deletion policy decided).
+//! an InferenceCluster that no longer exists (its own deletion policy decided). What is there is
+//! read from the member's caches; a member whose cache of the namespace was never started (or
+//! does not sync in time) is listed once (`members::prune`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -94,8 +96,10 @@ pub fn reachable(ic: &InferenceCluster) -> bool {
 }
 
 async fn prune_in(ctx: &DeploymentContext, ic: &InferenceCluster, md: &ModelDeployment) -> Result<usize, String> {
-    let client = ctx.members.client(&ctx.client, ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
-    match tokio::time::timeout(ctx.config.timeouts.observe, members::prune(&client, md, &[])).await {
+    let member = ctx.members.handle(&ctx.client, ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
+    let t = ctx.config.timeouts.observe;
+    // Bounded twice: a cache's first sync or a list, and the deletions.
+    match tokio::time::timeout(t * 2, members::prune(&member, md, &[], t)).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(brief(&e)),
         Err(_) => Err("did not answer in time".into()),

@@ -1,21 +1,23 @@
 //! What the ModelDeployment reconciler does to a member cluster: observe the workloads it made
-//! (by label), apply rendered objects with server-side apply under one field manager — only
+//! (by label, from the member's caches — `member/objects.rs`, no LIST — read through the memo
+//! of Flotilla's own writes, so a reconcile right after an apply neither applies again nor
+//! takes the cache's older copy for drift), apply rendered objects with server-side apply under one field manager — only
 //! when their content hash differs from what runs, or when the live spec drifted from what was
 //! applied (`drift.rs`; re-applied with force, reported as `DriftCorrected`), so a quiet fleet
-//! writes nothing — and delete what it made and no longer wants. Ready counts follow
-//! `readiness.rs`. Nothing without Flotilla's labels is touched.
+//! writes nothing — and delete what it made and no longer wants (read from the caches too; a
+//! namespace not cached yet, as on a deletion's sweep of other members, is listed once). Ready
+//! counts follow `readiness.rs`. Nothing without Flotilla's labels is touched.
 
 pub mod drift;
 pub mod readiness;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::{event, labels};
 use flotilla_apis::deployment::TopologyType;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -23,7 +25,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::Value;
 
 use super::rollout::Running;
-use crate::render::selector;
+use crate::member::objects::{KINDS, resource};
+use crate::member::{Handle, MemberError};
+use crate::render::{deployment_key, selector};
 
 /// Annotation holding the hash of an object's rendered content.
 pub const HASH_ANNOTATION: &str = "flotilla.dev/rendered-hash";
@@ -81,60 +85,45 @@ pub fn content_hash(v: &Value) -> String {
     format!("{h:016x}")
 }
 
-/// Lists Flotilla's objects for `md` in a member.
-pub async fn observe(client: &Client, md: &ModelDeployment) -> Result<MemberState, kube::Error> {
+/// Flotilla's objects for `md` in a member, from its caches (waiting at most `wait` for a
+/// namespace's first sync).
+pub async fn observe(member: &Handle, md: &ModelDeployment, wait: Duration) -> Result<MemberState, MemberError> {
     let ns = md.namespace().unwrap_or_else(|| "default".into());
-    let lp = ListParams::default().labels(&selector(md));
+    let cached = member.objects.owned(&ns, labels::DEPLOYMENT, &deployment_key(md), wait).await?;
     let mut state = MemberState::default();
-    let deps = Api::<Deployment>::namespaced(client.clone(), &ns).list(&lp).await?;
     let pods_per_role: BTreeMap<String, i32> =
         md.spec.topology.roles.iter().map(|r| (format!("{:?}", r.name).to_lowercase(), r.pods.max(1) as i32)).collect();
     let disaggregated = md.spec.topology.type_ == TopologyType::Disaggregated;
     let mut per_pool: BTreeMap<String, Vec<(i32, readiness::Readiness)>> = BTreeMap::new();
-    for d in deps.items {
-        let l = d.labels();
-        let pool = l.get(labels::POOL).cloned().unwrap_or_default();
-        let div = if disaggregated {
-            l.get("flotilla.dev/role").and_then(|r| pods_per_role.get(r)).copied().unwrap_or(1)
-        } else {
-            1
+    for c in &cached {
+        let key = id(c.kind, &c.name);
+        if let Some(hash) = &c.pending {
+            // Flotilla wrote it and the cache does not show it yet: as written, no drift check.
+            state.hashes.insert(key, hash.clone());
+        }
+        let Some(o) = &c.object else { continue };
+        if c.pending.is_none() {
+            keep(&mut state, c.kind, &o.metadata, o.data["spec"].clone());
+        }
+        // Replicas run as Deployments, multi-node ones as LeaderWorkerSets.
+        let div = match c.kind {
+            "Deployment" if disaggregated => {
+                o.labels().get("flotilla.dev/role").and_then(|r| pods_per_role.get(r)).copied().unwrap_or(1)
+            }
+            "Deployment" | "LeaderWorkerSet" => 1,
+            _ => continue,
         };
-        let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-        let status = serde_json::to_value(&d.status).unwrap_or_default();
-        let r = units(d.metadata.generation, &status, div);
+        let pool = o.labels().get(labels::POOL).cloned().unwrap_or_default();
+        let spec_replicas =
+            o.data["spec"]["replicas"].as_i64().map_or(if c.kind == "Deployment" { 1 } else { 0 }, |r| r as i32);
+        let r = units(o.metadata.generation, &o.data["status"], div);
         per_pool.entry(pool).or_default().push((spec_replicas / div, r));
-        keep(&mut state, "Deployment", &d.metadata, serde_json::to_value(&d.spec).unwrap_or_default());
     }
-    // Multi-node replicas run as LeaderWorkerSets (where the member has the LWS CRD).
-    for l in lws_list(client, &ns, &lp).await? {
-        let pool = l.labels().get(labels::POOL).cloned().unwrap_or_default();
-        let applied = l.data["spec"]["replicas"].as_i64().unwrap_or(0) as i32;
-        let r = units(l.metadata.generation, &l.data["status"], 1);
-        per_pool.entry(pool).or_default().push((applied, r));
-        keep(&mut state, "LeaderWorkerSet", &l.metadata, l.data["spec"].clone());
-    }
-    for (pool, units) in std::mem::take(&mut per_pool) {
+    for (pool, units) in per_pool {
         let applied = units.iter().map(|u| u.0).min().unwrap_or(0);
         let ready = units.iter().map(|u| u.1.serving).min().unwrap_or(0);
         let current = units.iter().map(|u| u.1.current).min().unwrap_or(0);
         state.running.insert(pool, Running { applied, ready, current });
-    }
-    for s in Api::<Service>::namespaced(client.clone(), &ns).list(&lp).await?.items {
-        keep(&mut state, "Service", &s.metadata, serde_json::to_value(&s.spec).unwrap_or_default());
-    }
-    match Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns).list(&lp).await {
-        Ok(list) => {
-            for r in list.items {
-                keep(
-                    &mut state,
-                    "ResourceClaimTemplate",
-                    &r.metadata,
-                    serde_json::to_value(&r.spec).unwrap_or_default(),
-                );
-            }
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(e),
     }
     Ok(state)
 }
@@ -161,11 +150,29 @@ fn api_for(client: &Client, obj: &Value) -> Api<DynamicObject> {
 
 /// Applies the rendered objects whose hash differs from what runs, and those whose live spec
 /// drifted from the one applied (same hash, different fields: `drift::diff`).
+/// Each write is remembered in the member's memo (`member/memo.rs`).
 pub async fn apply(
+    member: &Handle,
+    md: &ModelDeployment,
+    field_manager: &str,
+    objects: &[Value],
+    state: &MemberState,
+) -> Result<Applied, kube::Error> {
+    let owner = deployment_key(md);
+    apply_with(&member.client, field_manager, objects, state, |kind, ns, name, hash, rv| {
+        member.objects.applied(kind, ns, name, &owner, hash, rv)
+    })
+    .await
+}
+
+/// [`apply`] on a client, telling `wrote` each object written (`kind`, `namespace`, `name`,
+/// hash, answered `resourceVersion`).
+pub async fn apply_with(
     client: &Client,
     field_manager: &str,
     objects: &[Value],
     state: &MemberState,
+    mut wrote: impl FnMut(&str, &str, &str, &str, &str),
 ) -> Result<Applied, kube::Error> {
     let mut done = Applied::default();
     let mut namespace_done = false;
@@ -202,7 +209,11 @@ pub async fn apply(
         let mut obj = obj.clone();
         obj["metadata"]["annotations"] = serde_json::json!({ HASH_ANNOTATION: hash });
         let dynobj: DynamicObject = serde_json::from_value(obj.clone()).map_err(kube::Error::SerdeError)?;
-        api_for(client, &obj).patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&dynobj)).await?;
+        let answer = api_for(client, &obj)
+            .patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&dynobj))
+            .await?;
+        let ns = obj["metadata"]["namespace"].as_str().unwrap_or("");
+        wrote(kind, ns, name, &hash, answer.metadata.resource_version.as_deref().unwrap_or(""));
         done.written += 1;
     }
     Ok(done)
@@ -231,61 +242,73 @@ pub async fn report_drift(recorder: &Recorder, md: &ModelDeployment, cluster: &s
     }
 }
 
-/// Deletes Flotilla's objects for `md` in a member whose `Kind/name` is not in `keep`.
-/// Returns how many were deleted.
-pub async fn prune(client: &Client, md: &ModelDeployment, keep: &[String]) -> Result<usize, kube::Error> {
+/// Deletes Flotilla's objects for `md` in a member whose `Kind/name` is not in `keep`, as the
+/// member's caches show them (each deletion remembered in the memo, so a cache that has not
+/// seen it yet does not cause a second one). Where the namespace is not cached yet (a
+/// deletion sweeping a member this controller never applied to) or its cache does not sync
+/// within `wait`, the objects are listed once instead. Returns how many were deleted.
+pub async fn prune(
+    member: &Handle,
+    md: &ModelDeployment,
+    keep: &[String],
+    wait: Duration,
+) -> Result<usize, kube::Error> {
     let ns = md.namespace().unwrap_or_else(|| "default".into());
-    let lp = ListParams::default().labels(&selector(md));
-    let dp = DeleteParams::background();
-    let mut deleted = 0;
-    let deps = Api::<Deployment>::namespaced(client.clone(), &ns);
-    for d in deps.list(&lp).await?.items {
-        if !keep.contains(&id("Deployment", &d.name_any())) {
-            deps.delete(&d.name_any(), &dp).await?;
-            deleted += 1;
-        }
-    }
-    let svcs = Api::<Service>::namespaced(client.clone(), &ns);
-    for s in svcs.list(&lp).await?.items {
-        if !keep.contains(&id("Service", &s.name_any())) {
-            svcs.delete(&s.name_any(), &dp).await?;
-            deleted += 1;
-        }
-    }
-    for l in lws_list(client, &ns, &lp).await? {
-        if !keep.contains(&id("LeaderWorkerSet", &l.name_any())) {
-            lws_api(client, &ns).delete(&l.name_any(), &dp).await?;
-            deleted += 1;
-        }
-    }
-    let rcts = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns);
-    match rcts.list(&lp).await {
-        Ok(list) => {
-            for r in list.items {
-                if !keep.contains(&id("ResourceClaimTemplate", &r.name_any())) {
-                    rcts.delete(&r.name_any(), &dp).await?;
-                    deleted += 1;
-                }
+    let owner = deployment_key(md);
+    let cached = if member.objects.has(&ns).await {
+        match member.objects.owned(&ns, labels::DEPLOYMENT, &owner, wait).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::debug!(namespace = %ns, "member cache not usable for prune, listing: {e}");
+                None
             }
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(e),
+    } else {
+        None
+    };
+    let found: Vec<(usize, String)> = match cached {
+        Some(cached) => cached
+            .iter()
+            .filter(|c| c.object.as_ref().is_none_or(|o| o.metadata.deletion_timestamp.is_none()))
+            .filter_map(|c| Some((KINDS.iter().position(|k| k.2 == c.kind)?, c.name.clone())))
+            .collect(),
+        None => list(&member.client, &ns, &selector(md)).await?,
+    };
+    let dp = DeleteParams::background();
+    let mut deleted = 0;
+    for (i, name) in found {
+        let kind = KINDS[i].2;
+        if keep.contains(&id(kind, &name)) {
+            continue;
+        }
+        match Api::<DynamicObject>::namespaced_with(member.client.clone(), &ns, &resource(i)).delete(&name, &dp).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        member.objects.deleted(kind, &ns, &name, &owner);
     }
     Ok(deleted)
 }
 
-fn lws_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"));
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-/// LeaderWorkerSets with Flotilla's labels; none where the member lacks the CRD.
-async fn lws_list(client: &Client, ns: &str, lp: &ListParams) -> Result<Vec<DynamicObject>, kube::Error> {
-    match lws_api(client, ns).list(lp).await {
-        Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-        Err(e) => Err(e),
+/// Lists Flotilla's objects of every cached kind in `ns` matching `labels` (a kind the member
+/// does not serve is skipped): the fallback when a namespace is not cached.
+async fn list(client: &Client, ns: &str, labels: &str) -> Result<Vec<(usize, String)>, kube::Error> {
+    let lp = ListParams::default().labels(labels);
+    let mut out = Vec::new();
+    for i in 0..KINDS.len() {
+        match Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource(i)).list_metadata(&lp).await {
+            Ok(l) => out.extend(
+                l.items
+                    .into_iter()
+                    .filter(|o| o.metadata.deletion_timestamp.is_none())
+                    .map(|o| (i, o.metadata.name.unwrap_or_default())),
+            ),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(out)
 }
 
 /// `Kind/name` of rendered objects.

@@ -219,7 +219,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         involved.extend(s.placements.iter().map(|p| p.cluster.clone()));
     }
     let mut observed = status::Observed { claim, ..Default::default() };
-    let mut states: BTreeMap<String, (Client, members::MemberState)> = BTreeMap::new();
+    let mut states: BTreeMap<String, (crate::member::Handle, members::MemberState)> = BTreeMap::new();
     for cluster in &involved {
         let Some(ic) = ctx.cluster(cluster) else {
             observed.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
@@ -231,25 +231,22 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
             observed.unreachable.insert(cluster.clone(), "its InferenceCluster is being deleted".into());
             continue;
         }
-        let client = match ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await {
-            Ok(c) => c,
+        let member = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
+            Ok(m) => m,
             Err(e) => {
                 observed.unreachable.insert(cluster.clone(), e.to_string());
                 continue;
             }
         };
-        match tokio::time::timeout(ctx.config.timeouts.observe, members::observe(&client, &md)).await {
-            Ok(Ok(state)) => {
+        match members::observe(&member, &md, ctx.config.timeouts.observe).await {
+            Ok(state) => {
                 for (pool, r) in &state.running {
                     observed.running.insert((cluster.clone(), pool.clone()), *r);
                 }
-                states.insert(cluster.clone(), (client, state));
+                states.insert(cluster.clone(), (member, state));
             }
-            Ok(Err(e)) => {
-                observed.unreachable.insert(cluster.clone(), brief(&e));
-            }
-            Err(_) => {
-                observed.unreachable.insert(cluster.clone(), "did not answer in time".into());
+            Err(e) => {
+                observed.unreachable.insert(cluster.clone(), e.to_string());
             }
         }
     }
@@ -342,9 +339,9 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         let dra = ctx.cluster(cluster).and_then(|c| c.status.as_ref()?.dra).unwrap_or(false);
         let objects = if pools.is_empty() { Vec::new() } else { render(&md, &pools, dra) };
         let result = async {
-            let a = members::apply(client, &ctx.config.field_manager, &objects, state).await?;
+            let a = members::apply(client, &md, &ctx.config.field_manager, &objects, state).await?;
             members::report_drift(&ctx.recorder, &md, cluster, &a.drifted).await;
-            let d = members::prune(client, &md, &members::ids(&objects)).await?;
+            let d = members::prune(client, &md, &members::ids(&objects), ctx.config.timeouts.observe).await?;
             Ok::<usize, kube::Error>(a.written + d)
         }
         .await;
