@@ -15,7 +15,7 @@ use flotilla_apis::conditions::{Desired, Status, merge, would_change};
 use flotilla_apis::constants::{condition, reason};
 use futures_util::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::PatchParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -71,13 +71,16 @@ async fn reconcile(class: Arc<InferenceClass>, client: Arc<Client>) -> Result<Ac
     let engine = SelectorEngine::new();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     if let Some(next) = status(&class, &engine, &now) {
-        let patch =
-            crate::status_patch::conditional_status_patch(class.status.as_ref(), class.resource_version(), &next)
-                .map_err(kube::Error::SerdeError)?;
-        let Some(patch) = patch else { return Ok(Action::await_change()) };
-        Api::<InferenceClass>::all((*client).clone())
-            .patch_status(&class.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        let api = Api::<InferenceClass>::all((*client).clone());
+        crate::status_patch::write_status(
+            &api,
+            &class.name_any(),
+            class.status.as_ref(),
+            class.resource_version(),
+            &next,
+            &PatchParams::default(),
+        )
+        .await?;
     }
     Ok(Action::await_change())
 }

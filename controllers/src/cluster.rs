@@ -14,7 +14,7 @@ use flotilla_apis::constants::{FINALIZER_CLUSTER_CLEANUP, condition, reason};
 use flotilla_apis::{InferenceClass, InferenceCluster};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::PatchParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
@@ -179,10 +179,11 @@ async fn observe_member(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<
         Timestamp::now(),
         ctx.config.heartbeat_every,
     );
-    let outcome = if ic.status.as_ref() != Some(&next) {
-        let api: Api<InferenceCluster> = Api::all(ctx.client.clone());
-        let patch = crate::status_patch::status_patch(ic.status.as_ref(), &next).map_err(kube::Error::SerdeError)?;
-        api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
+    let api: Api<InferenceCluster> = Api::all(ctx.client.clone());
+    let pp = PatchParams::apply(&ctx.config.field_manager);
+    let written =
+        crate::status_patch::write_status(&api, &name, ic.status.as_ref(), ic.resource_version(), &next, &pp).await?;
+    let outcome = if written.is_some() {
         ctx.metrics.status_write(Kind::InferenceCluster);
         match &observed {
             Observed::Ok { .. } => tracing::info!(cluster = %name, "status updated"),

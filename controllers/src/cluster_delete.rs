@@ -16,7 +16,7 @@ use flotilla_apis::conditions::{Desired, Status, merge};
 use flotilla_apis::constants::{annotations, condition, reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::PatchParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
@@ -114,12 +114,13 @@ pub async fn cleanup(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Act
                 ic.metadata.generation,
                 &Time(Timestamp::now()),
             );
-            let patch = crate::status_patch::conditional_status_patch(Some(&current), ic.resource_version(), &next)
-                .map_err(kube::Error::SerdeError)?;
-            if let Some(patch) = patch {
-                Api::<InferenceCluster>::all(ctx.client.clone())
-                    .patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch))
-                    .await?;
+            let api = Api::<InferenceCluster>::all(ctx.client.clone());
+            let pp = PatchParams::apply(&ctx.config.field_manager);
+            if crate::status_patch::write_status(&api, &name, Some(&current), ic.resource_version(), &next, &pp)
+                .await?
+                .is_some()
+            {
+                ctx.metrics.status_write(crate::metrics::Kind::InferenceCluster);
             }
             Err(Error::Cleanup(cond.message))
         }

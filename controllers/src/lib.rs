@@ -21,7 +21,7 @@ pub mod tenancy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_apis::{InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 use futures_util::StreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, Store};
@@ -149,13 +149,17 @@ pub struct Context {
     failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
-/// A reflector driven by its own task: the store, and a stream of "something changed" ticks
-/// (coalesced) for `reconcile_all_on`. The task stops when the returned guard is dropped.
-fn spawn_reflector<K>(
+/// A reflector driven by its own task: the store, and streams of "something changed" ticks
+/// (coalesced; one per subscriber) for `reconcile_all_on` and the fleet trigger. `on_event`
+/// sees every watch event right after the store took it in (the trigger's facts). The task
+/// stops when the returned guard is dropped.
+fn spawn_reflector<K, F>(
     api: Api<K>,
     subscribers: usize,
-) -> (Store<K>, Vec<impl futures_util::Stream<Item = ()> + Send + use<K>>, member::AbortOnDrop)
+    on_event: F,
+) -> (Store<K>, Vec<impl futures_util::Stream<Item = ()> + Send + use<K, F>>, member::AbortOnDrop)
 where
+    F: Fn(&watcher::Event<K>) + Send + Sync + 'static,
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store::<K>();
@@ -169,11 +173,14 @@ where
     let task = tokio::spawn(async move {
         reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
-            .touched_objects()
             .for_each(|r| {
-                if r.is_ok() {
-                    for tx in &senders {
-                        let _ = tx.try_send(());
+                if let Ok(event) = r {
+                    on_event(&event);
+                    if matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+                    {
+                        for tx in &senders {
+                            let _ = tx.try_send(());
+                        }
                     }
                 }
                 async {}
@@ -193,16 +200,28 @@ pub async fn run_controllers(
     ready: impl FnOnce() + Send,
 ) {
     let members = Arc::new(member::MemberClients::new(config.secret_namespace.clone()));
-    let (classes, mut class_ticks, _class_task) = spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2);
-    let (clusters, mut cluster_ticks, _cluster_task) = spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 3);
-    let (caches, mut cache_ticks, _cache_task) = spawn_reflector(Api::<ModelCache>::all(client.clone()), 1);
+    let facts = deployment::trigger::Facts::default();
+    let (classes, mut class_ticks, _class_task) = {
+        let facts = facts.clone();
+        spawn_reflector(Api::<InferenceClass>::all(client.clone()), 2, move |e| facts.class_event(e))
+    };
+    let (clusters, mut cluster_ticks, _cluster_task) = {
+        let facts = facts.clone();
+        spawn_reflector(Api::<InferenceCluster>::all(client.clone()), 3, move |e| facts.cluster_event(e))
+    };
+    let (caches, mut cache_ticks, _cache_task) = {
+        let facts = facts.clone();
+        spawn_reflector(Api::<ModelCache>::all(client.clone()), 1, move |e| facts.cache_event(e))
+    };
     let (deployments, mut deployment_ticks, _deployment_task) =
-        spawn_reflector(Api::<ModelDeployment>::all(client.clone()), 1);
+        spawn_reflector(Api::<ModelDeployment>::all(client.clone()), 2, |_| {});
+    let (claim_store, _, _claim_task) = spawn_reflector(Api::<CapacityClaim>::all(client.clone()), 0, |_| {});
     // Plans and inventory need the whole fleet: start reconciling once it has been listed.
     let _ = classes.wait_until_ready().await;
     let _ = clusters.wait_until_ready().await;
     let _ = caches.wait_until_ready().await;
     let _ = deployments.wait_until_ready().await;
+    let _ = claim_store.wait_until_ready().await;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -218,7 +237,8 @@ pub async fn run_controllers(
         Some(cluster_tick_b),
         Some(cluster_tick_c),
         Some(cache_tick),
-        Some(deployment_tick),
+        Some(deployment_tick_a),
+        Some(deployment_tick_b),
     ) = (
         class_ticks.pop(),
         class_ticks.pop(),
@@ -226,6 +246,7 @@ pub async fn run_controllers(
         cluster_ticks.pop(),
         cluster_ticks.pop(),
         cache_ticks.pop(),
+        deployment_ticks.pop(),
         deployment_ticks.pop(),
     )
     else {
@@ -282,17 +303,29 @@ pub async fn run_controllers(
             stop(rx.clone())
         ),
         run_deployment_controller(
-            client.clone(),
-            config.clone(),
-            metrics.clone(),
-            members.clone(),
-            (classes, clusters.clone(), caches),
-            futures_util::stream::select(futures_util::stream::select(class_tick_b, cluster_tick_a), cache_tick),
+            deployment::DeploymentContext::new(
+                client.clone(),
+                deployment::Stores {
+                    clusters: clusters.clone(),
+                    classes,
+                    caches,
+                    deployments: deployments.clone(),
+                    claims: claim_store,
+                },
+                members.clone(),
+                metrics.clone(),
+                config.clone(),
+            ),
+            facts,
+            futures_util::stream::select(
+                futures_util::stream::select(class_tick_b, cluster_tick_a),
+                futures_util::stream::select(cache_tick, deployment_tick_b)
+            ),
             stop(rx.clone())
         ),
         run_cache_controller(
             cache::CacheContext { client, clusters, deployments, members, metrics, config },
-            futures_util::stream::select(cluster_tick_b, deployment_tick),
+            futures_util::stream::select(cluster_tick_b, deployment_tick_a),
             stop(rx)
         ),
     );
@@ -377,35 +410,34 @@ fn backoff(failures: &std::sync::Mutex<std::collections::HashMap<String, u32>>, 
     Duration::from_millis(500u64.saturating_mul(1 << n.min(9))).min(Duration::from_secs(300))
 }
 
-/// Runs the ModelDeployment controller until `shutdown` resolves.
+/// How many wake-ups may wait between the fleet trigger and the controller (the trigger waits
+/// when they are full; the controller's scheduler merges repeats of one deployment).
+const WAKE_BUFFER: usize = 1024;
+
+/// How long the fleet trigger lets a burst of changes settle before it solves once.
+const FLEET_DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// Runs the ModelDeployment controller until `shutdown` resolves. Each deployment is reconciled
+/// when it changes, when the fleet trigger wakes it (`deployment::trigger`: its plan entry, its
+/// cache, its clusters' reachability changed) and on its own requeue; never all at once because
+/// some cluster's status moved.
 async fn run_deployment_controller(
-    client: Client,
-    config: ControllerConfig,
-    metrics: metrics::Metrics,
-    members: Arc<member::MemberClients>,
-    (classes, clusters, caches): (Store<InferenceClass>, Store<InferenceCluster>, Store<ModelCache>),
+    ctx: deployment::DeploymentContext,
+    facts: deployment::trigger::Facts,
     ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    // A burst of changes to one deployment (an apply and its status writes) reconciles it
-    // once; bursts across deployments share one solve (`SolveOnce`).
-    let controller =
-        Controller::new(Api::<deployment::ModelDeployment>::all(client.clone()), watcher::Config::default())
-            .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_millis(250)));
-    let ctx = Arc::new(deployment::DeploymentContext::new(
-        client,
-        clusters,
-        classes,
-        caches,
-        controller.store(),
-        members,
-        metrics,
-        config,
-    ));
+    // A burst of changes to one deployment (an apply and its status writes) reconciles it once.
+    let controller = Controller::new(Api::<ModelDeployment>::all(ctx.client.clone()), watcher::Config::default())
+        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_millis(250)));
+    let ctx = Arc::new(ctx);
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(WAKE_BUFFER);
+    let wakes = futures_util::stream::unfold(wake_rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let trigger = deployment::trigger::run(ctx.clone(), facts, ticks, wake_tx, FLEET_DEBOUNCE);
     let failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>> = Default::default();
     let f2 = failures.clone();
-    controller
-        .reconcile_all_on(ticks)
+    let controller = controller
+        .reconcile_on(wakes)
         .graceful_shutdown_on(shutdown)
         .run(
             move |obj, ctx: Arc<deployment::DeploymentContext>| {
@@ -433,8 +465,12 @@ async fn run_deployment_controller(
             if let Err(e) = r {
                 tracing::debug!("controller: {e}");
             }
-        })
-        .await;
+        });
+    // The trigger lives as long as the controller: it ends with it (shutdown), never before.
+    tokio::select! {
+        () = controller => {}
+        () = async { trigger.await; std::future::pending::<()>().await } => {}
+    }
 }
 
 /// Runs the CapacityClaim controller until `shutdown` resolves (nothing without a provider).

@@ -35,6 +35,24 @@ pub enum Outcome {
     Error,
 }
 
+/// Why a ModelDeployment was woken by a change of the fleet (`deployment::wake`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Wake {
+    /// Its plan entry changed.
+    PlanChanged,
+    /// Its ModelCache changed.
+    CacheChanged,
+    /// A cluster it is placed on changed reachability, readiness or deletion.
+    ClusterChanged,
+    /// A class it uses changed.
+    ClassChanged,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WakeLabels {
+    reason: Wake,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {
     kind: Kind,
@@ -53,6 +71,8 @@ pub struct Metrics {
     reconciles: Family<ReconcileLabels, Counter>,
     durations: Family<KindLabels, Histogram>,
     status_writes: Family<KindLabels, Counter>,
+    wakes: Family<WakeLabels, Counter>,
+    fleet_passes: Counter,
     leader: Gauge,
 }
 
@@ -64,12 +84,24 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.001, 2.0, 14))
         });
         let status_writes = Family::<KindLabels, Counter>::default();
+        let wakes = Family::<WakeLabels, Counter>::default();
+        let fleet_passes = Counter::default();
         let leader = Gauge::default();
         registry.register("reconciles", "Reconciles by kind and outcome", reconciles.clone());
         registry.register("reconcile_duration_seconds", "Reconcile duration", durations.clone());
         registry.register("status_writes", "Status patches sent to the control cluster", status_writes.clone());
+        registry.register(
+            "deployment_wakes",
+            "ModelDeployments woken by a change of the fleet, by reason",
+            wakes.clone(),
+        );
+        registry.register(
+            "fleet_passes",
+            "Passes of the fleet trigger (one solve and one wake computation each)",
+            fleet_passes.clone(),
+        );
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
-        Self { registry: Arc::new(registry), reconciles, durations, status_writes, leader }
+        Self { registry: Arc::new(registry), reconciles, durations, status_writes, wakes, fleet_passes, leader }
     }
 }
 
@@ -88,6 +120,16 @@ impl Metrics {
     /// Status writes so far.
     pub fn status_writes(&self, kind: Kind) -> u64 {
         self.status_writes.get_or_create(&KindLabels { kind }).get()
+    }
+
+    /// Counts one ModelDeployment woken by a fleet change.
+    pub fn woken(&self, reason: Wake) {
+        self.wakes.get_or_create(&WakeLabels { reason }).inc();
+    }
+
+    /// Counts one pass of the fleet trigger.
+    pub fn fleet_pass(&self) {
+        self.fleet_passes.inc();
     }
 
     /// Sets the leader gauge.

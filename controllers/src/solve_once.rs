@@ -2,13 +2,15 @@
 //! is solved from. The computation runs on a blocking thread (the solver is CPU-bound and must
 //! not hold an async worker that also drives watches), one at a time; callers that arrive while
 //! it runs wait for it and then share its result when their key is the same. A panic in the
-//! computation is an error for the callers, not a dead worker.
+//! computation is an error for the callers, not a dead worker. Each computed value gets the
+//! next sequence number, so callers can tell which of two values is newer.
 
 use std::sync::Arc;
 
-/// The last value and its key, behind an async lock held across the computation.
+/// The last value with its key and sequence number, behind an async lock held across the
+/// computation.
 pub struct SolveOnce<V> {
-    last: tokio::sync::Mutex<Option<(u64, Arc<V>)>>,
+    last: tokio::sync::Mutex<Option<(u64, u64, Arc<V>)>>,
 }
 
 impl<V> Default for SolveOnce<V> {
@@ -22,24 +24,26 @@ impl<V: Send + Sync + 'static> SolveOnce<V> {
     /// the newest key): the cached one when the key is unchanged, else `input()` handed to
     /// `compute` on a blocking thread. `key` runs before `input`: a change landing between them
     /// leaves a key older than the value, so the next call computes again rather than keep a
-    /// value older than its key.
+    /// value older than its key. Returns the value with its sequence number (1 for the first
+    /// value computed, one more for each later one).
     pub async fn get<I: Send + 'static>(
         &self,
         key: impl FnOnce() -> u64,
         input: impl FnOnce() -> I,
         compute: impl FnOnce(I) -> V + Send + 'static,
-    ) -> Result<Arc<V>, String> {
+    ) -> Result<(u64, Arc<V>), String> {
         let mut last = self.last.lock().await;
         let key = key();
-        if let Some((k, v)) = last.as_ref()
+        if let Some((k, seq, v)) = last.as_ref()
             && *k == key
         {
-            return Ok(v.clone());
+            return Ok((*seq, v.clone()));
         }
+        let seq = last.as_ref().map_or(0, |(_, s, _)| *s) + 1;
         let input = input();
         let value = Arc::new(tokio::task::spawn_blocking(move || compute(input)).await.map_err(|e| e.to_string())?);
-        *last = Some((key, value.clone()));
-        Ok(value)
+        *last = Some((key, seq, value.clone()));
+        Ok((seq, value))
     }
 }
 
@@ -68,12 +72,13 @@ mod tests {
             })
         });
         let values: Vec<u32> =
-            futures_util::future::join_all(calls).await.into_iter().map(|r| *r.unwrap().unwrap()).collect();
+            futures_util::future::join_all(calls).await.into_iter().map(|r| *r.unwrap().unwrap().1).collect();
         assert_eq!(runs.load(Ordering::SeqCst), 1, "eight reconciles, one solve");
         assert!(values.iter().all(|v| *v == 100));
-        // A new key computes again.
-        let v = once.get(|| 8, || (), |()| 5).await.unwrap();
-        assert_eq!(*v, 5);
+        assert_eq!(once.get(|| 7, || (), |()| 0).await.unwrap().0, 1, "the first value is number 1");
+        // A new key computes again, and its value is newer.
+        let (seq, v) = once.get(|| 8, || (), |()| 5).await.unwrap();
+        assert_eq!((seq, *v), (2, 5));
     }
 
     #[tokio::test]
@@ -81,6 +86,6 @@ mod tests {
         let once = SolveOnce::<u32>::default();
         let err = once.get(|| 1, || (), |()| -> u32 { panic!("solver bug") }).await.unwrap_err();
         assert!(err.contains("panic"), "{err}");
-        assert_eq!(*once.get(|| 1, || (), |()| 3).await.unwrap(), 3);
+        assert_eq!(*once.get(|| 1, || (), |()| 3).await.unwrap().1, 3);
     }
 }

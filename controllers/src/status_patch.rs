@@ -3,11 +3,14 @@
 //! server's value: a deployment that became fully placed kept its old `unplaced`, and the
 //! reconcile that compared it with the fresh status wrote again every time. The patch
 //! therefore names every top-level field the current status has and the new one lacks, with
-//! `null`, which deletes it. `conditional_status_patch` is the one write every kind uses: no
-//! patch when nothing changed, else this one, conditional on the `resourceVersion` it was
-//! decided from.
+//! `null`, which deletes it. `write_status` (over `conditional_status_patch`) is the one status
+//! write every kind uses: no request when nothing changed, else this patch, conditional on the
+//! `resourceVersion` it was decided from; a conflict is `Error::Stale`, looked at again shortly.
 
+use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// `{"status": new}`, with `null` for each field of `current` that `new` no longer has (in
 /// nested objects too; lists are replaced whole by a merge patch anyway).
@@ -34,6 +37,36 @@ pub fn conditional_status_patch<T: Serialize + PartialEq>(
     let mut patch = status_patch(current, next)?;
     patch["metadata"] = serde_json::json!({ "resourceVersion": resource_version });
     Ok(Some(patch))
+}
+
+/// Writes `next` as the status of the object `name` when it differs from `current` (its status
+/// as of `resource_version`). `Ok(None)`: equal, no request sent. `Ok(Some(written))`: the
+/// object as the server returned it (its new resourceVersion and status are the base of a
+/// later write in the same reconcile). The object having changed since it was read (409) is
+/// [`crate::Error::Stale`]: nothing is lost, the next reconcile decides again from fresh data.
+pub async fn write_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    current: Option<&S>,
+    resource_version: Option<String>,
+    next: &S,
+    params: &PatchParams,
+) -> Result<Option<K>, crate::Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+    S: Serialize + PartialEq,
+{
+    let Some(patch) = conditional_status_patch(current, resource_version, next).map_err(kube::Error::SerdeError)?
+    else {
+        return Ok(None);
+    };
+    match api.patch_status(name, params, &Patch::Merge(&patch)).await {
+        Ok(written) => Ok(Some(written)),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(crate::Error::Stale(format!("status of {name} not written: {}", s.message)))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn null_missing(old: &serde_json::Value, new: &mut serde_json::Value) {

@@ -21,8 +21,9 @@ use flotilla_apis::constants::{FINALIZER_CACHE_CLEANUP, reason};
 use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::PatchParams;
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 
@@ -53,27 +54,23 @@ impl CacheContext {
     }
 }
 
-/// Reconciles one ModelCache (with its finalizer).
+/// Reconciles one ModelCache (with its finalizer, through kube-runtime's helper like every kind).
 pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let has_finalizer = cache.finalizers().iter().any(|f| f == FINALIZER_CACHE_CLEANUP);
-    if cache.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer {
-            return Ok(Action::await_change());
+    let api = api(&ctx, &cache);
+    finalizer(&api, FINALIZER_CACHE_CLEANUP, cache, |ev| async {
+        match ev {
+            Finalizer::Apply(cache) => apply(cache, &ctx).await,
+            Finalizer::Cleanup(cache) => cleanup(cache, &ctx).await,
         }
-        return cleanup(cache, &ctx).await;
-    }
-    if !has_finalizer {
-        let mut finalizers = cache.finalizers().to_vec();
-        finalizers.push(FINALIZER_CACHE_CLEANUP.to_string());
-        let patch =
-            serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": cache.resource_version()}});
-        api(&ctx, &cache).patch(&cache.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        // The write triggers the next reconcile.
-        return Ok(Action::await_change());
-    }
+    })
+    .await
+    .map_err(crate::from_finalizer)
+}
+
+async fn apply(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Error> {
+    let started = Instant::now();
     if let Err(why) = ctx.config.tenancy.check("ModelCache", &cache.namespace().unwrap_or_default()) {
-        return refuse(&ctx, &cache, &why).await;
+        return refuse(ctx, &cache, &why).await;
     }
     // A cluster being deleted is left to its deletion policy.
     let clusters: Vec<Arc<InferenceCluster>> =
@@ -115,7 +112,7 @@ pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result
                 entries.push(ClusterCacheStatus { cluster: name.clone(), ..b.clone() });
                 continue;
             }
-            None => stage_in(&ctx, &cache, &clusters, name, secret_data.as_ref(), &mut writes).await,
+            None => stage_in(ctx, &cache, &clusters, name, secret_data.as_ref(), &mut writes).await,
         };
         entries.push(status::cluster_status(&cache, name, &observation, previous.get(name)));
     }
@@ -125,7 +122,7 @@ pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result
         if targets.contains(name) {
             continue;
         }
-        let removed = !users.contains_key(name) && remove_in(&ctx, &cache, &clusters, name).await.is_ok();
+        let removed = !users.contains_key(name) && remove_in(ctx, &cache, &clusters, name).await.is_ok();
         if !removed {
             entries.push(prev.clone());
         }
@@ -134,7 +131,7 @@ pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result
         tracing::info!(cache = %format!("{ns}/{}", cache.name_any()), writes, "member volumes and Jobs updated");
     }
     let next = status::desired(&cache, &targets, entries, None, &now());
-    let changed = write_status(&ctx, &cache, next.clone()).await?;
+    let changed = write_status(ctx, &cache, next.clone()).await?;
     ctx.metrics.reconciled(
         Kind::ModelCache,
         if changed { Outcome::Changed } else { Outcome::Unchanged },
@@ -237,17 +234,22 @@ async fn remove_in(
     }
 }
 
-/// Writes status when it differs, through `status_patch::conditional_status_patch` (fields that
-/// went away are deleted; conditional on the resourceVersion read). Returns whether it wrote.
+/// Writes status when it differs, through `status_patch::write_status` (fields that went away
+/// are deleted; conditional on the resourceVersion read). Returns whether it wrote.
 async fn write_status(ctx: &CacheContext, cache: &ModelCache, next: ModelCacheStatus) -> Result<bool, Error> {
-    let patch = crate::status_patch::conditional_status_patch(cache.status.as_ref(), cache.resource_version(), &next)
-        .map_err(kube::Error::SerdeError)?;
-    let Some(patch) = patch else {
+    let pp = PatchParams::apply(&ctx.config.field_manager);
+    let written = crate::status_patch::write_status(
+        &api(ctx, cache),
+        &cache.name_any(),
+        cache.status.as_ref(),
+        cache.resource_version(),
+        &next,
+        &pp,
+    )
+    .await?;
+    if written.is_none() {
         return Ok(false);
-    };
-    api(ctx, cache)
-        .patch_status(&cache.name_any(), &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch))
-        .await?;
+    }
     ctx.metrics.status_write(Kind::ModelCache);
     tracing::info!(
         cache = %format!("{}/{}", cache.namespace().unwrap_or_default(), cache.name_any()),
@@ -259,7 +261,8 @@ async fn write_status(ctx: &CacheContext, cache: &ModelCache, next: ModelCacheSt
 }
 
 /// Deletion: remove the objects in every member no deployment uses them in; while some do,
-/// say which (`InUse`) and keep the finalizer.
+/// say which (`InUse`) and keep the finalizer (an error: the finalizer helper keeps it, and the
+/// change of a deployment that stops using the cache reconciles it again at once).
 async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Error> {
     let deployments = ctx.live_deployments();
     let dep_refs: Vec<&ModelDeployment> = deployments.iter().map(AsRef::as_ref).collect();
@@ -287,16 +290,12 @@ async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, E
         let targets: BTreeSet<String> = kept.iter().map(|c| c.cluster.clone()).collect();
         let next = status::desired(&cache, &targets, kept, Some(&users), &now());
         write_status(ctx, &cache, next).await?;
-        return Ok(Action::requeue(Duration::from_secs(5).min(ctx.config.poll)));
+        let by: BTreeSet<&String> = users.values().flatten().collect();
+        return Err(Error::Cleanup(format!("in use by {by:?}")));
     }
     if !failed.is_empty() {
         return Err(Error::Cleanup(failed.join("; ")));
     }
-    let finalizers: Vec<String> =
-        cache.finalizers().iter().filter(|f| f.as_str() != FINALIZER_CACHE_CLEANUP).cloned().collect();
-    let patch =
-        serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": cache.resource_version()}});
-    api(ctx, &cache).patch(&cache.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
     tracing::info!(cache = %cache.name_any(), "member volumes and Jobs removed");
     Ok(Action::await_change())
 }

@@ -21,7 +21,7 @@ use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster};
 use flotilla_providers::claim::autoscaler_may_remove;
 use flotilla_providers::{Acquisition, CapacityProvider, ClaimEngine, ClaimInput, ClaimStep, ClaimUsage, RegionInfo};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::PatchParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
@@ -146,10 +146,19 @@ async fn write_status(ctx: &ClaimContext, claim: &CapacityClaim, step: &ClaimSte
     let ns = claim.namespace().unwrap_or_else(|| "default".into());
     let name = claim.name_any();
     let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut patch =
-        crate::status_patch::status_patch(claim.status.as_ref(), &step.status).map_err(kube::Error::SerdeError)?;
-    patch["metadata"] = serde_json::json!({"resourceVersion": claim.resource_version()});
-    api.patch_status(&name, &PatchParams::apply(&ctx.config.field_manager), &Patch::Merge(&patch)).await?;
+    let pp = PatchParams::apply(&ctx.config.field_manager);
+    let written = crate::status_patch::write_status(
+        &api,
+        &name,
+        claim.status.as_ref(),
+        claim.resource_version(),
+        &step.status,
+        &pp,
+    )
+    .await?;
+    if written.is_none() {
+        return Ok(());
+    }
     ctx.metrics.status_write(Kind::CapacityClaim);
     let line = |t: &str| step.status.conditions.get(t).map(|c| (c.reason.clone(), c.message.clone()));
     let (reason, message) = line(flotilla_apis::constants::condition::FULFILLED).unwrap_or_default();

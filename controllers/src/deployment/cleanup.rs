@@ -151,9 +151,7 @@ pub async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> R
                 md.metadata.generation,
                 &Time(Timestamp::now()),
             );
-            if next != current {
-                write_status(&ctx, &md, md.status.as_ref(), md.resource_version(), &next).await?;
-            }
+            write_status(&ctx, &md, md.status.as_ref(), md.resource_version(), &next).await?;
             let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c}: {why}")).collect();
             Err(Error::Cleanup(which.join("; ")))
         }

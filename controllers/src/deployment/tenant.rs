@@ -23,8 +23,7 @@ pub(super) async fn refuse(ctx: &DeploymentContext, md: &ModelDeployment, why: &
         md.metadata.generation,
         &Time(Timestamp::now()),
     );
-    if next != current {
-        write_status(ctx, md, md.status.as_ref(), md.resource_version(), &next).await?;
+    if write_status(ctx, md, md.status.as_ref(), md.resource_version(), &next).await?.is_some() {
         tracing::warn!(deployment = %format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any()), "refused: {why}");
     }
     Ok(Action::await_change())

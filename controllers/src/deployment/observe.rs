@@ -1,0 +1,60 @@
+//! The observe step of a ModelDeployment reconcile: for each involved member (where the plan
+//! wants replicas or the status says some may be), what runs there of the deployment
+//! (`members::observe`), or why it could not be seen — no InferenceCluster any more, being
+//! deleted (its deletion policy decides), no client, an error or no answer in time. Members
+//! that answered keep their handle (client and caches) and state for the apply step.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::runtime::reflector::ObjectRef;
+
+use super::decide::Seen;
+use super::members::{self, MemberState};
+use super::{DeploymentContext, ModelDeployment};
+use crate::member::Handle;
+
+/// What the involved members showed.
+#[derive(Default)]
+pub struct Members {
+    /// The decision's view.
+    pub seen: Seen,
+    /// The members that answered: their client and what runs there.
+    pub answered: BTreeMap<String, (Handle, MemberState)>,
+}
+
+/// Observes every member in `involved`.
+pub async fn observe_members(ctx: &DeploymentContext, md: &ModelDeployment, involved: &BTreeSet<String>) -> Members {
+    let mut out = Members::default();
+    for cluster in involved {
+        let Some(ic) = ctx.clusters.get(&ObjectRef::new(cluster)) else {
+            out.seen.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
+            out.seen.vanished.insert(cluster.clone());
+            continue;
+        };
+        // Its deletion policy, not this reconcile, decides what happens to the objects there.
+        if ic.metadata.deletion_timestamp.is_some() {
+            out.seen.unreachable.insert(cluster.clone(), "its InferenceCluster is being deleted".into());
+            continue;
+        }
+        let member = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
+            Ok(m) => m,
+            Err(e) => {
+                out.seen.unreachable.insert(cluster.clone(), e.to_string());
+                continue;
+            }
+        };
+        match members::observe(&member, md, ctx.config.timeouts.observe).await {
+            Ok(state) => {
+                for (pool, r) in &state.running {
+                    out.seen.running.insert((cluster.clone(), pool.clone()), *r);
+                }
+                out.seen.answered.insert(cluster.clone());
+                out.answered.insert(cluster.clone(), (member, state));
+            }
+            Err(e) => {
+                out.seen.unreachable.insert(cluster.clone(), e.to_string());
+            }
+        }
+    }
+    out
+}
