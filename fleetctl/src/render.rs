@@ -163,3 +163,34 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use flotilla_placement::{DeploymentPlan, Move};
+
+    #[test]
+    fn explain_says_which_replicas_a_move_placed_and_which_it_moved() {
+        let m = Move {
+            moved: "ml/flexible".into(),
+            from: "a/h100".into(),
+            to: "b/h200".into(),
+            made_room_for: "ml/h100-only".into(),
+            replicas: 2,
+        };
+        let plan = |name: &str| DeploymentPlan {
+            namespace: "ml".into(),
+            name: name.into(),
+            desired: 2,
+            moves: vec![m.clone()],
+            ..Default::default()
+        };
+        let moved = super::explain_text(&plan("flexible"));
+        assert!(moved.contains("MOVED AFTER THE GREEDY PASS"), "{moved}");
+        assert!(moved.contains("2 replica(s) moved from a/h100 to b/h200 to make room for ml/h100-only"), "{moved}");
+        let gained = super::explain_text(&plan("h100-only"));
+        assert!(gained.contains("placed on a/h100 after 2 replica(s) of ml/flexible moved to b/h200"), "{gained}");
+        // Absence: no moves, no section.
+        let quiet = super::explain_text(&DeploymentPlan { moves: vec![], ..plan("other") });
+        assert!(!quiet.contains("MOVED"), "{quiet}");
+    }
+}
