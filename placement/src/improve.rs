@@ -2,7 +2,9 @@
 //! so an earlier one may take the only pool a later one could use while it had other options.
 //! Here, for each deployment left with unplaced replicas (highest priority first), replicas of
 //! equal- or lower-priority deployments are moved out of a pool it could use, each to another
-//! pool its own rules allow, until one more replica fits; the moves are kept only if every
+//! pool its own rules allow (when those are full, to one that a further such victim leaves
+//! for room of its own: a chain, [`CHAIN_DEPTH`] deep), until one more replica fits; the moves
+//! are kept only if every
 //! rule still holds: capacity (pools re-packed in solve order, as the greedy packed them),
 //! `maxReplicas`, met `minReplicas`, cost ceilings, and spread as each deployment saw it when
 //! it was solved (also for deployments the moves did not touch but whose pools gained room).
@@ -21,8 +23,23 @@ use crate::devices::ReplicaShape;
 use crate::plan::{DeploymentPlan, Move};
 use crate::snapshot::DeploymentView;
 
-/// Victims moved for one more replica, at most.
-const MAX_MOVES: usize = 4;
+/// Victims moved for one more replica, at most (chains included).
+const MAX_MOVES: usize = 8;
+
+/// How many victims deep a move may reach: a victim whose other pools are full moves into
+/// one of them once a second victim there moved on to room of its own (depth 1), and so on.
+const CHAIN_DEPTH: u32 = 1;
+
+/// Who a move makes room for, and how much deeper it may chain.
+#[derive(Clone, Copy)]
+struct Mover {
+    /// The deployment that gains a replica (never a victim itself).
+    di: usize,
+    /// Its priority: no victim, at any depth, has a higher one.
+    prio: i32,
+    /// Further victims a move may displace to find room.
+    depth: u32,
+}
 
 /// What the phase knows of one deployment.
 struct Dep {
@@ -196,7 +213,10 @@ impl Ctx<'_, '_> {
                     if t.moves.len() >= MAX_MOVES || ph.work >= ph.budget {
                         break;
                     }
-                    let Some(next) = self.move_out(ph, held, &t, ei, rank, p) else { break };
+                    let Some(next) = self.move_out(ph, held, &t, Mover { di, prio, depth: CHAIN_DEPTH }, ei, rank, p)
+                    else {
+                        break;
+                    };
                     t = next;
                     if let Some(done) = self.settle(ph, plans, held, t.clone(), (di, k)) {
                         return Some(done);
@@ -208,56 +228,135 @@ impl Ctx<'_, '_> {
     }
 
     /// One replica of `ei` on (`p`, `rank`) moved to the first other candidate of its own
-    /// that takes it within its limits, or `None`.
+    /// that takes it within its limits, or `None`. A candidate without room is made room on
+    /// by moving on, with `mover.depth` left, replicas of other deployments there that the
+    /// gaining deployment may displace (a chain), within [`MAX_MOVES`].
+    #[allow(clippy::too_many_arguments)]
     fn move_out(
         &mut self,
         ph: &mut Phase<'_, '_>,
         held: &[Vec<Held>],
         t: &Tentative,
+        mover: Mover,
         ei: usize,
         rank: u32,
         p: (usize, usize),
     ) -> Option<Tentative> {
         self.dep(ph, ei);
-        let Phase { deps, order, shapes, users, work, .. } = ph;
-        let dep = deps[ei].as_ref()?;
-        let alts = &order[ei].spec.devices.alternatives;
-        let cur = held_of(t, held, ei);
-        let at = cur.iter().position(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)?;
-        let from = &cur[at];
-        for dest in &dep.cands {
-            let q = (dest.cluster, dest.pool);
-            if dest.sticky_only || q == p {
-                continue;
+        let dests: Vec<Candidate> = {
+            let dep = ph.deps[ei].as_ref()?;
+            let alts = &ph.order[ei].spec.devices.alternatives;
+            let cur = held_of(t, held, ei);
+            let from = cur.iter().find(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)?;
+            dep.cands
+                .iter()
+                .filter(|dest| {
+                    let q = (dest.cluster, dest.pool);
+                    if dest.sticky_only || q == p {
+                        return false;
+                    }
+                    if dest.rank != from.rank {
+                        let most = alts[(dest.rank - 1) as usize].max_replicas;
+                        let least = alts[(from.rank - 1) as usize].min_replicas.unwrap_or(0).max(0) as u32;
+                        if most.is_some_and(|m| per_rank(cur, dest.rank) >= m.max(0) as u32)
+                            || per_rank(cur, from.rank) <= least
+                        {
+                            return false;
+                        }
+                    }
+                    dep.max_cost.is_none_or(|m| cost(cur) - from.price + dest.replica_price <= m)
+                })
+                .cloned()
+                .collect()
+        };
+        // Direct room first (the destination's order within each pass), then chains.
+        for chain in [false, true] {
+            if chain && mover.depth == 0 {
+                break;
             }
-            if dest.rank != from.rank {
-                let most = alts[(dest.rank - 1) as usize].max_replicas;
-                let least = alts[(from.rank - 1) as usize].min_replicas.unwrap_or(0).max(0) as u32;
-                if most.is_some_and(|m| per_rank(cur, dest.rank) >= m.max(0) as u32)
-                    || per_rank(cur, from.rank) <= least
-                {
+            for dest in &dests {
+                if ph.work >= ph.budget {
+                    return None;
+                }
+                let q = (dest.cluster, dest.pool);
+                ph.work += 1;
+                let mut base = t.clone();
+                if chain {
+                    match self.room_on(ph, held, base, mover, ei, q) {
+                        Some(b) => base = b,
+                        None => continue,
+                    }
+                } else if !ph.shapes[ei].fits(t.free.get(&q).unwrap_or(&self.free[q.0][q.1])) {
                     continue;
                 }
+                let cur = held_of(&base, held, ei);
+                let Some(at) =
+                    cur.iter().position(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)
+                else {
+                    continue;
+                };
+                let mut next = cur.to_vec();
+                next[at].count -= 1;
+                if next[at].count == 0 {
+                    next.remove(at);
+                }
+                add(&mut next, dest);
+                let mut t2 = base;
+                t2.held.insert(ei, next);
+                let Some(packed) = repack(self.snapshot, &ph.users, &ph.shapes, held, &t2, q, usize::MAX, &mut ph.work)
+                else {
+                    continue;
+                };
+                t2.free.insert(q, packed);
+                t2.moves.push((ei, p, q));
+                return Some(t2);
             }
-            if dep.max_cost.is_some_and(|m| cost(cur) - from.price + dest.replica_price > m) {
+        }
+        None
+    }
+
+    /// `t` with replicas on pool `q` moved on (one chain level down) until a replica of `ei`
+    /// fits there, or `None`. Victims as in `one_more`: not the gaining deployment, not `ei`,
+    /// no higher priority than the gaining one, not kept where they run.
+    fn room_on(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        held: &[Vec<Held>],
+        mut t: Tentative,
+        mover: Mover,
+        ei: usize,
+        q: (usize, usize),
+    ) -> Option<Tentative> {
+        let mut victims: Vec<(usize, u32)> = Vec::new();
+        let mut ids: Vec<usize> = ph.users.get(&q).cloned().unwrap_or_default();
+        ids.extend(t.held.keys().copied());
+        ids.sort_unstable();
+        ids.dedup();
+        for i in ids {
+            if i == mover.di || i == ei || !ph.movable[i] || ph.order[i].priority() > mover.prio {
                 continue;
             }
-            *work += 1;
-            if !dep.shape.fits(t.free.get(&q).unwrap_or(&self.free[q.0][q.1])) {
-                continue;
+            for h in held_of(&t, held, i).iter().filter(|h| (h.cluster, h.pool) == q && h.count > h.kept) {
+                victims.push((i, h.rank));
             }
-            let mut next = cur.to_vec();
-            next[at].count -= 1;
-            if next[at].count == 0 {
-                next.remove(at);
+        }
+        victims.sort_by_key(|&(i, rank)| (ph.order[i].priority(), std::cmp::Reverse(i), rank));
+        let deeper = Mover { depth: mover.depth - 1, ..mover };
+        for (vi, rank) in victims {
+            loop {
+                // Leave room in the move count for `ei`'s own move and the gaining one's.
+                if t.moves.len() + 1 >= MAX_MOVES || ph.work >= ph.budget {
+                    return None;
+                }
+                let Some(next) = self.move_out(ph, held, &t, deeper, vi, rank, q) else { break };
+                t = next;
+                let free = repack(self.snapshot, &ph.users, &ph.shapes, held, &t, q, usize::MAX, &mut ph.work)?;
+                if ph.shapes[ei].fits(&free) {
+                    t.free.insert(q, free);
+                    return Some(t);
+                }
+                t.free.insert(q, free);
             }
-            add(&mut next, dest);
-            let mut t2 = t.clone();
-            t2.held.insert(ei, next);
-            let Some(packed) = repack(self.snapshot, users, shapes, held, &t2, q, usize::MAX, work) else { continue };
-            t2.free.insert(q, packed);
-            t2.moves.push((ei, p, q));
-            return Some(t2);
         }
         None
     }

@@ -1,6 +1,7 @@
 //! The improvement phase: a replica the greedy pass left unplaced because an earlier deployment
 //! took the only pool it could use is placed once that deployment's replica moves to its other
-//! option; never at the cost of a higher-priority deployment or of a replica already running.
+//! option, also when that option is full and its own occupant has to move on first (a chain);
+//! never at the cost of a higher-priority deployment or of a replica already running.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
 
@@ -134,5 +135,94 @@ fn a_replica_already_running_is_never_moved() {
     }];
     let improved = plans(&snap, true);
     assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
+    assert!(improved.iter().all(|p| p.moves.is_empty()));
+}
+
+/// Three pools of one node each: H100 ($10), H200 ($20), A100 ($30). `flexible` (H100 or
+/// H200) takes the H100, `middle` (H200 or A100) the H200, and `h100-only` is left out. Only a
+/// chain places it: `middle` to the A100, then `flexible` to the H200 it left.
+fn chain_fleet(middle_priority: i32) -> FleetSnapshot {
+    FleetSnapshot {
+        classes: [class("h100", "10.00"), class("h200", "20.00"), class("a100", "30.00")].into_iter().collect(),
+        clusters: vec![cluster("a", "h100"), cluster("b", "h200"), cluster("c", "a100")],
+        deployments: vec![
+            deployment("flexible", 1, 0, json!([{"class": "h100"}, {"class": "h200"}])),
+            deployment("middle", 2, middle_priority, json!([{"class": "h200"}, {"class": "a100"}])),
+            deployment("h100-only", 3, 0, json!([{"class": "h100"}])),
+        ],
+    }
+}
+
+fn by_name<'p>(plans: &'p [DeploymentPlan], name: &str) -> &'p DeploymentPlan {
+    plans.iter().find(|p| p.name == name).unwrap()
+}
+
+#[test]
+fn a_chain_of_moves_places_the_one_left_out() {
+    let snap = chain_fleet(0);
+    let greedy = plans(&snap, false);
+    assert_eq!(
+        (on(by_name(&greedy, "flexible")), on(by_name(&greedy, "middle")), by_name(&greedy, "h100-only").unplaced),
+        (vec!["a"], vec!["b"], 1)
+    );
+    let improved = plans(&snap, true);
+    let (flexible, middle, gained) =
+        (by_name(&improved, "flexible"), by_name(&improved, "middle"), by_name(&improved, "h100-only"));
+    assert_eq!((on(flexible), on(middle), on(gained)), (vec!["b"], vec!["c"], vec!["a"]));
+    assert_eq!(improved.iter().map(|p| p.unplaced).sum::<u32>(), 0);
+    let moves: Vec<(&str, &str, &str, &str)> = gained
+        .moves
+        .iter()
+        .map(|m| (m.moved.as_str(), m.from.as_str(), m.to.as_str(), m.made_room_for.as_str()))
+        .collect();
+    assert_eq!(
+        moves,
+        vec![("ml/middle", "b/h200", "c/a100", "ml/h100-only"), ("ml/flexible", "a/h100", "b/h200", "ml/h100-only")]
+    );
+    // Each moved deployment records its own move, and only that one.
+    assert_eq!(flexible.moves.len(), 1);
+    assert_eq!(middle.moves.len(), 1);
+    let a = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+    assert_eq!(a, serde_json::to_string(&solve(&chain_fleet(0), &SolveOptions::default())).unwrap());
+}
+
+#[test]
+fn a_chain_never_moves_a_higher_priority_replica() {
+    // Twin: `middle` outranks the one left out; the chain would have to move it, so nothing moves.
+    let improved = plans(&chain_fleet(10), true);
+    assert_eq!(
+        (
+            on(by_name(&improved, "flexible")),
+            on(by_name(&improved, "middle")),
+            by_name(&improved, "h100-only").unplaced
+        ),
+        (vec!["a"], vec!["b"], 1)
+    );
+    assert!(improved.iter().all(|p| p.moves.is_empty()), "{:?}", improved.iter().map(|p| &p.moves).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_chain_never_moves_a_running_replica() {
+    // Twin: `middle` already runs on the H200.
+    let mut snap = chain_fleet(0);
+    snap.deployments[1].current = vec![ClusterPlacement {
+        cluster: "b".into(),
+        pool: "h200".into(),
+        class: "h200".into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: 1,
+        ready: 1,
+        serving: 1,
+    }];
+    let improved = plans(&snap, true);
+    assert_eq!(
+        (
+            on(by_name(&improved, "flexible")),
+            on(by_name(&improved, "middle")),
+            by_name(&improved, "h100-only").unplaced
+        ),
+        (vec!["a"], vec!["b"], 1)
+    );
     assert!(improved.iter().all(|p| p.moves.is_empty()));
 }
