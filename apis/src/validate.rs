@@ -175,7 +175,13 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                     check_node_devices(&mut sink, &field, &o.node_devices, totals, per_node);
                     for (j, r) in o.reserved.iter().enumerate() {
                         let totals = [r.nodes.into(), r.devices_total - r.devices_allocated, r.devices_managed];
-                        check_node_devices(&mut sink, &format!("{field}.reserved[{j}]"), &r.node_devices, totals, per_node);
+                        check_node_devices(
+                            &mut sink,
+                            &format!("{field}.reserved[{j}]"),
+                            &r.node_devices,
+                            totals,
+                            per_node,
+                        );
                     }
                 }
             }
