@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{CapacityType, ClusterTaint, Conditions, JurisdictionCode, SecretRef};
+pub use crate::node_devices::{NODE_DEVICES_MAX, NodeDevices, node_devices, node_devices_problems};
 
 /// A member cluster that runs model replicas.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -250,6 +251,15 @@ pub struct PoolStatus {
     /// those replicas again, so it counts their devices as available to them).
     #[serde(default)]
     pub devices_managed: i64,
+    /// The figures above node by node: the pool's ready nodes grouped by the devices free on
+    /// each and the devices Flotilla's replicas hold on each (see `NodeDevices`). When given,
+    /// its `nodes` add up to `nodes`, its `free × nodes` to `devicesFree` and its
+    /// `managed × nodes` to `devicesManaged`. Absent (an older controller, a hand-written status,
+    /// or more distinct node shapes than the list holds), the solver assumes the allocated
+    /// devices fill whole nodes first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub node_devices: Vec<NodeDevices>,
     /// Nodes of the pool set aside for one CapacityClaim (tainted
     /// `flotilla.dev/claim=<namespace>.<name>:NoSchedule`): only the deployment owning that
     /// claim is placed on them. Not counted in the figures above.
@@ -273,4 +283,10 @@ pub struct ReservedCapacity {
     /// Of those, held by replicas Flotilla manages.
     #[serde(default)]
     pub devices_managed: i64,
+    /// These nodes one by one, as `PoolStatus.nodeDevices`: its `nodes` add up to `nodes`, its
+    /// `free × nodes` to `devicesTotal - devicesAllocated`, its `managed × nodes` to
+    /// `devicesManaged`. Absent, allocated devices are assumed to fill whole nodes first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub node_devices: Vec<NodeDevices>,
 }

@@ -18,6 +18,7 @@ pub mod constants;
 pub mod crd;
 pub mod deployment;
 pub mod document;
+pub mod node_devices;
 pub mod quantity;
 pub mod reasons;
 pub mod schema_check;

@@ -168,6 +168,22 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                 if s.endpoint.is_none() {
                     sink.warn("spec.endpoint", "no entry URL: the gateway cannot route requests to this cluster");
                 }
+                for (i, o) in c.status.iter().flat_map(|st| st.pools.iter()).enumerate() {
+                    let field = format!("status.pools[{i}]");
+                    let per_node = per_node.get(o.class.as_str()).copied();
+                    let totals = [o.nodes.into(), o.devices_free, o.devices_managed];
+                    check_node_devices(&mut sink, &field, &o.node_devices, totals, per_node);
+                    for (j, r) in o.reserved.iter().enumerate() {
+                        let totals = [r.nodes.into(), r.devices_total - r.devices_allocated, r.devices_managed];
+                        check_node_devices(
+                            &mut sink,
+                            &format!("{field}.reserved[{j}]"),
+                            &r.node_devices,
+                            totals,
+                            per_node,
+                        );
+                    }
+                }
             }
             FleetObject::Deployment(d) => {
                 let s = &d.spec;
@@ -334,6 +350,38 @@ fn check_fit_deployment(sink: &mut Sink<'_>, s: &crate::ModelDeploymentSpec, per
             sink.error(
                 field,
                 format!("{n} devices on one node, but the classes this deployment may use have at most {max} devices per node: use MultiNode or a larger class"),
+            );
+        }
+    }
+}
+
+/// A pool's per-node breakdown (`nodeDevices`) adds up to its totals `[nodes, free, managed]`
+/// and no node holds more devices than its class has.
+fn check_node_devices(
+    sink: &mut Sink<'_>,
+    field: &str,
+    bars: &[crate::cluster::NodeDevices],
+    [nodes, free, managed]: [i64; 3],
+    per_node: Option<u32>,
+) {
+    let free_field = if field.contains(".reserved[") { "devicesTotal - devicesAllocated" } else { "devicesFree" };
+    for message in crate::cluster::node_devices_problems(
+        bars,
+        (&format!("{field}.nodes"), nodes),
+        (&format!("{field}.{free_field}"), free),
+        (&format!("{field}.devicesManaged"), managed),
+    ) {
+        sink.error(format!("{field}.nodeDevices"), message);
+    }
+    let Some(per_node) = per_node else { return };
+    for (j, b) in bars.iter().enumerate() {
+        if i64::from(b.free) + i64::from(b.managed) > i64::from(per_node) {
+            sink.error(
+                format!("{field}.nodeDevices[{j}]"),
+                format!(
+                    "free {} + managed {} devices on one node, but its class has {per_node} per node: lower them",
+                    b.free, b.managed
+                ),
             );
         }
     }

@@ -17,6 +17,7 @@ fn ok(free: i64) -> Observed {
                 devices_allocated: 16 - free,
                 devices_free: free,
                 devices_managed: 0,
+                node_devices: Vec::new(),
                 reserved: Vec::new(),
             }],
             empty_pools: vec![],

@@ -1,12 +1,14 @@
 //! From what a member cluster shows — nodes, DRA `ResourceSlice`s, pods and `ResourceClaim`s —
 //! to observed capacity per declared pool: ready nodes, devices (matched to the pool's class by
-//! the class's device description), devices allocated, devices free. Pure: the reconciler
-//! lists, this decides.
+//! the class's device description), devices allocated, devices free, and the same node by
+//! node (how many nodes have how many devices free and held by Flotilla), so that the solver
+//! knows a pool with 8 free as 4 + 4 cannot hold an 8-device pod. Pure: the reconciler lists,
+//! this decides.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use flotilla_apis::class::InferenceClassSpec;
-use flotilla_apis::cluster::{NodePool, PoolStatus, ReservedCapacity};
+use flotilla_apis::cluster::{NodePool, PoolStatus, ReservedCapacity, node_devices};
 use flotilla_apis::common::DeviceAttribute;
 use flotilla_apis::constants::labels;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -124,7 +126,6 @@ fn gpus_of<'a>(node: &str, pods: impl Iterator<Item = &'a Pod>) -> i64 {
         .sum()
 }
 
-/// Devices allocated through DRA claims from the given driver pools.
 /// Devices allocated through DRA claims from the given driver pools (all, and Flotilla's:
 /// claims made from Flotilla's templates carry its managed-by label).
 fn claimed(driver: &str, pools: &BTreeSet<String>, claims: &[ResourceClaim]) -> (i64, i64) {
@@ -159,7 +160,12 @@ fn reserved_for(node: &Node) -> Option<String> {
         .map(|t| t.value.clone().unwrap_or_default())
 }
 
-/// Observed capacity for every declared pool.
+fn clamp_i32(n: i64) -> i32 {
+    i32::try_from(n.max(0)).unwrap_or(i32::MAX)
+}
+
+/// Observed capacity for every declared pool, with the per-node breakdown (`nodeDevices`) of
+/// the shared nodes and of each claim's nodes.
 pub fn observe(
     pools: &[NodePool],
     classes: &BTreeMap<String, InferenceClassSpec>,
@@ -169,6 +175,8 @@ pub fn observe(
     for pool in pools {
         let mut status = PoolStatus { name: pool.name.clone(), class: pool.class.clone(), ..Default::default() };
         let class = classes.get(&pool.class);
+        // (free, managed) of every ready node, by the claim it is set aside for (`None`: shared).
+        let mut per_node: BTreeMap<Option<String>, Vec<(i32, i32)>> = BTreeMap::new();
         for node in seen
             .nodes
             .iter()
@@ -192,8 +200,12 @@ pub fn observe(
                         (gpu_quantity(alloc), pods_all, pods_mine)
                     }
                 };
+            let (allocated, mine) = (allocated.min(devices), mine.min(devices));
             // A claim's nodes are counted for the claim, the rest for the pool.
-            let (nodes, total, alloc, managed) = match reserved_for(node) {
+            let claim = reserved_for(node);
+            let shape = (clamp_i32(devices - allocated), clamp_i32(mine));
+            per_node.entry(claim.clone()).or_default().push(shape);
+            let (nodes, total, alloc, managed) = match claim {
                 Some(claim) => {
                     let at = match status.reserved.iter().position(|r| r.claim == claim) {
                         Some(i) => i,
@@ -214,10 +226,21 @@ pub fn observe(
             };
             *nodes += 1;
             *total += devices;
-            *alloc += allocated.min(devices);
-            *managed += mine.min(devices);
+            *alloc += allocated;
+            *managed += mine;
         }
         status.devices_free = status.devices_total - status.devices_allocated;
+        for (claim, shapes) in per_node {
+            let bars = node_devices(shapes);
+            match claim {
+                None => status.node_devices = bars,
+                Some(claim) => {
+                    if let Some(r) = status.reserved.iter_mut().find(|r| r.claim == claim) {
+                        r.node_devices = bars;
+                    }
+                }
+            }
+        }
         status.reserved.sort_by(|a, b| a.claim.cmp(&b.claim));
         if status.nodes == 0 && status.reserved.is_empty() {
             out.empty_pools.push(pool.name.clone());

@@ -132,3 +132,89 @@ fn nodes_a_claim_obtained_are_reserved_for_it_and_not_counted_as_the_pools() {
     let seen = MemberObservation { nodes: seen.nodes[1..].to_vec(), ..Default::default() };
     assert!(observe(&pools(), &class(), &seen).empty_pools.is_empty());
 }
+
+fn bar(free: i32, managed: i32, nodes: i32) -> flotilla_apis::cluster::NodeDevices {
+    flotilla_apis::cluster::NodeDevices { free, managed, nodes }
+}
+
+/// The breakdown adds up to the pool's totals, as validation and the snapshot require.
+fn adds_up(p: &PoolStatus) -> Vec<String> {
+    flotilla_apis::cluster::node_devices_problems(
+        &p.node_devices,
+        ("nodes", p.nodes.into()),
+        ("devicesFree", p.devices_free),
+        ("devicesManaged", p.devices_managed),
+    )
+}
+
+#[test]
+fn two_nodes_with_four_of_eight_used_each_are_two_nodes_with_four_free() {
+    let seen = MemberObservation {
+        nodes: vec![node("n1", "h100", true, Some("8")), node("n2", "h100", true, Some("8"))],
+        pods: vec![pod("n1", "4", "Running"), pod("n2", "4", "Running")],
+        ..Default::default()
+    };
+    let p = &observe(&pools(), &class(), &seen).pools[0];
+    assert_eq!(p.devices_free, 8);
+    assert_eq!(p.node_devices, [bar(4, 0, 2)], "not one full node and one empty");
+    assert!(adds_up(p).is_empty(), "{:?}", adds_up(p));
+
+    // Twin, same totals: all 8 used on one node.
+    let seen = MemberObservation { pods: vec![pod("n1", "8", "Running")], ..seen };
+    let p = &observe(&pools(), &class(), &seen).pools[0];
+    assert_eq!(p.devices_free, 8);
+    assert_eq!(p.node_devices, [bar(0, 0, 1), bar(8, 0, 1)]);
+}
+
+fn claim(name: &str, pool: &str, devices: usize, flotilla: bool) -> ResourceClaim {
+    let results: Vec<_> = (0..devices)
+        .map(|i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": format!("gpu-{i}")}))
+        .collect();
+    let labels = if flotilla { json!({"app.kubernetes.io/managed-by": "flotilla"}) } else { json!({}) };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": results}}}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn dra_claims_are_counted_on_the_node_whose_devices_they_hold() {
+    let seen = MemberObservation {
+        nodes: vec![node("n1", "h100", true, None), node("n2", "h100", true, None), node("n3", "h100", true, None)],
+        slices: vec![
+            slice("n1", "NVIDIA H100 80GB HBM3", 8),
+            slice("n2", "NVIDIA H100 80GB HBM3", 8),
+            slice("n3", "NVIDIA H100 80GB HBM3", 8),
+        ],
+        claims: vec![claim("mine", "n1", 4, true), claim("theirs", "n2", 2, false), claim("theirs-2", "n2", 2, false)],
+        ..Default::default()
+    };
+    let p = &observe(&pools(), &class(), &seen).pools[0];
+    assert_eq!((p.devices_allocated, p.devices_managed), (8, 4));
+    assert_eq!(
+        p.node_devices,
+        [bar(4, 0, 1), bar(4, 4, 1), bar(8, 0, 1)],
+        "n2: 4 free after others' claims; n1: 4 free and 4 Flotilla's; n3 untouched"
+    );
+    assert!(adds_up(p).is_empty(), "{:?}", adds_up(p));
+}
+
+#[test]
+fn a_claims_nodes_have_their_own_breakdown() {
+    let mut claimed = node("c1", "h100", true, Some("8"));
+    claimed.spec = serde_json::from_value(json!({"taints": [
+        {"key": "flotilla.dev/claim", "value": "ml.big", "effect": "NoSchedule"}]}))
+    .unwrap();
+    let mut mine = pod("c1", "8", "Running");
+    mine.metadata.labels = Some([("app.kubernetes.io/managed-by".to_string(), "flotilla".to_string())].into());
+    let seen = MemberObservation {
+        nodes: vec![node("n1", "h100", true, Some("8")), claimed],
+        pods: vec![mine, pod("n1", "2", "Running")],
+        ..Default::default()
+    };
+    let p = &observe(&pools(), &class(), &seen).pools[0];
+    assert_eq!(p.node_devices, [bar(6, 0, 1)], "the claim's node is not in the pool's breakdown");
+    assert_eq!(p.reserved[0].node_devices, [bar(0, 8, 1)], "the claim's node, held by its owner's replica");
+}

@@ -150,6 +150,10 @@ async fn inference_cluster_controller_on_real_api_servers() {
     assert_eq!(pools(&get(&api, "m3").await), vec![("l40s".into(), 3, 12, 0, 12)]);
     let m1s = get(&api, "m1").await.status.unwrap();
     assert_eq!((m1s.devices_total, m1s.devices_free), (Some(16), Some(12)));
+    // Node by node: the busy pod's node has 4 free, the other all 8 (written through the CRD's
+    // schema by the real API server).
+    let bars: Vec<(i32, i32, i32)> = m1s.pools[0].node_devices.iter().map(|b| (b.free, b.managed, b.nodes)).collect();
+    assert_eq!(bars, [(4, 0, 1), (8, 0, 1)], "{:?}", m1s.pools[0]);
     assert_eq!(m1s.kubernetes_version.as_deref(), Some("v1.36.3"));
 
     wait_reason(&api, "wrong", "Reachable", "False", "Unauthorized", Duration::from_secs(30)).await;

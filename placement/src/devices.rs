@@ -205,16 +205,21 @@ pub fn misfit(shape: &ReplicaShape, free: &[u32], per_node: u32) -> (Reason, Str
     }
     let total: u32 = free.iter().sum();
     let best = free.iter().copied().max().unwrap_or(0);
+    // Enough devices in all, but split over nodes none of which has room for the largest pod.
+    let split = if best < shape.largest_pod() && total >= shape.largest_pod() {
+        format!("but no node has {} free (at most {best} on one node)", shape.largest_pod())
+    } else {
+        format!("at most {best} on one node")
+    };
     (
         Reason::InsufficientDevices,
         format!(
-            "needs {} devices ({} pod(s), largest {} on one node); {} free on {} node(s), at most {} on one node",
+            "needs {} devices ({} pod(s), largest {} on one node); {} free on {} node(s), {split}",
             shape.devices(),
             shape.pods.len(),
             shape.largest_pod(),
             total,
             free.len(),
-            best
         ),
     )
 }
@@ -242,6 +247,18 @@ mod tests {
         assert_eq!(s.count(&[8, 8, 8], 5), 1);
         let s = shape(&[8, 8], false);
         assert_eq!(s.count(&[16], 5), 1, "without the distinct-node rule they share");
+    }
+
+    #[test]
+    fn misfit_says_when_free_devices_are_split_over_nodes() {
+        let tp8 = shape(&[8], false);
+        let (reason, split) = misfit(&tp8, &[4, 4], 8);
+        assert_eq!(reason, Reason::InsufficientDevices);
+        assert!(split.contains("8 free on 2 node(s), but no node has 8 free (at most 4 on one node)"), "{split}");
+        // Twin: too few devices in all is not a split.
+        let (_, few) = misfit(&tp8, &[4], 8);
+        assert!(few.ends_with("4 free on 1 node(s), at most 4 on one node"), "{few}");
+        assert!(!few.contains("no node has"), "{few}");
     }
 
     #[test]

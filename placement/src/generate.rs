@@ -327,6 +327,7 @@ fn cluster_status(ready: bool, pools: &[NodePool], rng: &mut Rng) -> InferenceCl
                 devices_allocated: allocated,
                 devices_free: total - allocated,
                 devices_managed: 0,
+                node_devices: Vec::new(),
                 reserved: Vec::new(),
             }
         })

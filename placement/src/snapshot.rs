@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use flotilla_apis::cache::CachePhase;
 use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::cluster::{NodeDevices, node_devices_problems};
 use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
 use flotilla_apis::constants::condition;
 use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
@@ -128,12 +129,26 @@ pub fn free_per_node(nodes: u32, per_node: u32, allocated: u64) -> Vec<u32> {
         .collect()
 }
 
+/// Devices a replica may use on each node of an observed per-node breakdown (`nodeDevices`):
+/// what is free plus what Flotilla's own replicas hold, one entry per node, smallest first.
+pub fn free_per_node_of(bars: &[NodeDevices]) -> Vec<u32> {
+    let mut free: Vec<u32> = bars
+        .iter()
+        .flat_map(|b| std::iter::repeat_n((b.free.max(0) + b.managed.max(0)) as u32, b.nodes.max(0) as usize))
+        .collect();
+    free.sort_unstable();
+    free
+}
+
 impl FleetSnapshot {
     /// A snapshot from fleet objects as committed in Git (or exported with their status).
     ///
     /// Capacity: a pool's observed status (`status.pools`) when present, else its declared
-    /// `nodes` with nothing allocated, else no nodes. Readiness: the `Ready` condition when a
-    /// status is present, else ready (a declared cluster is assumed up). Deployments keep the
+    /// `nodes` with nothing allocated, else no nodes. An observed pool's free devices per node
+    /// come from its per-node breakdown (`nodeDevices`) when it has one that adds up to its
+    /// totals; otherwise the allocated devices are assumed to fill whole nodes first.
+    /// Readiness: the `Ready` condition when a status is present, else ready (a declared
+    /// cluster is assumed up). Deployments keep the
     /// placements their status records, so that a re-plan is sticky; devices held by replicas
     /// Flotilla manages (`devicesManaged`) are counted free, since the solver places them anew.
     /// A ModelCache's status says in which clusters it is Ready (`ClusterView::ready_caches`).
@@ -270,13 +285,20 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>, evi
             let per_node = classes.get(&p.class).map_or(0, ClassView::devices_per_node);
             let observed = c.status.as_ref().and_then(|s| s.pools.iter().find(|o| o.name == p.name));
             // Flotilla's own replicas are placed again by the solver: only devices held by
-            // anything else are taken away.
-            let free = |nodes: i32, allocated: i64, managed: i64| {
-                free_per_node(nodes.max(0) as u32, per_node, (allocated - managed).max(0) as u64)
+            // anything else are taken away. Node by node when the status says how (and adds
+            // up), else packed onto whole nodes.
+            let free = |nodes: i32, unallocated: i64, allocated: i64, managed: i64, bars: &[NodeDevices]| {
+                let agrees =
+                    node_devices_problems(bars, ("nodes", nodes.into()), ("free", unallocated), ("managed", managed))
+                        .is_empty();
+                if bars.is_empty() || !agrees {
+                    return free_per_node(nodes.max(0) as u32, per_node, (allocated - managed).max(0) as u64);
+                }
+                free_per_node_of(bars)
             };
             let shared_free = match observed {
-                Some(o) => free(o.nodes, o.devices_allocated, o.devices_managed),
-                None => free(p.nodes.unwrap_or(0), 0, 0),
+                Some(o) => free(o.nodes, o.devices_free, o.devices_allocated, o.devices_managed, &o.node_devices),
+                None => free(p.nodes.unwrap_or(0), 0, 0, 0, &[]),
             };
             let shared = PoolView {
                 name: p.name.clone(),
@@ -290,7 +312,13 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>, evi
                 .flat_map(|o| o.reserved.iter())
                 .map(|r| PoolView {
                     reserved_for: Some(r.claim.clone()),
-                    free_per_node: free(r.nodes, r.devices_allocated, r.devices_managed),
+                    free_per_node: free(
+                        r.nodes,
+                        r.devices_total - r.devices_allocated,
+                        r.devices_allocated,
+                        r.devices_managed,
+                        &r.node_devices,
+                    ),
                     ..shared.clone()
                 })
                 .collect();
