@@ -32,8 +32,8 @@ impl Guide {
             // A rule that does not compile is reported every time the node is validated.
             Err(_) => true,
         };
-        let branches = compiled.all_of.iter().chain(&compiled.one_of).chain(&compiled.any_of);
-        let branch_rules = branches.clone().any(|b| Guide::new(b, transitions).is_some());
+        let mut branches = compiled.all_of.iter().chain(&compiled.one_of).chain(&compiled.any_of);
+        let branch_rules = branches.any(|b| Guide::new(b, transitions).is_some());
         if compiled.validations.iter().any(runs) || branch_rules {
             return Some(Guide { here: true, ..Guide::default() });
         }
