@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn same_errors_at_the_same_paths_as_kube_cels_walk_from_the_root() {
         let bad = json!({
-            "spec": {"region": "b", "pools": [{"maxNodes": 2}, {"minNodes": 5, "maxNodes": 200}],
+            "spec": {"region": "b", "pools": [{"maxNodes": 2}, {"minNodes": 300, "maxNodes": 200}],
                      "labels": {"ok": "abc", "bad": "abcdef"}},
             "status": {"free": 1}
         });
