@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod cel;
+mod cel_rules;
 pub mod claim;
 pub mod class;
 pub mod cluster;

@@ -10,14 +10,23 @@ use kube_cel::{CompiledSchema, Validator, compile_schema};
 use regex::Regex;
 use serde_json::Value as Json;
 
+use crate::cel_rules::Guide;
 use crate::document::Kind;
 
 /// A field path and a message.
 pub type FieldProblem = (String, String);
 
+/// A kind's schema, compiled once, with where its CEL rules run on create and on update.
+struct KindSchema {
+    schema: Json,
+    compiled: CompiledSchema,
+    on_create: Option<Guide>,
+    on_update: Option<Guide>,
+}
+
 /// Schemas of the five kinds, compiled once.
 pub struct Checker {
-    schemas: HashMap<Kind, (Json, CompiledSchema)>,
+    schemas: HashMap<Kind, KindSchema>,
     validator: Validator,
     patterns: HashMap<String, Option<Regex>>,
 }
@@ -45,14 +54,16 @@ impl Checker {
                 .unwrap_or(Json::Null);
             collect_patterns(&schema, &mut patterns);
             let compiled = compile_schema(&schema);
-            schemas.insert(kind, (schema, compiled));
+            let on_create = Guide::new(&compiled, false);
+            let on_update = Guide::new(&compiled, true);
+            schemas.insert(kind, KindSchema { schema, compiled, on_create, on_update });
         }
         Self { schemas, validator: Validator::new(), patterns }
     }
 
     /// The OpenAPI schema of a kind, as in its CRD.
     pub fn schema(&self, kind: Kind) -> Option<&Json> {
-        self.schemas.get(&kind).map(|(s, _)| s)
+        self.schemas.get(&kind).map(|k| &k.schema)
     }
 
     /// Every problem the API server would report for this object on create.
@@ -63,22 +74,22 @@ impl Checker {
     /// Every problem the API server would report when `old` is replaced by `object`
     /// (transition rules such as immutability run only when `old` is given).
     pub fn check_update(&self, kind: Kind, object: &Json, old: Option<&Json>) -> Vec<FieldProblem> {
-        let Some((schema, compiled)) = self.schemas.get(&kind) else {
+        let Some(k) = self.schemas.get(&kind) else {
             return vec![(String::new(), format!("no schema for kind {}", kind.as_str()))];
         };
         let mut out = Vec::new();
-        self.walk(schema, object, "", &mut out);
+        self.walk(&k.schema, object, "", &mut out);
         check_metadata(kind, object.get("metadata"), &mut out);
-        if out.is_empty() {
-            // kube-cel evaluates the CRD's rules on the object: behind the same boundary as
-            // selectors, so a panic there is this object's error.
-            match crate::cel::evaluating(|| self.validator.validate_compiled(compiled, object, old)) {
-                Ok(Ok(())) => {}
-                Ok(Err(errors)) => {
-                    for e in errors.iter() {
-                        out.push((e.field_path.clone(), e.message.clone()));
-                    }
-                }
+        let guide = if old.is_some() { &k.on_update } else { &k.on_create };
+        if out.is_empty()
+            && let Some(guide) = guide
+        {
+            // kube-cel evaluates the CRD's rules on the nodes that carry them: behind the same
+            // boundary as selectors, so a panic there is this object's error.
+            let mut errors = Vec::new();
+            let run = || guide.validate(&self.validator, &k.compiled, object, old, "", &mut errors);
+            match crate::cel::evaluating(run) {
+                Ok(()) => out.extend(errors.into_iter().map(|e| (e.field_path, e.message))),
                 Err(panic) => out.push((String::new(), format!("the CRD's validation rules failed on it: {panic}"))),
             }
         }

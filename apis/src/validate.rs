@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::cel::{CelValue, SelectorEngine, SelectorError};
+use crate::cel::{CelValue, Selector, SelectorEngine, SelectorError};
 use crate::common::CapacityType;
 use crate::deployment::CelExpression;
 use crate::document::{FleetObject, Kind, Located, Problem, Severity, SourceLocation};
@@ -119,7 +119,8 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
         )
     };
 
-    let mut selectors = SelectorChecker { engine: &engine, classes: &classes };
+    let mut selectors =
+        SelectorChecker { engine: &engine, classes: &classes, compiled: HashMap::new(), verdicts: HashMap::new() };
     for obj in objects {
         sink.current = Some(obj);
         let ns = obj.value.namespace().unwrap_or("");
@@ -422,17 +423,23 @@ fn has_duplicates(types: &[CapacityType]) -> bool {
 struct SelectorChecker<'e> {
     engine: &'e SelectorEngine,
     classes: &'e BTreeMap<&'e str, Option<CelValue>>,
+    /// Each distinct selector compiled once: a fleet repeats the same few selectors across
+    /// thousands of deployments.
+    compiled: HashMap<&'e str, Result<Selector, SelectorError>>,
+    /// Each (selector, class) evaluated once: the outcome depends on nothing else.
+    verdicts: HashMap<(&'e str, &'e str), Result<bool, SelectorError>>,
 }
 
-impl SelectorChecker<'_> {
+impl<'e> SelectorChecker<'e> {
     /// Compiles each selector, then evaluates it on the devices it could see (the named class,
     /// or every class) so that a selector returning a non-bool is caught before it is applied.
-    fn check(&mut self, sink: &mut Sink<'_>, field: &str, class: Option<&str>, selectors: &[CelExpression]) {
+    fn check(&mut self, sink: &mut Sink<'_>, field: &str, class: Option<&str>, selectors: &'e [CelExpression]) {
         let mut any_match_possible = true;
+        let engine = self.engine;
         for (i, expr) in selectors.iter().enumerate() {
             let f = format!("{field}.selectors[{i}]");
-            let selector = match self.engine.compile(&expr.0) {
-                Ok(s) => s,
+            let selector = match self.compiled.entry(expr.0.as_str()).or_insert_with(|| engine.compile(&expr.0)) {
+                Ok(s) => &*s,
                 Err(e) => {
                     sink.error(f, e.to_string());
                     any_match_possible = false;
@@ -445,7 +452,9 @@ impl SelectorChecker<'_> {
                     continue;
                 }
                 let Some(device) = device else { continue };
-                match self.engine.matches(&selector, device) {
+                let verdict =
+                    self.verdicts.entry((expr.0.as_str(), *name)).or_insert_with(|| engine.matches(selector, device));
+                match verdict {
                     Ok(true) => matched_any = true,
                     Ok(false) | Err(SelectorError::Evaluation { missing_key: true, .. }) => {}
                     Err(e @ SelectorError::NonBool { .. }) => {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::live::ClusterArgs;
+use crate::rejections::Detail;
 
 /// Flotilla's CLI: validate, plan and inspect a multi-cluster inference fleet.
 ///
@@ -83,6 +84,7 @@ const GET_EXAMPLES: &str = "Examples:
 const PLAN_EXAMPLES: &str = "Examples:
   fleetctl plan -f examples/fleet
   fleetctl plan -f examples/fleet -o json
+  fleetctl plan -f examples/fleet -o json --rejections full
   fleetctl plan -f examples/fleet --cloud examples/cloud/sim.yaml
   fleetctl plan -f fleet/ --live --kubeconfig control.kubeconfig
   fleetctl plan --live";
@@ -148,6 +150,12 @@ pub enum Command {
         /// Plan over the live fleet of the control cluster and show the difference.
         #[arg(long)]
         live: bool,
+        /// How rejected clusters are shown for deployments with unplaced replicas: `summary`
+        /// gives, per deployment, how many clusters refused it for each reason with the first
+        /// three of each (in -o json|yaml a `rejectionSummary` list instead of `rejections`);
+        /// `full` lists every cluster with its reason and message.
+        #[arg(long, value_enum, value_name = "DETAIL", default_value_t = Detail::Summary)]
+        rejections: Detail,
         /// A simulated cloud (the controller's --sim-cloud YAML: regions with jurisdiction,
         /// cluster, zones and offerings) to preview claims against, besides the static pools
         /// of the files. Offline only.
@@ -253,8 +261,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "--kubeconfig and --context choose the control cluster of --live: add --live, or leave them out"
             )
         }
-        Command::Plan { files, output, live: false, cloud, .. } => commands::plan(&files, output, cloud.as_deref()),
-        Command::Plan { files, output, live: true, cluster, .. } => commands::plan_live(&files, output, &cluster),
+        Command::Plan { files, output, live: false, cloud, rejections, .. } => {
+            commands::plan(&files, output, cloud.as_deref(), rejections)
+        }
+        Command::Plan { files, output, live: true, cluster, rejections, .. } => {
+            commands::plan_live(&files, output, &cluster, rejections)
+        }
         Command::Explain { files, target, namespace, output, live, cluster } => {
             let live = live.then_some(&cluster);
             commands::explain(&files, &target, namespace.as_deref(), output, live)

@@ -17,6 +17,7 @@ use crate::cli::Output;
 use crate::live::{self, ClusterArgs, Control, LiveError};
 use crate::overlay::{self, LiveFleet, Overlaid};
 use crate::progress::Progress;
+use crate::rejections::{self, Detail, SummarisedDeployment};
 use crate::{claims, diff, load, render};
 
 /// `fleetctl validate`.
@@ -65,12 +66,18 @@ fn load_valid(files: &[PathBuf]) -> anyhow::Result<Option<load::Fleet>> {
     Ok(if report_errors(&fleet.problems(), "planning") { None } else { Some(fleet) })
 }
 
+/// Writes `value` to stdout as it is serialised (a full plan of a large fleet is over 100 MB
+/// of JSON: not held in memory as one string).
 fn print_structured<T: Serialize>(value: &T, output: Output) -> anyhow::Result<()> {
-    let text = match output {
-        Output::Yaml => serde_yaml_ng::to_string(value)?,
-        _ => serde_json::to_string_pretty(value)? + "\n",
-    };
-    std::io::stdout().write_all(text.as_bytes())?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    match output {
+        Output::Yaml => serde_yaml_ng::to_writer(&mut out, value)?,
+        _ => {
+            serde_json::to_writer_pretty(&mut out, value)?;
+            out.write_all(b"\n")?;
+        }
+    }
+    out.flush()?;
     Ok(())
 }
 
@@ -87,31 +94,65 @@ fn solve_with_progress(snapshot: &FleetSnapshot, options: &SolveOptions) -> flot
 
 /// What offline `plan -o json|yaml` prints: the plan's fields, plus `claims`.
 #[derive(Serialize)]
-struct OfflinePlan<'a> {
+struct OfflinePlan<'a, P: Serialize> {
     #[serde(flatten)]
-    plan: &'a flotilla_placement::Plan,
+    plan: P,
     /// For each deployment with unplaced replicas: the claim that would be made, and what the
     /// claim engine would try first.
     claims: &'a [claims::ClaimPreview],
 }
 
-/// `fleetctl plan` (offline); `cloud` is a simulated cloud file to preview claims against.
-pub fn plan(files: &[PathBuf], output: Output, cloud: Option<&Path>) -> anyhow::Result<ExitCode> {
+/// The plan's fields with each deployment's rejections summarised.
+#[derive(Serialize)]
+struct SummarisedPlan<'a> {
+    deployments: Vec<SummarisedDeployment<'a>>,
+}
+
+/// Takes every deployment's rejections out of `plan` and returns them summarised, in order.
+fn take_summaries(plan: &mut flotilla_placement::Plan) -> Vec<Vec<rejections::ReasonSummary>> {
+    plan.deployments
+        .iter_mut()
+        .map(|d| rejections::summarise(&std::mem::take(&mut d.rejections), rejections::EXAMPLES_PER_REASON))
+        .collect()
+}
+
+fn summarised<'a>(
+    plan: &'a flotilla_placement::Plan,
+    summaries: Vec<Vec<rejections::ReasonSummary>>,
+) -> SummarisedPlan<'a> {
+    SummarisedPlan {
+        deployments: plan
+            .deployments
+            .iter()
+            .zip(summaries)
+            .map(|(plan, rejection_summary)| SummarisedDeployment { plan, rejection_summary })
+            .collect(),
+    }
+}
+
+/// `fleetctl plan` (offline); `cloud` is a simulated cloud file to preview claims against;
+/// `detail` says how much of the rejections to print.
+pub fn plan(files: &[PathBuf], output: Output, cloud: Option<&Path>, detail: Detail) -> anyhow::Result<ExitCode> {
     let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
     let cloud = match cloud {
         Some(path) => Some(claims::load_cloud(path, &claims::classes(&fleet.parsed.objects))?),
         None => None,
     };
-    let plan = solve_with_progress(&fleet.snapshot(), &SolveOptions::default());
+    let mut plan = solve_with_progress(&fleet.snapshot(), &SolveOptions::default());
     let previews = claims::previews(&fleet.parsed.objects, &plan, cloud)?;
-    match output {
-        Output::Table => {
-            let text = render::plan_table(&plan) + &claims::render(&previews);
+    let exit = if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) };
+    match (output, detail) {
+        (Output::Table, _) => {
+            let text = render::plan_table(&plan, detail) + &claims::render(&previews);
             std::io::stdout().write_all(text.as_bytes())?;
         }
-        _ => print_structured(&OfflinePlan { plan: &plan, claims: &previews }, output)?,
+        (_, Detail::Full) => print_structured(&OfflinePlan { plan: &plan, claims: &previews }, output)?,
+        (_, Detail::Summary) => {
+            let summaries = take_summaries(&mut plan);
+            print_structured(&OfflinePlan { plan: summarised(&plan, summaries), claims: &previews }, output)?
+        }
     }
-    Ok(if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) })
+    Ok(exit)
 }
 
 /// The files of a live command, checked one document at a time (references are checked once
@@ -157,12 +198,12 @@ fn overlaid(files: &[PathBuf], cluster: &ClusterArgs) -> anyhow::Result<Option<(
 /// What `plan --live -o json|yaml` prints.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct LivePlan<'a> {
+struct LivePlan<'a, P: Serialize> {
     server: &'a str,
     replaced: Vec<String>,
     added: Vec<String>,
     diff: &'a diff::PlanDiff,
-    plan: &'a flotilla_placement::Plan,
+    plan: P,
 }
 
 fn key_names(keys: &std::collections::BTreeSet<overlay::Key>) -> Vec<String> {
@@ -174,11 +215,13 @@ fn key_names(keys: &std::collections::BTreeSet<overlay::Key>) -> Vec<String> {
         .collect()
 }
 
-/// `fleetctl plan --live`.
-pub fn plan_live(files: &[PathBuf], output: Output, cluster: &ClusterArgs) -> anyhow::Result<ExitCode> {
+/// `fleetctl plan --live`; `detail` says how much of the plan's rejections `-o json|yaml`
+/// prints (the NEWLY UNPLACED section and the diff's `reasons` list every cluster).
+pub fn plan_live(files: &[PathBuf], output: Output, cluster: &ClusterArgs, detail: Detail) -> anyhow::Result<ExitCode> {
     let Some((control, live, over)) = overlaid(files, cluster)? else { return Ok(ExitCode::from(1)) };
-    let plan = solve_with_progress(&over.fleet.snapshot(), &SolveOptions::default());
+    let mut plan = solve_with_progress(&over.fleet.snapshot(), &SolveOptions::default());
     let changes = diff::diff(&live.deployments, &plan);
+    let exit = if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) };
     match output {
         Output::Table => {
             let mut out = format!(
@@ -198,17 +241,20 @@ pub fn plan_live(files: &[PathBuf], output: Output, cluster: &ClusterArgs) -> an
             std::io::stdout().write_all(out.as_bytes())?;
         }
         _ => {
-            let doc = LivePlan {
-                server: &control.server,
-                replaced: key_names(&over.replaced),
-                added: key_names(&over.added),
-                diff: &changes,
-                plan: &plan,
-            };
-            print_structured(&doc, output)?;
+            let (server, replaced, added) = (&control.server, key_names(&over.replaced), key_names(&over.added));
+            match detail {
+                Detail::Full => {
+                    print_structured(&LivePlan { server, replaced, added, diff: &changes, plan: &plan }, output)?
+                }
+                Detail::Summary => {
+                    let summaries = take_summaries(&mut plan);
+                    let plan = summarised(&plan, summaries);
+                    print_structured(&LivePlan { server, replaced, added, diff: &changes, plan }, output)?
+                }
+            }
         }
     }
-    Ok(if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) })
+    Ok(exit)
 }
 
 const KINDS: [&str; 4] = ["modeldeployment", "modeldeployments", "md", "deployment"];

@@ -13,5 +13,6 @@ pub mod live;
 pub mod load;
 pub mod overlay;
 pub mod progress;
+pub mod rejections;
 pub mod render;
 pub mod tables;

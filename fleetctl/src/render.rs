@@ -1,10 +1,13 @@
-//! Rendering plans for people: the placement table, the unplaced section with every cluster's
-//! reason, and `explain`'s per-cluster filter verdicts and candidate scores.
+//! Rendering plans for people: the placement table, the unplaced section (every cluster's
+//! reason, or per reason a count and a few example clusters), and `explain`'s per-cluster
+//! filter verdicts and candidate scores.
 
 use std::fmt::Write as _;
 
 use flotilla_apis::common::format_price_micros;
 use flotilla_placement::plan::{DeploymentPlan, Plan};
+
+use crate::rejections::{self, Detail};
 
 /// Aligned columns separated by two spaces; the last cell of a row is not padded.
 pub fn table(rows: &[Vec<String>]) -> String {
@@ -33,8 +36,8 @@ pub fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The plan as a table plus an unplaced section.
-pub fn plan_table(plan: &Plan) -> String {
+/// The plan as a table plus an unplaced section, its rejections in `detail`.
+pub fn plan_table(plan: &Plan, detail: Detail) -> String {
     let mut rows = vec![
         ["DEPLOYMENT", "MODEL", "CLUSTER", "POOL", "REPLICAS", "CLASS", "CAPACITY", "FALLBACK", "$/H"]
             .map(String::from)
@@ -78,19 +81,77 @@ pub fn plan_table(plan: &Plan) -> String {
         plan.deployments.iter().filter(|d| d.unplaced > 0 || !d.unmet_minimums.is_empty()).collect();
     if !short.is_empty() {
         out.push_str("\nUNPLACED\n");
+        let mut omitted = false;
         for d in short {
-            out.push_str(&unplaced_section(d));
+            match detail {
+                Detail::Full => out.push_str(&unplaced_section(d)),
+                Detail::Summary => {
+                    let (text, more) = unplaced_summary(d);
+                    out.push_str(&text);
+                    omitted |= more;
+                }
+            }
+        }
+        if omitted {
+            let _ = writeln!(
+                out,
+                "(at most {} clusters shown per reason; --rejections full lists every cluster)",
+                rejections::EXAMPLES_PER_REASON
+            );
         }
     }
     out
 }
 
-fn unplaced_section(d: &DeploymentPlan) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "{}/{}: {} of {} replicas unplaced", d.namespace, d.name, d.unplaced, d.desired);
+fn unplaced_header(out: &mut String, d: &DeploymentPlan) {
+    let _ = write!(out, "{}/{}: {} of {} replicas unplaced", d.namespace, d.name, d.unplaced, d.desired);
+}
+
+fn unmet_minimums(out: &mut String, d: &DeploymentPlan) {
     for m in &d.unmet_minimums {
         let _ = writeln!(out, "  alternative {} wants at least {} replicas, got {}", m.rank, m.wanted, m.placed);
     }
+}
+
+/// A deployment's unplaced replicas with, per reason, how many clusters gave it and the first
+/// few of them (each line as in the full list); whether some clusters were left out.
+fn unplaced_summary(d: &DeploymentPlan) -> (String, bool) {
+    let groups = rejections::summarise(&d.rejections, rejections::EXAMPLES_PER_REASON);
+    let mut out = String::new();
+    unplaced_header(&mut out, d);
+    if !groups.is_empty() {
+        let counts: Vec<String> = groups.iter().map(|g| format!("{} {}", g.clusters, g.reason)).collect();
+        let _ = write!(out, "; refused by {} cluster(s): {}", d.rejections.len(), counts.join(", "));
+    }
+    out.push('\n');
+    unmet_minimums(&mut out, d);
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .flat_map(|g| {
+            g.examples.iter().map(|e| vec![format!("  {}", e.cluster), g.reason.to_string(), e.message.clone()])
+        })
+        .collect();
+    let text = table(&rows);
+    let mut lines = text.lines();
+    let mut omitted = false;
+    for g in &groups {
+        for line in lines.by_ref().take(g.examples.len()) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if g.more > 0 {
+            let _ = writeln!(out, "  ... and {} more {}", g.more, g.reason);
+            omitted = true;
+        }
+    }
+    (out, omitted)
+}
+
+fn unplaced_section(d: &DeploymentPlan) -> String {
+    let mut out = String::new();
+    unplaced_header(&mut out, d);
+    out.push('\n');
+    unmet_minimums(&mut out, d);
     let rows: Vec<Vec<String>> = d
         .rejections
         .iter()

@@ -60,11 +60,19 @@ fn unplaced_replicas_exit_2_with_reasons_per_cluster() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(&file, text).unwrap();
+    // By default the rejections are summarised per reason, every reason counted.
     let out = fleetctl(&["plan", "-f", dir.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let text = stdout(&out);
     assert!(text.contains("UNPLACED"), "{text}");
     assert!(text.contains("ml/llama-3.3-70b-eu: "), "{text}");
+    assert!(text.contains(" cluster(s): 4 JurisdictionNotAllowed"), "{text}");
+    assert!(text.contains("  ... and 1 more JurisdictionNotAllowed"), "{text}");
+    // In full, every cluster with its reason.
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--rejections", "full"]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stdout(&out);
+    assert!(!text.contains("... and "), "{text}");
     for us in ["us-iad-1", "us-pdx-1", "ap-nrt-1"] {
         assert!(
             text.lines().any(|l| l.contains(us) && l.contains("JurisdictionNotAllowed")),
