@@ -173,11 +173,14 @@ pub async fn setup(fleet: &Fleet, control: &Client, p: &Params) {
             .map(|(pool, _, n)| json!({"name": pool, "class": pool, "maxNodes": n, "capacityTypes": ["on-demand"]}))
             .collect();
         let region = p.region(i);
-        apply(control, json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": m},
+        apply(
+            control,
+            json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": m},
             "spec": {"provider": {"sim": {"cloud": "bench"}}, "region": region, "zones": [format!("{region}a")],
                      "jurisdiction": if p.is_eu(i) { "EU" } else { "US" },
                      "credentials": {"secretRef": {"namespace": "flotilla-system", "name": format!("{m}-kubeconfig")}},
-                     "endpoint": format!("http://127.0.0.1:1/{m}"), "pools": pools}}))
+                     "endpoint": format!("http://127.0.0.1:1/{m}"), "pools": pools}}),
+        )
         .await;
     }
 }

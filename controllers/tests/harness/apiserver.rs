@@ -38,15 +38,8 @@ pub const MEMBER_READ: [&str; 4] = ["nodes", "pods", "resourceslices", "resource
 /// The control-cluster resources only Flotilla (and the benchmark's own applies and watch)
 /// touch; leases are counted apart, as the control cluster's controller-manager and scheduler
 /// renew theirs there too.
-pub const CONTROL_FLOTILLA: [&str; 7] = [
-    "modeldeployments",
-    "inferenceclusters",
-    "inferenceclasses",
-    "modelcaches",
-    "capacityclaims",
-    "secrets",
-    "events",
-];
+pub const CONTROL_FLOTILLA: [&str; 7] =
+    ["modeldeployments", "inferenceclusters", "inferenceclasses", "modelcaches", "capacityclaims", "secrets", "events"];
 
 /// The API server's own count of requests, from its `/metrics`. `None` when it does not answer.
 pub async fn apiserver_requests(client: &Client) -> Option<Requests> {
@@ -153,8 +146,7 @@ pub fn by_verb(requests: &Requests) -> BTreeMap<String, f64> {
 pub fn verbs_text(requests: &Requests) -> String {
     let v = by_verb(requests);
     let order = ["LIST", "WATCH", "GET", "APPLY", "PATCH", "PUT", "POST", "DELETE", "DELETECOLLECTION"];
-    let text: Vec<String> =
-        order.iter().filter_map(|verb| v.get(*verb).map(|n| format!("{verb} {n:.0}"))).collect();
+    let text: Vec<String> = order.iter().filter_map(|verb| v.get(*verb).map(|n| format!("{verb} {n:.0}"))).collect();
     if text.is_empty() { "—".to_string() } else { text.join(", ") }
 }
 
