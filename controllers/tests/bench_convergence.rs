@@ -280,8 +280,23 @@ async fn controller_at_fleet_scale() {
     let steady_rss = apiserver::proc_stats(pid).unwrap_or_default();
     windows.push(steady);
 
-    // A member outage: the last member (never the only one of its jurisdiction) stops.
-    let victim = members.last().unwrap().clone();
+    // A member outage: the member running the most ready replicas stops (never the only one
+    // of its jurisdiction, so that everything it ran has somewhere to go).
+    let ready_on = |m: &str| -> i32 {
+        deployments
+            .store
+            .state()
+            .iter()
+            .filter_map(|d| d.status.as_ref()?.placements.iter().find(|pl| pl.cluster == m).map(|pl| pl.ready))
+            .sum()
+    };
+    let victim = members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !p.is_eu(*i) || p.eu_members() >= 2)
+        .max_by_key(|(_, m)| ready_on(m))
+        .map(|(_, m)| m.clone())
+        .unwrap();
     let on_victim = |d: &ModelDeployment| {
         d.status.as_ref().is_some_and(|s| s.placements.iter().any(|pl| pl.cluster == victim && pl.desired > 0))
     };

@@ -65,11 +65,11 @@ impl Params {
         (1..=self.members).map(|i| format!("m{i}")).collect()
     }
 
-    fn eu_members(&self) -> usize {
+    pub fn eu_members(&self) -> usize {
         (self.members * 2 / 5).max(1)
     }
 
-    fn is_eu(&self, i: usize) -> bool {
+    pub fn is_eu(&self, i: usize) -> bool {
         i < self.eu_members()
     }
 
