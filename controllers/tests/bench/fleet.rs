@@ -122,13 +122,13 @@ impl Params {
         } else {
             json!({"type": "TensorParallel", "devicesPerReplica": devices})
         };
-        let alternatives = if i % 2 == 0 {
+        let alternatives = if i.is_multiple_of(2) {
             json!([{"class": "h100"}, {"class": "a100"}])
         } else {
             json!([{"class": "a100"}, {"class": "h100"}])
         };
         let mut placement = json!({});
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             placement["sovereignty"] = json!({"allowedJurisdictions": ["EU"]});
         }
         match i % 4 {
