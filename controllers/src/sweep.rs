@@ -5,7 +5,9 @@
 //! to since it started); the first pass that reaches a member also lists them once —
 //! across the cluster where the member lets the controller, else in the namespaces of the
 //! control cluster's tenant objects — for what was left before the controller started. The
-//! ModelCache kinds (Jobs, volume claims, Secrets) are not cached and are listed every pass.
+//! ModelCache kinds (Jobs, volume claims, Secrets) are not cached: a pass lists them only where
+//! some may be ([`kinds_to_list`]: the last listing there found some, or the ModelCache
+//! reconciler has been there since), so a fleet without caches sends its members no LIST.
 //! Decide ([`orphans`], pure): those whose owner (`<namespace>.<name>`) no ModelDeployment or
 //! ModelCache is any more, older than a grace period, at most a bounded number per pass.
 //! Apply: delete them. Objects without Flotilla's labels are never listed, so never touched.
@@ -201,6 +203,20 @@ async fn cached(member: &Handle, t: Timeouts) -> Vec<Found> {
         .collect()
 }
 
+/// Which of `KINDS` a pass lists in a member: every kind on its first pass there (or when asked
+/// to, as an InferenceCluster's deletion does); after that only the ModelCache kinds, and only
+/// where some may be (`cache_kinds_possible`: the last listing found some, or the ModelCache
+/// reconciler has been to the member since); else nothing — the caches hold the rest.
+pub fn kinds_to_list(first: bool, cache_kinds_possible: bool) -> std::ops::Range<usize> {
+    if first {
+        0..KINDS.len()
+    } else if cache_kinds_possible {
+        CACHED_KINDS..KINDS.len()
+    } else {
+        KINDS.len()..KINDS.len()
+    }
+}
+
 /// One pass over one member: observe (caches, and lists as the module header says; every kind
 /// when `list_all`, as an InferenceCluster's deletion does), decide, delete; bounded by the
 /// member timeout (twice: the reads and the deletions). `namespaces` are where to look when
@@ -215,10 +231,15 @@ pub async fn member(
 ) -> Result<usize, String> {
     use std::sync::atomic::Ordering;
     let first = list_all || !member.objects.swept_once.load(Ordering::Relaxed);
+    // Taken for this pass; set again below when the listing finds some, or by the ModelCache
+    // reconciler meanwhile (so a write during the pass is not lost), or when the pass fails.
+    let possible = member.objects.cache_kinds.swap(false, Ordering::SeqCst);
     let pass = async {
         let mut found = cached(member, t).await;
-        let listed = if first { 0..KINDS.len() } else { CACHED_KINDS..KINDS.len() };
-        let more = list(&member.client, namespaces, listed).await?;
+        let more = list(&member.client, namespaces, kinds_to_list(first, possible)).await?;
+        if more.iter().any(|f| f.kind >= CACHED_KINDS) {
+            member.objects.cache_kinds.store(true, Ordering::SeqCst);
+        }
         // What the first pass lists may also be cached: once each.
         for f in more {
             if !found.iter().any(|g| g.kind == f.kind && g.namespace == f.namespace && g.name == f.name) {
@@ -229,11 +250,15 @@ pub async fn member(
         member.objects.swept_once.store(true, Ordering::Relaxed);
         Ok::<usize, kube::Error>(n)
     };
-    match tokio::time::timeout(t.observe * 2, pass).await {
+    let outcome = match tokio::time::timeout(t.observe * 2, pass).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(brief(&e)),
         Err(_) => Err("did not answer in time".into()),
+    };
+    if outcome.is_err() && possible {
+        member.objects.cache_kinds.store(true, Ordering::SeqCst);
     }
+    outcome
 }
 
 /// Everything a periodic sweep reads.
@@ -290,6 +315,19 @@ pub async fn run(ctx: SweepContext, every: Duration, shutdown: impl std::future:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_kinds_are_listed_only_where_some_may_be() {
+        // First pass: everything, whatever the flag says.
+        assert_eq!(kinds_to_list(true, false), 0..KINDS.len());
+        assert_eq!(kinds_to_list(true, true), 0..KINDS.len());
+        // Later: the ModelCache kinds (never a cached one) where some may be…
+        let cache_kinds = kinds_to_list(false, true);
+        assert_eq!(cache_kinds, CACHED_KINDS..KINDS.len());
+        assert!(cache_kinds.clone().all(|i| KINDS[i].3 == labels::CACHE), "{cache_kinds:?}");
+        // …and nothing at all in a member where none can be: a quiet fleet lists nothing.
+        assert!(kinds_to_list(false, false).is_empty());
+    }
 
     fn f(kind: usize, owner: &str, name: &str, age: u64) -> Found {
         Found {

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use flotilla_apis::ModelDeployment;
 use futures_util::StreamExt;
+use harness::apiserver::{apiserver_requests, flotilla_lists_and_writes, grown};
 use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
@@ -105,54 +106,6 @@ async fn flotilla_objects(client: &Client) -> Vec<String> {
         out.push(describe("ResourceClaimTemplate", &d.metadata));
     }
     out
-}
-
-/// The member API server's own count of requests (`apiserver_request_total`), summed by
-/// `"<verb> <resource>[/<subresource>]"`, from its `/metrics`.
-async fn apiserver_requests(client: &Client) -> BTreeMap<String, f64> {
-    let req = axum::http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(req).await.unwrap();
-    let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let (labels, value) = line.rsplit_once(' ').unwrap();
-        let labels = labels.trim_start_matches("apiserver_request_total{").trim_end_matches('}');
-        let label: BTreeMap<&str, &str> = labels
-            .split("\",")
-            .filter_map(|kv| kv.split_once("=\""))
-            .map(|(k, v)| (k, v.trim_end_matches('"')))
-            .collect();
-        let resource = match label.get("subresource").copied().unwrap_or("") {
-            "" => label.get("resource").copied().unwrap_or("").to_string(),
-            sub => format!("{}/{sub}", label.get("resource").copied().unwrap_or("")),
-        };
-        let key = format!("{} {resource}", label.get("verb").copied().unwrap_or(""));
-        *out.entry(key).or_default() += value.parse::<f64>().unwrap_or(0.0);
-    }
-    out
-}
-
-/// What changed between two `apiserver_requests` readings (only what grew).
-fn grown(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, d)| *d > 0.0)
-        .collect()
-}
-
-/// Of those, the LISTs and writes of the resources Flotilla creates in a member (the main
-/// resource, never a subresource: the member's own controllers write `deployments/status`).
-fn flotilla_lists_and_writes(grown: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
-    const RESOURCES: [&str; 5] =
-        ["deployments", "services", "leaderworkersets", "resourceclaimtemplates", "namespaces"];
-    const VERBS: [&str; 7] = ["LIST", "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"];
-    grown
-        .iter()
-        .filter(|(k, _)| {
-            k.split_once(' ').is_some_and(|(verb, resource)| VERBS.contains(&verb) && RESOURCES.contains(&resource))
-        })
-        .map(|(k, v)| (k.clone(), *v))
-        .collect()
 }
 
 async fn running_pods(client: &Client, model: &str) -> usize {
@@ -392,7 +345,8 @@ async fn model_deployment_controller_on_real_api_servers() {
     };
     let before: Vec<_> = futures_util::future::join_all(members.values().map(|c| generations(c.clone()))).await;
     // The member API servers count every request they serve: read between this test's own reads.
-    let requests_before: Vec<_> = futures_util::future::join_all(members.values().map(apiserver_requests)).await;
+    let requests_before: Vec<_> =
+        futures_util::future::join_all(members.values().map(|c| async { apiserver_requests(c).await.unwrap() })).await;
     let watch_api = api.clone();
     let writes = tokio::spawn(async move {
         let mut n: Vec<String> = Vec::new();
@@ -415,7 +369,8 @@ async fn model_deployment_controller_on_real_api_servers() {
     })
     .await
     .unwrap();
-    let requests_after: Vec<_> = futures_util::future::join_all(members.values().map(apiserver_requests)).await;
+    let requests_after: Vec<_> =
+        futures_util::future::join_all(members.values().map(|c| async { apiserver_requests(c).await.unwrap() })).await;
     let after: Vec<_> = futures_util::future::join_all(members.values().map(|c| generations(c.clone()))).await;
     assert!(writes.is_empty(), "a quiet fleet writes no ModelDeployment, but saw: {writes:#?}");
     assert_eq!(before, after, "a quiet fleet writes no member workload");

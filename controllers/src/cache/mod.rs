@@ -174,8 +174,10 @@ async fn member_client(
     let Some(ic) = clusters.iter().find(|c| c.name_any() == name).cloned() else {
         return Err("no such InferenceCluster".into());
     };
-    let client = ctx.members.client(&ctx.client, &ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
-    Ok((client, ic))
+    let handle = ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
+    // The sweep lists the ModelCache kinds only in members where they may be: here they may.
+    handle.objects.cache_kinds_touched();
+    Ok((handle.client, ic))
 }
 
 /// Observes one member, applies what it lacks, and returns what was observed.

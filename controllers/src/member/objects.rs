@@ -143,6 +143,10 @@ pub struct MemberObjects {
     memo: Mutex<Memo>,
     /// Whether a sweep has listed this member once (objects from before this controller started).
     pub(crate) swept_once: std::sync::atomic::AtomicBool,
+    /// Whether objects of the ModelCache kinds (Jobs, volume claims, Secrets) may be here: true
+    /// until a sweep lists them and finds none, and again whenever the ModelCache reconciler
+    /// comes here ([`MemberObjects::cache_kinds_touched`]).
+    pub(crate) cache_kinds: std::sync::atomic::AtomicBool,
 }
 
 impl MemberObjects {
@@ -154,7 +158,14 @@ impl MemberObjects {
             served: Mutex::default(),
             memo: Mutex::default(),
             swept_once: Default::default(),
+            cache_kinds: std::sync::atomic::AtomicBool::new(true),
         }
+    }
+
+    /// The ModelCache reconciler is about to read or write its kinds here: the sweep lists
+    /// them again on its next pass.
+    pub fn cache_kinds_touched(&self) {
+        self.cache_kinds.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     async fn served(&self, wait: Duration) -> Result<Vec<usize>, MemberError> {

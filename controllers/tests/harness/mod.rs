@@ -5,6 +5,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod apiserver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -150,6 +152,11 @@ impl ControllerProcess {
             .filter(|l| l.starts_with(name) && l.contains(filter))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    /// The process id, for its `/proc` figures (`apiserver::proc_stats`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn kill(&mut self) {
