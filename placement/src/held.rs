@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use flotilla_apis::common::parse_price_micros;
 
+use super::place::unmet_minimums;
 use super::{Candidate, Ctx};
 use crate::devices::ReplicaShape;
 use crate::filters::first_refusal;
-use crate::plan::{Assignment, DeploymentPlan, UnmetMinimum};
+use crate::plan::DeploymentPlan;
 use crate::snapshot::DeploymentView;
 
 /// Replicas of one deployment on one (cluster, pool, alternative).
@@ -155,50 +156,12 @@ impl Ctx<'_, '_> {
 
     /// The plan of a deployment whose placements the phase changed.
     pub(super) fn refresh(&self, d: &DeploymentView, plan: &mut DeploymentPlan, held: &[Held]) {
-        let clusters = &self.snapshot.clusters;
-        let mut assignments: Vec<Assignment> = held
-            .iter()
-            .map(|h| {
-                let pool = &clusters[h.cluster].pools[h.pool];
-                Assignment {
-                    cluster: clusters[h.cluster].name.clone(),
-                    pool: pool.name.clone(),
-                    class: pool.class.clone(),
-                    capacity_type: pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand),
-                    fallback_rank: h.rank,
-                    replicas: h.count,
-                    cost_micros_per_hour: h.price * u64::from(h.count),
-                }
-            })
-            .collect();
-        assignments.sort_by(|a, b| {
-            a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)).then(a.fallback_rank.cmp(&b.fallback_rank))
-        });
-        assignments.dedup_by(|b, a| {
-            let same = (&a.cluster, &a.pool, a.fallback_rank, &a.class, a.capacity_type)
-                == (&b.cluster, &b.pool, b.fallback_rank, &b.class, b.capacity_type);
-            if same {
-                a.replicas += b.replicas;
-                a.cost_micros_per_hour += b.cost_micros_per_hour;
-            }
-            same
-        });
+        let assignments = self.assignments(held.iter().map(|h| (h.cluster, h.pool, h.rank, h.count, h.price)));
         let placed: u32 = held.iter().map(|h| h.count).sum();
         plan.assignments = assignments;
         plan.cost_micros_per_hour = cost(held);
         plan.unplaced = plan.desired.saturating_sub(placed);
-        plan.unmet_minimums = d
-            .spec
-            .devices
-            .alternatives
-            .iter()
-            .enumerate()
-            .filter_map(|(ai, alt)| {
-                let wanted = alt.min_replicas.unwrap_or(0).max(0) as u32;
-                let got = per_rank(held, ai as u32 + 1);
-                (got < wanted).then_some(UnmetMinimum { rank: ai as u32 + 1, wanted, placed: got })
-            })
-            .collect();
+        plan.unmet_minimums = unmet_minimums(d, |rank| per_rank(held, rank));
         let assignments = &plan.assignments;
         if let Some(explanation) = &mut plan.explanation {
             for e in explanation.iter_mut() {

@@ -249,6 +249,40 @@ impl Ctx<'_, '_> {
         }
     }
 
+    /// The assignments of a deployment from its placements — (cluster, pool, fallback rank,
+    /// replicas, price per replica) — sorted by cluster, pool and rank. A pool's shared nodes and
+    /// those a claim set aside for this deployment are one pool to the member: one assignment.
+    pub(super) fn assignments(&self, placed: impl Iterator<Item = (usize, usize, u32, u32, u64)>) -> Vec<Assignment> {
+        let clusters = &self.snapshot.clusters;
+        let mut assignments: Vec<Assignment> = placed
+            .map(|(ci, pi, rank, count, price)| {
+                let pool = &clusters[ci].pools[pi];
+                Assignment {
+                    cluster: clusters[ci].name.clone(),
+                    pool: pool.name.clone(),
+                    class: pool.class.clone(),
+                    capacity_type: pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand),
+                    fallback_rank: rank,
+                    replicas: count,
+                    cost_micros_per_hour: price * u64::from(count),
+                }
+            })
+            .collect();
+        assignments.sort_by(|a, b| {
+            a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)).then(a.fallback_rank.cmp(&b.fallback_rank))
+        });
+        assignments.dedup_by(|b, a| {
+            let same = (&a.cluster, &a.pool, a.fallback_rank, &a.class, a.capacity_type)
+                == (&b.cluster, &b.pool, b.fallback_rank, &b.class, b.capacity_type);
+            if same {
+                a.replicas += b.replicas;
+                a.cost_micros_per_hour += b.cost_micros_per_hour;
+            }
+            same
+        });
+        assignments
+    }
+
     /// Builds the deployment's plan from the final state.
     pub(super) fn finish(
         &mut self,
@@ -260,55 +294,14 @@ impl Ctx<'_, '_> {
         _shape: &ReplicaShape,
     ) -> DeploymentPlan {
         let clusters = &self.snapshot.clusters;
-        let mut assignments: Vec<Assignment> = state
-            .candidates
-            .iter()
-            .filter(|c| c.placed > 0)
-            .map(|c| {
-                let pool = &clusters[c.cluster].pools[c.pool];
-                Assignment {
-                    cluster: clusters[c.cluster].name.clone(),
-                    pool: pool.name.clone(),
-                    class: pool.class.clone(),
-                    capacity_type: pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand),
-                    fallback_rank: c.rank,
-                    replicas: c.placed,
-                    cost_micros_per_hour: c.replica_price * u64::from(c.placed),
-                }
-            })
-            .collect();
-        assignments.sort_by(|a, b| {
-            a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)).then(a.fallback_rank.cmp(&b.fallback_rank))
-        });
-        // A pool's shared nodes and those a claim set aside for this deployment are one pool
-        // to the member: one assignment.
-        assignments.dedup_by(|b, a| {
-            let same = a.cluster == b.cluster
-                && a.pool == b.pool
-                && a.fallback_rank == b.fallback_rank
-                && a.class == b.class
-                && a.capacity_type == b.capacity_type;
-            if same {
-                a.replicas += b.replicas;
-                a.cost_micros_per_hour += b.cost_micros_per_hour;
-            }
-            same
-        });
-        let unmet_minimums = d
-            .spec
-            .devices
-            .alternatives
-            .iter()
-            .enumerate()
-            .filter_map(|(ai, alt)| {
-                let wanted = alt.min_replicas.unwrap_or(0).max(0) as u32;
-                (state.per_rank[ai] < wanted).then(|| UnmetMinimum {
-                    rank: ai as u32 + 1,
-                    wanted,
-                    placed: state.per_rank[ai],
-                })
-            })
-            .collect();
+        let assignments = self.assignments(
+            state
+                .candidates
+                .iter()
+                .filter(|c| c.placed > 0)
+                .map(|c| (c.cluster, c.pool, c.rank, c.placed, c.replica_price)),
+        );
+        let unmet_minimums = unmet_minimums(d, |rank| state.per_rank[rank as usize - 1]);
         let took: std::collections::BTreeSet<usize> =
             state.candidates.iter().filter(|c| c.placed > 0).map(|c| c.cluster).collect();
         let mut rejections = Vec::new();
@@ -381,4 +374,21 @@ impl Ctx<'_, '_> {
             moves: Vec::new(),
         }
     }
+}
+
+/// The alternatives whose `minReplicas` the placement does not meet; `placed(rank)` is how many
+/// replicas it put on the alternative of that fallback rank (1-based).
+pub(super) fn unmet_minimums(d: &DeploymentView, placed: impl Fn(u32) -> u32) -> Vec<UnmetMinimum> {
+    d.spec
+        .devices
+        .alternatives
+        .iter()
+        .enumerate()
+        .filter_map(|(ai, alt)| {
+            let rank = ai as u32 + 1;
+            let wanted = alt.min_replicas.unwrap_or(0).max(0) as u32;
+            let got = placed(rank);
+            (got < wanted).then_some(UnmetMinimum { rank, wanted, placed: got })
+        })
+        .collect()
 }
