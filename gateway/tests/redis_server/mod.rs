@@ -202,11 +202,13 @@ pub fn fleet_files(sim_url: String) -> (PathBuf, PathBuf) {
     (table, keys)
 }
 
-/// Flags for a gateway on `table` and `keys`, with the shared store at `store` (or none).
+/// Flags for a gateway on `table` and `keys`, with the shared store at `store` (or none): its
+/// URL and the timeout of one call, in milliseconds (generous where the timeout is not what is
+/// tested, so a loaded machine does not mark the store down).
 pub fn gateway_args(
     table: &std::path::Path,
     keys: &std::path::Path,
-    store: Option<&str>,
+    store: Option<(&str, u64)>,
     extra: &[&str],
 ) -> Vec<String> {
     let mut a: Vec<String> = vec!["--config".into(), table.display().to_string(), "--keys-file".into()];
@@ -214,8 +216,8 @@ pub fn gateway_args(
     for f in ["--scrape-interval-ms=0", "--probe-interval-ms=0", "--routing=least-load", "--connect-timeout-ms=500"] {
         a.push(f.into());
     }
-    if let Some(url) = store {
-        a.extend(["--limits-store".into(), url.to_string(), "--limits-store-timeout-ms=100".into()]);
+    if let Some((url, timeout_ms)) = store {
+        a.extend(["--limits-store".into(), url.to_string(), format!("--limits-store-timeout-ms={timeout_ms}")]);
     }
     a.extend(extra.iter().map(|s| s.to_string()));
     a
