@@ -10,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::limits::{StoreFault, StoreKind, StoreOutcome};
 use crate::member::ConfigReason;
 
 /// The API a request used.
@@ -180,39 +181,6 @@ pub enum KeyRefusal {
     requests,
     /// Tokens per minute (429).
     tokens,
-}
-
-/// Why a call to the shared limits store failed (`limits_store_errors_total{reason}`).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum StoreFault {
-    /// No answer within `--limits-store-timeout-ms`.
-    timeout,
-    /// No connection (refused, reset, closed).
-    connection,
-    /// An error answer (authentication, the script, a read-only replica, an unexpected reply).
-    server,
-}
-
-/// What became of a request or charge while the limits store was unreachable
-/// (`limits_store_unavailable_total{outcome}`).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum StoreOutcome {
-    /// Admitted without a check (`--limits-store-unavailable open`).
-    admitted,
-    /// Refused with 503 (`--limits-store-unavailable closed`).
-    refused,
-    /// An answer's tokens could not be charged.
-    uncharged,
-}
-
-/// The kind of shared limits store (`limits_store_up{store}`).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum StoreKind {
-    /// A Redis (or Valkey) server.
-    redis,
 }
 
 /// Result of a `Serving` status write.

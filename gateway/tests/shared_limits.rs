@@ -4,7 +4,8 @@
 //! minute gets 60 across the three (and 180 without the shared store: the same three
 //! processes counting alone), tokens charged by one replica hold back the others with an
 //! honest `Retry-After`, and the script keeps the in-process limiter's arithmetic (refill,
-//! debt, waits) on the server's clock, with expiry so idle keys vanish.
+//! debt, waits) on the server's clock, with expiry so idle keys vanish. A `rediss://` URL
+//! against a plain-text server is refused, never downgraded.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -199,4 +200,22 @@ async fn the_script_keeps_the_in_process_arithmetic_on_the_servers_clock() {
     let exists = |name: &str| store.query(|c| redis::cmd("EXISTS").arg(name).query::<i64>(c));
     assert_eq!((exists("flotilla:limits:free"), exists("flotilla:limits:fast")), (0, 1));
     eventually("the idle key's hash expires", || exists("flotilla:limits:fast") == 0).await;
+}
+
+#[tokio::test]
+async fn a_rediss_url_is_never_served_over_plain_text() {
+    // A server that speaks only plain text: the TLS handshake must fail, never fall back.
+    let store = RedisServer::start();
+    let metrics = Arc::new(Metrics::default());
+    let mut cfg = GatewayConfig::with_table("unused.yaml");
+    cfg.limits_store = Some(format!("rediss://127.0.0.1:{}/0", store.port).parse().unwrap());
+    cfg.limits_store_unavailable = StoreUnavailable::Closed;
+    let limits = LimitStore::from_config(&cfg, metrics.clone()).unwrap();
+    // Three probes' worth of time (500 ms apart).
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(metrics.render().contains(&format!("{STORE_UP} 0")), "{}", metrics.render());
+    let refused = limits.admit(&key("team", Some(60), None)).await;
+    assert!(matches!(refused, Err(Refused::StoreUnavailable(_))), "{refused:?}");
+    let names: Vec<String> = store.query(|c| redis::cmd("KEYS").arg("*").query(c));
+    assert!(names.is_empty(), "nothing was counted over plain text: {names:?}");
 }

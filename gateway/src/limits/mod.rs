@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
+use prometheus_client::encoding::EncodeLabelValue;
 
 use crate::GatewayConfig;
 use crate::error::GatewayError;
@@ -29,6 +30,39 @@ pub enum StoreUnavailable {
     /// Refused with 503 `limits_store_unavailable` and `Retry-After`: no request beyond a
     /// budget, at the price of refusing every limited key while the store is down.
     Closed,
+}
+
+/// Why a call to the shared limits store failed (`limits_store_errors_total{reason}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StoreFault {
+    /// No answer within `--limits-store-timeout-ms`.
+    timeout,
+    /// No connection (refused, reset, closed).
+    connection,
+    /// An error answer (authentication, the script, a read-only replica, an unexpected reply).
+    server,
+}
+
+/// What became of a request or charge while the limits store was unreachable
+/// (`limits_store_unavailable_total{outcome}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StoreOutcome {
+    /// Admitted without a check (`--limits-store-unavailable open`).
+    admitted,
+    /// Refused with 503 (`--limits-store-unavailable closed`).
+    refused,
+    /// An answer's tokens could not be charged.
+    uncharged,
+}
+
+/// The kind of shared limits store (`limits_store_up{store}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StoreKind {
+    /// A Redis (or Valkey) server.
+    redis,
 }
 
 /// Why a request was not admitted.

@@ -15,11 +15,11 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Script};
 
-use super::{Refused, StoreUnavailable, StoreUrl};
+use super::{Refused, StoreFault, StoreKind, StoreOutcome, StoreUnavailable, StoreUrl};
 use crate::error::GatewayError;
 use crate::health::lock;
 use crate::keys::{ApiKey, Limit};
-use crate::metrics::{Metrics, StoreFault, StoreKind, StoreOutcome};
+use crate::metrics::Metrics;
 
 const SCRIPT: &str = include_str!("limits.lua");
 /// How often an unreachable store is asked again; refused clients are told to wait a second.
