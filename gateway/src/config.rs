@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub use crate::limits::{StoreUnavailable, StoreUrl};
 pub use crate::table::Continuation;
 
 /// How a cluster is chosen among the allowed, healthy ones.
@@ -85,6 +86,24 @@ pub struct GatewayConfig {
     /// Without it, starting with no key source is refused; with a key source it changes nothing.
     #[arg(long, env = "FLOTILLA_GATEWAY_ALLOW_ANONYMOUS")]
     pub allow_anonymous: bool,
+    /// Keep per-key limits in a Redis (or Valkey) server shared by every gateway replica:
+    /// `redis://[user:password@]host:6379[/db]`, or `rediss://` for TLS (verified against the
+    /// system's roots). Unset: in this process, so N replicas give each key N times its limits.
+    /// Prefer the environment variable when the URL carries a password.
+    #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE", hide_env_values = true)]
+    pub limits_store: Option<StoreUrl>,
+    /// Longest time one call to the limits store may take before it counts as unreachable, in
+    /// milliseconds (a request of a limited key waits at most this long for it).
+    #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE_TIMEOUT_MS", default_value_t = 100)]
+    pub limits_store_timeout_ms: u64,
+    /// What requests of limited keys get while the limits store is unreachable: `open`
+    /// (admitted unchecked, counted and logged) or `closed` (503 `limits_store_unavailable`
+    /// with `Retry-After`). Keys without limits are served either way.
+    #[arg(long, value_enum, env = "FLOTILLA_GATEWAY_LIMITS_STORE_UNAVAILABLE", default_value_t = StoreUnavailable::Open)]
+    pub limits_store_unavailable: StoreUnavailable,
+    /// Prefix of the limits store's keys: one hash per API key, `<prefix>:<key id>`.
+    #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE_PREFIX", default_value = "flotilla:limits")]
+    pub limits_store_prefix: String,
     /// Upstream attempts per model (first try plus retries).
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,
@@ -251,6 +270,27 @@ mod tests {
         assert!(keyed.check_auth().is_ok() && keyed.auth_required());
         let both = GatewayConfig::parse_from(["gw", "--config", "t", "--api-keys", "k", "--allow-anonymous"]);
         assert!(both.auth_required(), "a key source wins: keys are still checked");
+    }
+
+    #[test]
+    fn the_limits_store_is_in_process_unless_given_and_fails_open_by_default() {
+        let c = GatewayConfig::with_table("t.yaml");
+        assert!(c.limits_store.is_none());
+        assert_eq!(c.limits_store_unavailable, StoreUnavailable::Open);
+        assert_eq!(c.limits_store_timeout_ms, 100);
+        let shared = GatewayConfig::parse_from([
+            "gw",
+            "--config",
+            "t",
+            "--limits-store",
+            "redis://:pw@redis:6379/1",
+            "--limits-store-unavailable",
+            "closed",
+        ]);
+        assert_eq!(shared.limits_store.unwrap().to_string(), "redis://redis:6379/1");
+        assert_eq!(shared.limits_store_unavailable, StoreUnavailable::Closed);
+        let bad = GatewayConfig::try_parse_from(["gw", "--config", "t", "--limits-store", "memcached://x:1"]);
+        assert!(bad.unwrap_err().to_string().contains("use redis://host:6379"));
     }
 
     #[test]

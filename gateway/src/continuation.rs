@@ -164,7 +164,7 @@ async fn run(s: Stream, mut up: Upstream, tx: mpsc::Sender<Bytes>) {
     // A stream's `usage` chunk (when asked for) is exact; otherwise each content chunk counts
     // as a token and four bytes of prompt as one.
     let t = progress.tokens;
-    s.charge.pay(st, t.total.unwrap_or(t.chunks + (s.charge.prompt_bytes / 4) as u64));
+    s.charge.pay(st, t.total.unwrap_or(t.chunks + (s.charge.prompt_bytes / 4) as u64)).await;
     drop(s.permit);
 }
 

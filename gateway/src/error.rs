@@ -88,6 +88,17 @@ pub enum GatewayError {
         /// Seconds to wait.
         retry_after: u64,
     },
+    /// The key has limits, the shared store that counts them cannot be asked, and the gateway
+    /// is set to refuse then (`--limits-store-unavailable closed`).
+    #[error(
+        "API key `{key}` has limits, and the shared limits store that counts them cannot be reached: this gateway refuses limited keys until it answers again (--limits-store-unavailable closed); retry after {retry_after} s"
+    )]
+    LimitsStoreUnavailable {
+        /// The key's id (never the key).
+        key: String,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
     /// The model is not in the routing table.
     #[error("model `{0}` is not served by this fleet: GET /v1/models lists the models and aliases")]
     UnknownModel(String),
@@ -161,7 +172,9 @@ impl GatewayError {
             GatewayError::KeyRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::UnknownModel(_) | GatewayError::NoRoute(_) => StatusCode::NOT_FOUND,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::NoHealthyCluster { .. } | GatewayError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::NoHealthyCluster { .. }
+            | GatewayError::Overloaded(_)
+            | GatewayError::LimitsStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream { .. } | GatewayError::UpstreamMisconfigured { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::Table { .. }
@@ -188,6 +201,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             GatewayError::NoHealthyCluster { .. } => ("service_unavailable_error", "no_healthy_cluster"),
             GatewayError::Overloaded(_) => ("service_unavailable_error", "gateway_overloaded"),
+            GatewayError::LimitsStoreUnavailable { .. } => ("service_unavailable_error", "limits_store_unavailable"),
             GatewayError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             GatewayError::UpstreamMisconfigured { .. } => ("upstream_error", "upstream_misconfigured"),
             GatewayError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
@@ -203,7 +217,8 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited { retry_after, .. }
             | GatewayError::NoHealthyCluster { retry_after, .. }
-            | GatewayError::KeyRateLimited { retry_after, .. } => Some(*retry_after),
+            | GatewayError::KeyRateLimited { retry_after, .. }
+            | GatewayError::LimitsStoreUnavailable { retry_after, .. } => Some(*retry_after),
             GatewayError::Overloaded(_) => Some(1),
             _ => None,
         }
@@ -265,5 +280,11 @@ mod tests {
         let wrong = GatewayError::MethodNotAllowed { method: "GET".into(), path: "/v1/x".into(), allow: "POST" };
         assert_eq!(wrong.body()["error"]["code"], "method_not_allowed");
         assert_eq!(wrong.into_response().headers()[header::ALLOW], "POST");
+        let store = GatewayError::LimitsStoreUnavailable { key: "team".into(), retry_after: 1 };
+        assert_eq!(
+            (store.status(), store.body()["error"]["code"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("limits_store_unavailable"))
+        );
+        assert_eq!(store.into_response().headers()[header::RETRY_AFTER], "1");
     }
 }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::config::{RoutingMode, ms};
 use crate::keys::{ApiKey, Limit, Refusal};
+use crate::limits::Refused;
 use crate::metrics::{Endpoint, KeyRefusal, Outcome};
 use crate::pick::{hash, prefix_key};
 use crate::proxy::{self, Prepared};
@@ -175,10 +176,11 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
             Err(GatewayError::BadRequest("`model` is required: name a model from GET /v1/models".into())),
         );
     };
-    let model = match st.table.load().resolve(name) {
+    let table = st.table.load_full();
+    let model = match table.resolve(name) {
         Some(m) => {
             if let Some(k) = &key
-                && let Err(e) = admit_key(st, k, m)
+                && let Err(e) = admit_key(st, k, m).await
             {
                 return (m.name.clone(), Err(e));
             }
@@ -186,6 +188,7 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
         }
         None => return (unknown(), Err(GatewayError::UnknownModel(name.chars().take(200).collect()))),
     };
+    drop(table);
     let stream = endpoint != Endpoint::embeddings && v["stream"].as_bool() == Some(true);
     let key_ref = key;
     let key = match st.cfg.routing {
@@ -248,8 +251,9 @@ fn authenticate(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Option
     }
 }
 
-/// The key may use `m` (403 otherwise) and is within its limits (429 otherwise).
-fn admit_key(st: &AppState, k: &ApiKey, m: &Model) -> Result<(), GatewayError> {
+/// The key may use `m` (403 otherwise) and is within its limits (429 otherwise; 503 when the
+/// shared limits store is unreachable and `--limits-store-unavailable closed` is set).
+async fn admit_key(st: &AppState, k: &ApiKey, m: &Model) -> Result<(), GatewayError> {
     match k.authorize(m) {
         Ok(()) => {}
         Err(Refusal::Model) => {
@@ -278,17 +282,18 @@ fn admit_key(st: &AppState, k: &ApiKey, m: &Model) -> Result<(), GatewayError> {
             });
         }
     }
-    st.limiter.admit(k, Instant::now()).map_err(|(limit, wait)| {
-        let (what, n, refusal) = match limit {
-            Limit::Requests => ("requests", k.requests_per_minute.map_or(0, u64::from), KeyRefusal::requests),
-            Limit::Tokens => ("tokens", k.tokens_per_minute.unwrap_or(0), KeyRefusal::tokens),
-        };
-        st.metrics.refusal(refusal);
-        GatewayError::KeyRateLimited {
-            key: k.id.clone(),
-            what,
-            limit: n,
-            retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+    let secs = |wait: std::time::Duration| wait.as_secs_f64().ceil().max(1.0) as u64;
+    st.limiter.admit(k).await.map_err(|refused| match refused {
+        Refused::Limit(limit, wait) => {
+            let (what, n, refusal) = match limit {
+                Limit::Requests => ("requests", k.requests_per_minute.map_or(0, u64::from), KeyRefusal::requests),
+                Limit::Tokens => ("tokens", k.tokens_per_minute.unwrap_or(0), KeyRefusal::tokens),
+            };
+            st.metrics.refusal(refusal);
+            GatewayError::KeyRateLimited { key: k.id.clone(), what, limit: n, retry_after: secs(wait) }
+        }
+        Refused::StoreUnavailable(wait) => {
+            GatewayError::LimitsStoreUnavailable { key: k.id.clone(), retry_after: secs(wait) }
         }
     })
 }

@@ -4,7 +4,8 @@
 //! `sse` (stream relay through a `splice`; `continuation` finishes a stream that breaks on
 //! another route); the routing `table` is swapped atomically, from a file by `serve`'s reload
 //! loop or from the control cluster by `feed` (built by `fleet`). API `keys` are checked in
-//! `http`; what the gateway sees is kept by `feedback` and written back by `feed`; `probe`
+//! `http` and their budgets in `limits` (this process, or a Redis server shared by every
+//! replica); what the gateway sees is kept by `feedback` and written back by `feed`; `probe`
 //! brings ejected routes back without spending user requests on them.
 
 pub mod breaker;
@@ -17,6 +18,7 @@ pub mod fleet;
 pub mod health;
 pub mod http;
 pub mod keys;
+pub mod limits;
 pub mod member;
 pub mod metrics;
 pub mod pick;
@@ -45,7 +47,8 @@ use crate::config::ms;
 use crate::feed::FeedStatus;
 use crate::feedback::Stats;
 use crate::health::{BreakerConfig, HealthRegistry, lock};
-use crate::keys::{KeySet, Limiter};
+use crate::keys::KeySet;
+use crate::limits::LimitStore;
 use crate::metrics::{Metrics, ReloadResult};
 
 /// Everything a request needs: configuration, the current table, cluster health, metrics,
@@ -66,8 +69,8 @@ pub struct AppState {
     pub limit: Arc<Semaphore>,
     /// API keys in force.
     pub keys: ArcSwap<KeySet>,
-    /// Per-key limits.
-    pub limiter: Limiter,
+    /// Per-key limits: in this process, or shared by every replica.
+    pub limiter: LimitStore,
     /// What the gateway saw, per model and cluster.
     pub stats: Stats,
     /// The control-cluster feed's state (`/readyz`).
@@ -79,9 +82,17 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State with `table` in force.
-    pub fn new(cfg: GatewayConfig, mut table: RoutingTable) -> Arc<Self> {
-        let metrics = Arc::new(Metrics::default());
+    /// State with `table` in force and per-key limits kept in this process.
+    pub fn new(cfg: GatewayConfig, table: RoutingTable) -> Arc<Self> {
+        Self::with_limits(cfg, table, Arc::new(Metrics::default()), LimitStore::default())
+    }
+
+    fn with_limits(
+        cfg: GatewayConfig,
+        mut table: RoutingTable,
+        metrics: Arc<Metrics>,
+        limiter: LimitStore,
+    ) -> Arc<Self> {
         let breaker = BreakerConfig {
             failures: cfg.breaker_failures.max(1),
             open: ms(cfg.breaker_open_ms),
@@ -98,7 +109,7 @@ impl AppState {
             table: ArcSwap::from_pointee(table),
             table_text: Mutex::new(String::new()),
             keys: ArcSwap::from_pointee(plain_keys(&cfg)),
-            limiter: Limiter::default(),
+            limiter,
             stats: Stats::default(),
             feed: FeedStatus::new(cfg.control_cluster),
             keys_text: Mutex::new(None),
@@ -108,14 +119,18 @@ impl AppState {
     }
 
     /// State with the table read from `cfg.config` (empty until the feed fills it in
-    /// control-cluster mode) and the keys from `cfg.keys_file`. Refused without a key source
-    /// unless `--allow-anonymous`.
+    /// control-cluster mode), the keys from `cfg.keys_file` and the limits store of
+    /// `--limits-store` (which connects in the background: call inside a Tokio runtime).
+    /// Refused without a key source unless `--allow-anonymous`.
     pub fn load(cfg: GatewayConfig) -> Result<Arc<Self>, GatewayError> {
         cfg.check_auth().map_err(GatewayError::Config)?;
         if cfg.allow_anonymous && !cfg.auth_required() {
             tracing::warn!(listen = %cfg.listen, "serving WITHOUT authentication (--allow-anonymous): anyone reaching the listener may use every model");
         }
-        let st = AppState::new(cfg, RoutingTable::default());
+        let metrics = Arc::new(Metrics::default());
+        let limiter = LimitStore::from_config(&cfg, metrics.clone())?;
+        tracing::info!(store = %limiter.describe(), "per-key limits are kept in");
+        let st = AppState::with_limits(cfg, RoutingTable::default(), metrics, limiter);
         st.reload()?;
         st.reload_keys()?;
         Ok(st)

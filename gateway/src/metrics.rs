@@ -1,7 +1,7 @@
 //! The gateway's Prometheus metrics. Every label value is a closed enum or a name from the
 //! routing table (never text from a request): requests by model and outcome, attempts by
 //! cluster and result, in-flight and circuit state per cluster, stream endings, fallbacks,
-//! table reloads, probes, bodies in transit, tokens and latency.
+//! table reloads, probes, bodies in transit, tokens and latency, the shared limits store.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -10,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::limits::{StoreFault, StoreKind, StoreOutcome};
 use crate::member::ConfigReason;
 
 /// The API a request used.
@@ -207,6 +208,18 @@ struct RefusalLabels {
     reason: KeyRefusal,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreFaultLabels {
+    reason: StoreFault,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreOutcomeLabels {
+    outcome: StoreOutcome,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    store: StoreKind,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteLabels {
     result: WriteResult,
 }
@@ -279,6 +292,9 @@ pub struct Metrics {
     skipped: Family<ClusterLabel, Counter>,
     misconfigured: Family<MisconfiguredLabels, Gauge>,
     scrape_quiet: Family<ClusterLabel, Gauge>,
+    store_errors: Family<StoreFaultLabels, Counter>,
+    store_unavailable: Family<StoreOutcomeLabels, Counter>,
+    store_up: Family<StoreLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -304,6 +320,9 @@ impl Default for Metrics {
             skipped: Family::default(),
             misconfigured: Family::default(),
             scrape_quiet: Family::default(),
+            store_errors: Family::default(),
+            store_unavailable: Family::default(),
+            store_up: Family::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -360,6 +379,21 @@ impl Default for Metrics {
             "scrape_quiet",
             "1 while a cluster's /metrics shows no vLLM metrics and is scraped rarely",
             m.scrape_quiet.clone(),
+        );
+        registry.register(
+            "limits_store_errors",
+            "Failed calls to the shared limits store, by reason",
+            m.store_errors.clone(),
+        );
+        registry.register(
+            "limits_store_unavailable",
+            "Requests admitted or refused, and answers left uncharged, while the shared limits store was unreachable",
+            m.store_unavailable.clone(),
+        );
+        registry.register(
+            "limits_store_up",
+            "1 while the shared limits store answers within its timeout, 0 while it does not (no sample without one)",
+            m.store_up.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -444,6 +478,18 @@ impl Metrics {
     /// Set whether `cluster` is scraped rarely for want of vLLM metrics.
     pub fn set_scrape_quiet(&self, cluster: &str, quiet: bool) {
         self.scrape_quiet.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).set(i64::from(quiet));
+    }
+    /// Count a failed call to the shared limits store.
+    pub fn store_fault(&self, reason: StoreFault) {
+        self.store_errors.get_or_create(&StoreFaultLabels { reason }).inc();
+    }
+    /// Count what a request or charge got while the shared limits store was unreachable.
+    pub fn store_unavailable(&self, outcome: StoreOutcome) {
+        self.store_unavailable.get_or_create(&StoreOutcomeLabels { outcome }).inc();
+    }
+    /// Set whether the shared limits store answers.
+    pub fn set_store_up(&self, store: StoreKind, up: bool) {
+        self.store_up.get_or_create(&StoreLabels { store }).set(i64::from(up));
     }
     /// The text exposition.
     pub fn render(&self) -> String {

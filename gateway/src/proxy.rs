@@ -127,7 +127,7 @@ pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit
     let charge = Charge { key: p.api_key.clone(), prompt_bytes: p.raw.len() };
     let cluster = HeaderValue::from_str(&won.route.cluster.name).unwrap_or(HeaderValue::from_static("unknown"));
     let mut r = match won.success {
-        Success::Full { status, body } => full(st, status, body, &charge),
+        Success::Full { status, body } => full(st, status, body, &charge).await,
         Success::Stream { events, parser, body } => {
             let stream = continuation::Stream {
                 st: st.clone(),
@@ -460,18 +460,21 @@ pub(crate) struct Charge {
 }
 
 impl Charge {
-    pub(crate) fn pay(&self, st: &AppState, tokens: u64) {
+    /// Charge the key (in this process or the shared store; bounded by the store's timeout).
+    pub(crate) async fn pay(&self, st: &AppState, tokens: u64) {
         if let Some(k) = &self.key {
-            st.limiter.charge(k, tokens, Instant::now());
+            st.limiter.charge(k, tokens).await;
         }
     }
 }
 
-fn full(st: &AppState, status: StatusCode, body: Bytes, charge: &Charge) -> Response {
+/// A whole answer, charged before it is handed over, so a client that waits for it never
+/// outruns its token budget.
+async fn full(st: &AppState, status: StatusCode, body: Bytes, charge: &Charge) -> Response {
     if charge.key.is_some() {
         let used = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| usage_tokens(&v));
         // Without `usage`, about four bytes of prompt make a token.
-        charge.pay(st, used.unwrap_or((charge.prompt_bytes / 4) as u64));
+        charge.pay(st, used.unwrap_or((charge.prompt_bytes / 4) as u64)).await;
     }
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;

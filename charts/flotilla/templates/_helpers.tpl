@@ -131,6 +131,12 @@ podAntiAffinity:
 {{- if and (eq $k.source "file") (not $k.existingSecret) -}}
 {{- fail "gateway.apiKeys.source=file needs gateway.apiKeys.existingSecret: the Secret (in the release namespace) whose key gateway.apiKeys.key holds the keys document" -}}
 {{- end -}}
+{{- if and $g.limitsStore.url $g.limitsStore.existingSecret -}}
+{{- fail "gateway.limitsStore: set url or existingSecret, not both" -}}
+{{- end -}}
+{{- if contains "@" $g.limitsStore.url -}}
+{{- fail "gateway.limitsStore.url carries credentials, which would end up in the Deployment: put the URL in a Secret and name it in gateway.limitsStore.existingSecret" -}}
+{{- end -}}
 {{- if and (eq $g.routing.source "controlCluster") .Values.controller.enabled (eq $g.leaderElection.leaseName .Values.controller.leaderElection.leaseName) -}}
 {{- fail "gateway.leaderElection.leaseName must differ from controller.leaderElection.leaseName: the gateway and the controller elect leaders independently" -}}
 {{- end -}}
