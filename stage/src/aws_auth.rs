@@ -309,9 +309,19 @@ fn default_chain(region: &str) -> Vec<(Provider, SharedCredentialsProvider)> {
 /// rather than a configuration or permission problem. The SDK's clients already retried.
 pub fn is_transient(detail: &str) -> bool {
     let d = detail.to_ascii_lowercase();
-    ["dispatch failure", "timed out", "timeout", "connection refused", "throttl", "service unavailable", "503"]
-        .iter()
-        .any(|s| d.contains(s))
+    [
+        "dispatch failure",
+        "timed out",
+        "timeout",
+        "connection refused",
+        "throttl",
+        "service unavailable",
+        "serviceunavailable",
+        "internalfailure",
+        "idpcommunicationerror",
+    ]
+    .iter()
+    .any(|s| d.contains(s))
 }
 
 /// The region to sign for and to address AWS with: the configured one; else, for AWS itself

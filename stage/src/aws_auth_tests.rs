@@ -186,6 +186,8 @@ fn transient_provider_failures_are_told_apart() {
     assert!(is_transient("service error: Throttling: Rate exceeded"));
     assert!(!is_transient("service error: AccessDenied: Not authorized to perform sts:AssumeRoleWithWebIdentity"));
     assert!(!is_transient("No such file or directory (os error 2)"));
+    assert!(is_transient("service error: IDPCommunicationError: the OIDC provider did not answer"));
+    assert!(!is_transient("AccessDenied: arn:aws:sts::503000000000:assumed-role/x is not authorized"));
 }
 
 #[tokio::test]
