@@ -49,6 +49,16 @@ pub struct ModelCacheSpec {
     /// Secret with the source's token (`token` key by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_ref: Option<SecretRef>,
+    /// Service account the staging Job's pod runs as, in the cache's namespace of every target
+    /// cluster (it must exist there). How pods get cloud credentials without a Secret: for
+    /// `s3://`, annotate it for IRSA (`eks.amazonaws.com/role-arn`) or give it an EKS Pod
+    /// Identity association. The namespace's `default` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub service_account_name: Option<String>,
 }
 
 /// Which clusters to stage in: selected clusters, wherever named deployments are placed, or both.

@@ -187,6 +187,17 @@ fn cache_targets_and_claim_device_classes() {
     let mut ok = cache.clone();
     ok["spec"]["targets"] = json!({"deployments": ["llama"]});
     assert_eq!(problems(Kind::ModelCache, &ok), vec![]);
+    // The staging Job's service account (IRSA / EKS Pod Identity) must be a valid object name.
+    let mut with_sa = ok.clone();
+    with_sa["spec"]["serviceAccountName"] = json!("model-stager");
+    assert_eq!(problems(Kind::ModelCache, &with_sa), vec![]);
+    for bad in ["Model_Stager", "-stager", "", "stager/../x"] {
+        with_sa["spec"]["serviceAccountName"] = json!(bad);
+        assert!(
+            problems(Kind::ModelCache, &with_sa).iter().any(|(f, _)| f.contains("serviceAccountName")),
+            "{bad:?} must be refused"
+        );
+    }
     let mut old = ok.clone();
     old["spec"]["source"] = json!("hf://other/model");
     assert!(

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use crate::error::StageError;
-use crate::http::{Http, check_status, error_chain, redact};
+use crate::http::{Http, error_chain, redact};
 use crate::safe::{self, Mode};
 use crate::source::{RemoteFile, Source};
 
@@ -92,7 +92,7 @@ async fn attempt(
         }
         return Ok(());
     }
-    let req = source.request(file, start)?;
+    let req = source.request(file, start).await?;
     let response = http.send(&req).await?;
     let url = redact(&req.uri);
     let (response, append) = match response.status() {
@@ -120,7 +120,16 @@ async fn attempt(
             remove(partial).await?;
             return Err(StageError::unavailable(&url, "the source refused to resume; starting over"));
         }
-        _ => (check_status(response, &req.uri).await?, false),
+        // The object is no longer the version listed (S3 `If-Match`): its bytes so far are stale.
+        StatusCode::PRECONDITION_FAILED => {
+            remove(partial).await?;
+            return Err(source
+                .check(response, &req.uri)
+                .await
+                .err()
+                .unwrap_or_else(|| StageError::unavailable(&url, "the object changed since it was listed")));
+        }
+        _ => (source.check(response, &req.uri).await?, false),
     };
     let mut out = create(partial, append).await?;
     let mut written = if append { start } else { 0 };

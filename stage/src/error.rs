@@ -4,6 +4,9 @@
 
 use flotilla_apis::stage::StageReason;
 
+/// What to check when a token source (Hugging Face, OCI) refuses the request.
+pub const TOKEN_HINT: &str = "check the token Secret and its access";
+
 /// Why a staging step failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
@@ -11,12 +14,27 @@ pub enum StageError {
     #[error("invalid source: {0}")]
     InvalidSource(String),
     /// HTTP 401/403, or a gated repository.
-    #[error("{url}: the source refused the credentials (HTTP {status}); check the token Secret and its access")]
+    #[error("{url}: the source refused the credentials (HTTP {status}); {hint}")]
     Unauthorized {
         /// What was asked for.
         url: String,
         /// The HTTP status.
         status: u16,
+        /// What the source said and what to check ([`TOKEN_HINT`] for token sources).
+        hint: String,
+    },
+    /// A credential provider that is configured (its variables are set) did not give
+    /// credentials; the providers after it are not tried.
+    #[error("S3 credentials from {provider} failed: {detail}; {hint}")]
+    Credentials {
+        /// The provider and how it is configured.
+        provider: String,
+        /// What went wrong.
+        detail: String,
+        /// What to change.
+        hint: &'static str,
+        /// Network trouble or throttling: another attempt may succeed.
+        transient: bool,
     },
     /// HTTP 404 or an empty listing.
     #[error("{what}: not found; check the source name, revision, bucket, prefix or tag")]
@@ -98,7 +116,10 @@ impl StageError {
     pub fn reason(&self) -> StageReason {
         match self {
             StageError::InvalidSource(_) => StageReason::InvalidSource,
-            StageError::Unauthorized { .. } => StageReason::SourceUnauthorized,
+            StageError::Unauthorized { .. } | StageError::Credentials { transient: false, .. } => {
+                StageReason::SourceUnauthorized
+            }
+            StageError::Credentials { transient: true, .. } => StageReason::SourceUnavailable,
             StageError::NotFound { .. } => StageReason::SourceNotFound,
             StageError::Unavailable { .. } | StageError::Rejected { .. } => StageReason::SourceUnavailable,
             StageError::FileDigest { .. } | StageError::ManifestDigest { .. } => StageReason::DigestMismatch,
@@ -117,12 +138,17 @@ impl StageError {
 
     /// Whether another attempt in the same run may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StageError::Unavailable { .. })
+        matches!(self, StageError::Unavailable { .. } | StageError::Credentials { transient: true, .. })
     }
 
     /// A storage error for `path`.
     pub fn storage(path: &std::path::Path, error: std::io::Error) -> StageError {
         StageError::Storage { path: path.display().to_string(), error }
+    }
+
+    /// A token source's refusal of `url`.
+    pub fn unauthorized(url: impl std::fmt::Display, status: u16) -> StageError {
+        StageError::Unauthorized { url: url.to_string(), status, hint: TOKEN_HINT.to_string() }
     }
 
     /// A network-level failure for `what`.

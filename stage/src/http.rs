@@ -228,15 +228,7 @@ pub async fn check_status(response: Response<Incoming>, uri: &Uri) -> Result<Res
     // Hugging Face answers 401 for a repository that does not exist or is private, and says which.
     let hf_code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let region_hint = response.headers().get("x-amz-bucket-region").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let body = tokio::time::timeout(
-        Duration::from_secs(5),
-        http_body_util::Limited::new(response.into_body(), 4096).collect(),
-    )
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .map(|c| String::from_utf8_lossy(&c.to_bytes()).trim().chars().take(300).collect::<String>())
-    .unwrap_or_default();
+    let body: String = error_body(response).await.trim().chars().take(300).collect();
     let mut detail = if body.is_empty() { String::new() } else { format!(": {body}") };
     if let Some(region) = region_hint {
         detail.push_str(&format!("; the bucket is in region {region}: set --s3-region"));
@@ -245,11 +237,21 @@ pub async fn check_status(response: Response<Incoming>, uri: &Uri) -> Result<Res
         (_, Some("RepoNotFound" | "RevisionNotFound" | "EntryNotFound")) => {
             StageError::NotFound { what: format!("{url} (or it is private and the token has no access)") }
         }
-        (_, Some("GatedRepo")) | (401 | 403, _) => StageError::Unauthorized { url, status: status.as_u16() },
+        (_, Some("GatedRepo")) | (401 | 403, _) => StageError::unauthorized(url, status.as_u16()),
         (404, _) => StageError::NotFound { what: url },
         (408 | 429, _) | (500..=599, _) => StageError::unavailable(url, format!("HTTP {}{detail}", status.as_u16())),
         (s, _) => StageError::Rejected { url, status: s, detail },
     })
+}
+
+/// Up to 4 KiB of an error response's body, waiting at most 5 s (empty when none arrives).
+pub async fn error_body(response: Response<Incoming>) -> String {
+    tokio::time::timeout(Duration::from_secs(5), http_body_util::Limited::new(response.into_body(), 4096).collect())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|c| String::from_utf8_lossy(&c.to_bytes()).into_owned())
+        .unwrap_or_default()
 }
 
 /// The URI without its query (which may carry presigned credentials), for messages.

@@ -4,6 +4,7 @@
 //! reported only for a complete, verified set. The shared result types live in
 //! `flotilla_apis::stage`; the binary (`src/main.rs`) adds flags, output and exit codes.
 
+pub mod aws_auth;
 pub mod download;
 pub mod error;
 pub mod hf;
@@ -11,12 +12,12 @@ pub mod http;
 pub mod oci;
 pub mod run;
 pub mod s3;
+pub mod s3_xml;
 pub mod safe;
-pub mod sigv4;
 pub mod source;
 
+pub use aws_auth::{Credentials, S3Auth};
 pub use error::StageError;
 pub use http::RetryPolicy;
 pub use run::{Options, run, write_result};
-pub use sigv4::Credentials;
 pub use source::SourceConfig;

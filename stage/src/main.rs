@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use flotilla_apis::cache::CachePhase;
 use flotilla_apis::stage::{StageEvent, StageReason, StageResult, is_sha256_digest};
-use flotilla_stage::{Credentials, Options, RetryPolicy, SourceConfig, run, write_result};
+use flotilla_stage::{Options, RetryPolicy, S3Auth, SourceConfig, run, write_result};
 
 /// Stage model weights from hf://, s3:// or oci:// into a directory and verify them.
 ///
@@ -46,9 +46,14 @@ pub struct Cli {
     /// S3 endpoint (path-style addressing); AWS's when unset. AWS_ENDPOINT_URL is used when this is unset.
     #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
     s3_endpoint: Option<String>,
-    /// S3 region (AWS_DEFAULT_REGION is used when this is unset).
+    /// S3 region (AWS_DEFAULT_REGION, then the AWS profile and instance metadata, when unset).
     #[arg(long, env = "AWS_REGION")]
     s3_region: Option<String>,
+    /// Send S3 requests unsigned (a public bucket), even where AWS credentials are available.
+    /// Otherwise credentials come from the AWS SDK's chain: environment, profile, web identity
+    /// (IRSA), container credentials (EKS Pod Identity), instance profile.
+    #[arg(long, env = "FLOTILLA_STAGE_S3_NO_SIGN_REQUEST")]
+    s3_no_sign_request: bool,
     /// Registry base URL (e.g. http://127.0.0.1:5000); https://<registry> when unset.
     #[arg(long, env = "FLOTILLA_STAGE_OCI_ENDPOINT")]
     oci_endpoint: Option<String>,
@@ -129,12 +134,6 @@ fn options(cli: &Cli) -> Result<Options, (StageReason, String)> {
         (None, None) if cli.source.starts_with("hf://") => env("HF_TOKEN"),
         (None, None) => None,
     };
-    let s3_credentials = match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
-        (Some(access_key_id), Some(secret_access_key)) => {
-            Some(Credentials { access_key_id, secret_access_key, session_token: env("AWS_SESSION_TOKEN") })
-        }
-        _ => None,
-    };
     let opts = Options {
         source: cli.source.clone(),
         dest: cli.dest.clone(),
@@ -145,7 +144,7 @@ fn options(cli: &Cli) -> Result<Options, (StageReason, String)> {
             hf_endpoint: Some(cli.hf_endpoint.clone()),
             s3_endpoint: cli.s3_endpoint.clone().or_else(|| env("AWS_ENDPOINT_URL")),
             s3_region: cli.s3_region.clone().or_else(|| env("AWS_DEFAULT_REGION")),
-            s3_credentials,
+            s3_auth: if cli.s3_no_sign_request { S3Auth::Anonymous } else { S3Auth::Chain },
             s3_page_size: None,
             oci_endpoint: cli.oci_endpoint.clone(),
             oci_username: cli.oci_username.clone(),

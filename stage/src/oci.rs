@@ -119,7 +119,7 @@ impl Oci {
         let body = match first {
             Ok(body) => body,
             Err(challenge) => {
-                let challenge = challenge.ok_or_else(|| StageError::Unauthorized { url: url.clone(), status: 401 })?;
+                let challenge = challenge.ok_or_else(|| StageError::unauthorized(&url, 401))?;
                 self.bearer = Some(self.fetch_token(http, &challenge, &url).await?);
                 http.get_bytes(|| manifest_req(self)).await?.1
             }
@@ -165,7 +165,7 @@ impl Oci {
 
     /// Answers a `Bearer realm=…,service=…,scope=…` challenge with a token.
     async fn fetch_token(&self, http: &Http, challenge: &str, url: &str) -> Result<String, StageError> {
-        let unauthorized = || StageError::Unauthorized { url: url.to_string(), status: 401 };
+        let unauthorized = || StageError::unauthorized(url, 401);
         let params = challenge.strip_prefix("Bearer ").map(parse_challenge).ok_or_else(unauthorized)?;
         let realm = params.get("realm").ok_or_else(unauthorized)?;
         let mut query = Vec::new();

@@ -5,10 +5,11 @@
 use std::collections::BTreeSet;
 
 use flotilla_apis::stage::STATE_DIR;
-use http::header;
+use http::{Response, Uri, header};
+use hyper::body::Incoming;
 
 use crate::error::StageError;
-use crate::http::{Http, Req};
+use crate::http::{Http, Req, check_status};
 use crate::{hf::Hf, oci::Oci, s3::S3};
 
 /// Endpoints and credentials, as given by flags and environment.
@@ -24,8 +25,8 @@ pub struct SourceConfig {
     pub s3_endpoint: Option<String>,
     /// S3 region, `us-east-1` when unset.
     pub s3_region: Option<String>,
-    /// S3 credentials; anonymous requests when unset.
-    pub s3_credentials: Option<crate::sigv4::Credentials>,
+    /// Where S3 requests take credentials from: the AWS SDK's chain unless told otherwise.
+    pub s3_auth: crate::aws_auth::S3Auth,
     /// Keys per ListObjectsV2 page (S3's default 1000 when unset).
     pub s3_page_size: Option<u32>,
     /// Registry base URL, `https://<registry>` when unset.
@@ -100,14 +101,23 @@ impl Source {
         Ok(listing)
     }
 
-    /// The GET for `file` from byte `start` (a `Range` request when `start > 0`).
-    pub fn request(&self, file: &RemoteFile, start: u64) -> Result<Req, StageError> {
+    /// The GET for `file` from byte `start` (a `Range` request when `start > 0`), with the
+    /// credentials current now.
+    pub async fn request(&self, file: &RemoteFile, start: u64) -> Result<Req, StageError> {
         let range = (start > 0).then(|| format!("bytes={start}-"));
         match self {
             Source::Hf(s) => with_range(s.request(file)?, range),
             Source::Oci(s) => with_range(s.request(file)?, range),
             // S3 signs the Range header, so it goes in before signing.
-            Source::S3(s) => s.request(file, range.as_deref()),
+            Source::S3(s) => s.request(file, range.as_deref()).await,
+        }
+    }
+
+    /// Passes a 2xx answer to a file GET; anything else becomes the error the source means.
+    pub async fn check(&self, response: Response<Incoming>, uri: &Uri) -> Result<Response<Incoming>, StageError> {
+        match self {
+            Source::S3(s) => s.check(response, uri).await,
+            Source::Hf(_) | Source::Oci(_) => check_status(response, uri).await,
         }
     }
 }

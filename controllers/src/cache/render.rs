@@ -2,9 +2,10 @@
 //! `spec.size` (storage class from the cache, else the InferenceCluster's
 //! `cacheStorageClassName`, else the member's default), an optional copy of the source's
 //! credentials Secret, and one staging Job running `flotilla-stage` as `docs/staging.md`
-//! describes (args, termination message, volume at `/cache`). The Job's name carries a hash of
-//! what it stages (source, revision, digest), so a finished Job is never run again for the same
-//! spec — scaling a deployment out re-downloads nothing — and a changed spec gets a new Job.
+//! describes (args, termination message, volume at `/cache`, the cache's service account for
+//! IRSA / EKS Pod Identity). The Job's name carries a hash of what it stages (source, revision,
+//! digest) and the service account, so a finished Job is never run again for the same spec —
+//! scaling a deployment out re-downloads nothing — and a changed spec gets a new Job.
 //! Every object carries the cache label, so cleanup finds exactly these. Pure: JSON out.
 
 use std::collections::BTreeMap;
@@ -57,10 +58,16 @@ pub fn credentials_secret_name(cache: &str) -> String {
     format!("flotilla-stage-{cache}-credentials")
 }
 
-/// The staging Job for what the spec asks now: `flotilla-stage-<cache>-<8 hex>`.
+/// The staging Job for what the spec asks now: `flotilla-stage-<cache>-<8 hex>`. The service
+/// account counts too (when set, so names without one stay as they were): changing it after a
+/// refusal is how credentials get fixed, and a new Job re-verifies what is already staged
+/// instead of downloading it again.
 pub fn job_name(cache: &ModelCache) -> String {
     let s = &cache.spec;
-    let what = json!([s.source, s.revision, s.digest]);
+    let what = match &s.service_account_name {
+        None => json!([s.source, s.revision, s.digest]),
+        Some(sa) => json!([s.source, s.revision, s.digest, sa]),
+    };
     let hash = content_hash(&what);
     format!("flotilla-stage-{}-{}", cache.metadata.name.as_deref().unwrap_or(""), &hash[..8])
 }
@@ -140,6 +147,25 @@ pub fn job(cache: &ModelCache, image: &str) -> Value {
             volumes.push(json!({"name": "credentials", "secret": {"secretName": secret}}));
         }
     }
+    let mut pod = json!({
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": "stage",
+            "image": image,
+            "command": [STAGE_BINARY],
+            "args": args,
+            "env": env,
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": mounts
+        }],
+        "volumes": volumes
+    });
+    // IRSA's webhook and EKS Pod Identity give credentials to pods of a service account: the
+    // controller never copies cloud credentials into the Job itself.
+    if let Some(sa) = &s.service_account_name {
+        pod["serviceAccountName"] = json!(sa);
+    }
     let permanent: Vec<i32> = std::iter::once(2)
         .chain(StageReason::ALL.into_iter().filter(|r| !r.is_transient()).map(StageReason::exit_code))
         .collect();
@@ -155,20 +181,7 @@ pub fn job(cache: &ModelCache, image: &str) -> Value {
             ]},
             "template": {
                 "metadata": {"labels": object_labels(cache)},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "stage",
-                        "image": image,
-                        "command": [STAGE_BINARY],
-                        "args": args,
-                        "env": env,
-                        "terminationMessagePath": "/dev/termination-log",
-                        "terminationMessagePolicy": "FallbackToLogsOnError",
-                        "volumeMounts": mounts
-                    }],
-                    "volumes": volumes
-                }
+                "spec": pod
             }
         }
     })

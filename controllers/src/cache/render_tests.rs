@@ -90,3 +90,41 @@ fn s3_credentials_go_to_aws_variables() {
     assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["name"], "flotilla-stage-llama-3.1-405b-fp8-credentials");
     assert_eq!(j["spec"]["template"]["spec"]["volumes"].as_array().unwrap().len(), 1, "no token file");
 }
+
+/// An S3 cache whose Job gets credentials the way pods do on EKS: through its service account.
+fn s3_cache_with_service_account() -> ModelCache {
+    let mut c = caches()[1].clone();
+    c.spec.source = "s3://weights/llama-3.1-405b-fp8".into();
+    c.spec.revision = None;
+    c.spec.credentials_ref = None;
+    c.spec.service_account_name = Some("model-stager".into());
+    c
+}
+
+#[test]
+fn the_job_runs_as_the_caches_service_account_and_carries_no_cloud_credentials() {
+    let c = s3_cache_with_service_account();
+    let j = job(&c, "ghcr.io/flotilla-dev/flotilla-stage:0.1.0");
+    insta::assert_snapshot!("s3_cache_service_account", yaml(std::slice::from_ref(&j)));
+    let pod = &j["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "model-stager");
+    assert_eq!(pod["containers"][0]["env"], json!([]), "no AWS_* variables: the chain finds IRSA / Pod Identity");
+    assert_eq!(pod["volumes"].as_array().unwrap().len(), 1, "no credentials Secret mounted");
+    // Without one, the pod spec names none (the namespace's default), as before.
+    let plain = job(&caches()[1], "img");
+    assert!(plain["spec"]["template"]["spec"].get("serviceAccountName").is_none());
+}
+
+#[test]
+fn the_service_account_is_part_of_the_job_name_only_when_set() {
+    let without = caches()[1].clone();
+    let mut with = without.clone();
+    with.spec.service_account_name = Some("model-stager".into());
+    assert_ne!(job_name(&with), job_name(&without), "fixing the service account after a refusal starts a new Job");
+    let mut other = with.clone();
+    other.spec.service_account_name = Some("other".into());
+    assert_ne!(job_name(&other), job_name(&with));
+    // The name without a service account is the one earlier versions gave (no restaging on upgrade).
+    let what = json!([without.spec.source, without.spec.revision, without.spec.digest]);
+    assert!(job_name(&without).ends_with(&content_hash(&what)[..8]));
+}
