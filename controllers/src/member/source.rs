@@ -224,11 +224,12 @@ pub(super) async fn clients(
     let done = Building(building.clone(), cluster.to_string());
     let task = tokio::task::spawn_blocking(move || {
         let _done = done;
-        (Client::try_from(request), Client::try_from(config))
+        // The second is not built (its plugin not run again) when the first failed.
+        Client::try_from(request).and_then(|request| Ok((request, Client::try_from(config)?)))
     });
     match tokio::time::timeout(t.observe, task).await {
-        Ok(Ok((Ok(request), Ok(watch)))) => Ok((request, watch)),
-        Ok(Ok((Err(e), _) | (_, Err(e)))) => Err(failed(&e)),
+        Ok(Ok(Ok(clients))) => Ok(clients),
+        Ok(Ok(Err(e))) => Err(failed(&e)),
         Ok(Err(_)) => Err(MemberError::Unreachable("building the member's clients panicked".into())),
         Err(_) => Err(match &plugin {
             Some(command) => MemberError::ExecPluginFailed(format!(
@@ -251,5 +252,59 @@ impl Drop for Building {
         if let Ok(mut b) = self.0.lock() {
             b.remove(&self.1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// A plugin that hangs is given up after the member timeout, and not started again while
+    /// it still runs; once it has returned, the next poll may start it again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hanging_plugin_times_out_and_runs_once_at_a_time() {
+        let dir = std::env::temp_dir().join(format!("flotilla-hang-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (script, runs) = (dir.join("hang.sh"), dir.join("runs"));
+        let text = format!("#!/bin/sh\necho run >> '{}'\nsleep 1\nexit 1\n", runs.display());
+        std::fs::write(&script, text).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let file = ProviderFile::parse(
+            &json!({"providers": [{"name": "p", "execConfig":
+                {"apiVersion": "client.authentication.k8s.io/v1", "command": script}}]})
+            .to_string(),
+        )
+        .unwrap();
+        let profile: ClusterProfile = serde_json::from_value(json!({
+            "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ClusterProfile",
+            "metadata": {"name": "c", "namespace": "fleet"}, "spec": {},
+            "status": {"accessProviders": [{"name": "p", "cluster": {"server": "https://127.0.0.1:9"}}]}}))
+        .unwrap();
+        let fetched = Fetched::Profile(Box::new(resolve(&profile, Some(&file)).unwrap()));
+        let building = Arc::default();
+        let t = Timeouts { connect: Duration::from_secs(1), observe: Duration::from_millis(300) };
+        let started = Instant::now();
+        let e = clients(&fetched, "c", &building, t).await.err().unwrap();
+        assert_eq!(e.reason(), "ExecPluginFailed");
+        assert!(e.to_string().contains("did not finish within 0 s"), "{e}");
+        assert!(started.elapsed() < Duration::from_millis(900), "the poll is not held up by the plugin");
+        let e = clients(&fetched, "c", &building, t).await.err().unwrap();
+        assert!(e.to_string().contains("has not finished yet"), "{e}");
+        // Another member is not held up by this one's plugin.
+        let other = clients(&fetched, "other", &building, t).await.err().unwrap();
+        assert!(other.to_string().contains("did not finish"), "{other}");
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert!(building.lock().unwrap().is_empty(), "both builds ended");
+        let e = clients(&fetched, "c", &building, t).await.err().unwrap();
+        assert!(e.to_string().contains("did not finish"), "started again: {e}");
+        // One run per build (a failed first client stops the build): c, other, c again — the
+        // second poll of c started none.
+        let count = std::fs::read_to_string(&runs).unwrap().lines().count();
+        assert_eq!(count, 3);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
