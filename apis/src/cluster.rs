@@ -1,6 +1,7 @@
 //! `InferenceCluster`: a member cluster of the fleet. Where it is (provider, region, zones),
-//! which law it is under (jurisdiction, country), how to reach it (kubeconfig Secret, entry
-//! URL), which node pools it has, and — in status — what capacity was observed there.
+//! which law it is under (jurisdiction, country), how to reach it (a kubeconfig Secret or a SIG
+//! Multicluster `ClusterProfile`, and the entry URL), which node pools it has, and — in status —
+//! what capacity was observed there.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
@@ -29,6 +30,7 @@ pub use crate::node_devices::{NODE_DEVICES_MAX, NodeDevices, node_devices, node_
 )]
 #[x_kube(validation = Rule::new("self.region == oldSelf.region").message("spec.region is immutable: register the cluster under a new name"))]
 #[x_kube(validation = Rule::new("self.jurisdiction == oldSelf.jurisdiction").message("spec.jurisdiction is immutable: register the cluster under a new name"))]
+#[x_kube(validation = Rule::new("!has(self.credentials) || !has(self.clusterProfileRef)").field_path(".clusterProfileRef").message("set at most one of spec.credentials and spec.clusterProfileRef: the member is reached either through a kubeconfig Secret or through a ClusterProfile"))]
 #[serde(rename_all = "camelCase")]
 pub struct InferenceClusterSpec {
     /// The provider that runs the cluster and provisions its nodes.
@@ -46,9 +48,17 @@ pub struct InferenceClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[A-Z]{2}$"))]
     pub country: Option<String>,
-    /// Where the member's kubeconfig is kept (key defaults to `kubeconfig`).
+    /// Where the member's kubeconfig is kept (key defaults to `kubeconfig`). Not together with
+    /// `clusterProfileRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<ClusterCredentials>,
+    /// Reach the member through a SIG Multicluster `ClusterProfile`
+    /// (`multicluster.x-k8s.io/v1alpha1`, the Cluster Inventory API) instead of a kubeconfig
+    /// Secret: its `status.accessProviders` give the API server and CA, and the controller's
+    /// provider file (`--cluster-profile-providers`, KEP-5339) the exec credential plugin.
+    /// Not together with `credentials`. See docs/operations.md, "Members from ClusterProfiles".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_profile_ref: Option<ClusterProfileRef>,
     /// The in-cluster entry URL the fleet gateway sends requests to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://[^\s/]+(/.*)?$"))]
@@ -165,6 +175,18 @@ pub struct SimCluster {
 pub struct ClusterCredentials {
     /// The Secret holding a kubeconfig.
     pub secret_ref: SecretRef,
+}
+
+/// A `ClusterProfile` (`multicluster.x-k8s.io/v1alpha1`) in the control cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterProfileRef {
+    /// Namespace of the ClusterProfile (the cluster inventory's namespace, e.g. `fleet-system`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub namespace: String,
+    /// Name of the ClusterProfile.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
 }
 
 /// A pool of accelerator nodes of one InferenceClass.

@@ -118,6 +118,17 @@ pub mod reason {
     pub const CAPACITY_STALE: &str = "CapacityStale";
     /// A pool names an InferenceClass that does not exist.
     pub const UNKNOWN_CLASS: &str = "UnknownClass";
+    /// The ClusterProfile named by `spec.clusterProfileRef` does not exist (or may not be read).
+    pub const CLUSTER_PROFILE_NOT_FOUND: &str = "ClusterProfileNotFound";
+    /// The ClusterProfile CRD (`clusterprofiles.multicluster.x-k8s.io`) is not installed.
+    pub const CLUSTER_PROFILE_CRD_MISSING: &str = "ClusterProfileCRDMissing";
+    /// None of the ClusterProfile's access providers is one the controller's provider file names.
+    pub const NO_MATCHING_ACCESS_PROVIDER: &str = "NoMatchingAccessProvider";
+    /// The matching access provider's `cluster` block is unusable (no server, bad CA, bad extension).
+    pub const CLUSTER_PROFILE_INVALID: &str = "ClusterProfileInvalid";
+    /// The access provider's exec credential plugin did not start, failed, timed out or printed
+    /// no usable ExecCredential.
+    pub const EXEC_PLUGIN_FAILED: &str = "ExecPluginFailed";
 
     // ModelDeployment.
     /// Every replica placed.

@@ -110,8 +110,9 @@ pub const CONDITIONS: &[ConditionDoc] = &[
     c!(
         INFERENCE_CLUSTER,
         REACHABLE,
-        "True: the member's API server answered with the credentials from `spec.credentials.secretRef`. \
-         False: the Secret is missing or invalid, the credentials were refused, or the member did not answer."
+        "True: the member's API server answered with the credentials from `spec.credentials.secretRef` \
+         or from the ClusterProfile's exec plugin. False: the Secret or ClusterProfile is missing or \
+         unusable, the plugin failed, the credentials were refused, or the member did not answer."
     ),
     c!(
         INFERENCE_CLUSTER,

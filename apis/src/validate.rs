@@ -169,6 +169,12 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                 if s.endpoint.is_none() {
                     sink.warn("spec.endpoint", "no entry URL: the gateway cannot route requests to this cluster");
                 }
+                if s.credentials.is_none() && s.cluster_profile_ref.is_none() {
+                    sink.warn(
+                        "spec.credentials",
+                        "neither credentials nor clusterProfileRef: the controller cannot reach this member",
+                    );
+                }
                 for (i, o) in c.status.iter().flat_map(|st| st.pools.iter()).enumerate() {
                     let field = format!("status.pools[{i}]");
                     let per_node = per_node.get(o.class.as_str()).copied();

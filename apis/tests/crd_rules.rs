@@ -234,3 +234,25 @@ fn schema_checks_name_the_field() {
     c["metadata"]["namespace"] = json!("ml");
     assert_refused(Kind::InferenceCluster, &c, "metadata.namespace", "cluster-scoped");
 }
+
+#[test]
+fn credentials_and_cluster_profile_ref_are_exclusive() {
+    let secret = json!({"secretRef": {"namespace": "flotilla-system", "name": "eu-fra-1-kubeconfig"}});
+    let profile = json!({"namespace": "fleet-system", "name": "eu-fra-1"});
+    // Either one alone passes (twins of the refusal below).
+    let mut c = cluster();
+    c["spec"]["credentials"] = secret.clone();
+    assert_eq!(problems(Kind::InferenceCluster, &c), vec![]);
+    let mut c = cluster();
+    c["spec"]["clusterProfileRef"] = profile.clone();
+    assert_eq!(problems(Kind::InferenceCluster, &c), vec![]);
+    // Both: refused, naming the field.
+    c["spec"]["credentials"] = secret;
+    assert_refused(Kind::InferenceCluster, &c, "spec.clusterProfileRef", "at most one of spec.credentials");
+    // The reference's own shape: both names are required and DNS names.
+    let mut c = cluster();
+    c["spec"]["clusterProfileRef"] = json!({"name": "eu-fra-1"});
+    assert_refused(Kind::InferenceCluster, &c, "spec.clusterProfileRef.namespace", "is required");
+    c["spec"]["clusterProfileRef"] = json!({"namespace": "Fleet", "name": "eu-fra-1"});
+    assert_refused(Kind::InferenceCluster, &c, "spec.clusterProfileRef.namespace", "does not match");
+}

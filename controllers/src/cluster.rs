@@ -1,8 +1,8 @@
-//! The InferenceCluster reconciler: observe the member (through its kubeconfig Secret), decide
-//! the status (pure: [`desired_status`]), and patch it only when it differs from what is
-//! there. Requeues on a short period, so a member that stops answering turns
-//! `Reachable=False` within `poll + observe timeout`. Its finalizer applies the cluster's
-//! deletion policy to the member (`cluster_delete.rs`).
+//! The InferenceCluster reconciler: observe the member (through its kubeconfig Secret or its
+//! ClusterProfile, `member/source.rs`), decide the status (pure: [`desired_status`]), and patch
+//! it only when it differs from what is there. Requeues on a short period, so a member that
+//! stops answering turns `Reachable=False` within `poll + observe timeout`. Its finalizer
+//! applies the cluster's deletion policy to the member (`cluster_delete.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -93,11 +93,16 @@ fn no_matching_nodes_is_not_ready() {
 }
 
 #[test]
-fn secret_problems_have_their_reasons() {
+fn secret_and_cluster_profile_problems_have_their_reasons() {
     for (err, want) in [
         (MemberError::SecretMissing("x".into()), "SecretMissing"),
         (MemberError::Unauthorized("x".into()), "Unauthorized"),
         (MemberError::SecretInvalid("x".into()), "SecretInvalid"),
+        (MemberError::ClusterProfileNotFound("x".into()), "ClusterProfileNotFound"),
+        (MemberError::ClusterProfileCrdMissing("x".into()), "ClusterProfileCRDMissing"),
+        (MemberError::NoMatchingAccessProvider("x".into()), "NoMatchingAccessProvider"),
+        (MemberError::ClusterProfileInvalid("x".into()), "ClusterProfileInvalid"),
+        (MemberError::ExecPluginFailed("x".into()), "ExecPluginFailed"),
     ] {
         let s = desired_status(None, Some(1), &Observed::Failed(err), t(1), HB);
         assert_eq!(s.conditions.get("Ready").unwrap().reason, want);

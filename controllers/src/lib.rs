@@ -93,6 +93,8 @@ pub struct ControllerConfig {
     pub sweep_every: Duration,
     /// Namespace of member kubeconfig Secrets whose `secretRef` names none.
     pub secret_namespace: String,
+    /// The provider file ClusterProfiles are resolved against (`--cluster-profile-providers`).
+    pub cluster_profile_providers: Option<Arc<member::profiles::ProviderFile>>,
 }
 
 /// The capacity provider claims are solved against.
@@ -128,6 +130,7 @@ impl Default for ControllerConfig {
             tenancy: tenancy::Tenancy::new([member::DEFAULT_SECRET_NAMESPACE.to_string()], []),
             sweep_every: Duration::from_secs(300),
             secret_namespace: member::DEFAULT_SECRET_NAMESPACE.into(),
+            cluster_profile_providers: None,
         }
     }
 }
@@ -199,7 +202,10 @@ pub async fn run_controllers(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ready: impl FnOnce() + Send,
 ) {
-    let members = Arc::new(member::MemberClients::new(config.secret_namespace.clone()));
+    let members = Arc::new(
+        member::MemberClients::new(config.secret_namespace.clone())
+            .with_cluster_profile_providers(config.cluster_profile_providers.clone()),
+    );
     let facts = deployment::trigger::Facts::default();
     let (classes, mut class_ticks, _class_task) = {
         let facts = facts.clone();

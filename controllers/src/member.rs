@@ -1,20 +1,27 @@
-//! Member-cluster access. The kubeconfig Secret named by an `InferenceCluster` comes from a
-//! watch on the control cluster (`secrets.rs`, no GET per reconcile) and becomes two kube
-//! clients, rebuilt only when the Secret's `resourceVersion` changes: a *request* client for
+//! Member-cluster access. The kubeconfig Secret named by an `InferenceCluster`, or the
+//! ClusterProfile it names resolved against the provider file (`profiles.rs`), comes from a
+//! watch on the control cluster (`secrets.rs`, no GET per reconcile; `source.rs`) and becomes
+//! two kube clients, rebuilt only when what they are built from changes (the Secret's
+//! `resourceVersion`, the resolved profile's fingerprint; a bad or missing source reports its
+//! reason and keeps the clients and watches already running): a *request* client for
 //! apply, delete and the liveness check, whose calls are bounded (`Timeouts`), and a *watch*
 //! client without a read timeout, which would break idle watches (the watcher bounds each
 //! watch with a server-side timeout and finds dead connections itself). Member state comes
 //! from watches only: inventory's (`watch.rs`) and Flotilla's own objects (`objects.rs`), all
 //! stripped to what is read (`strip.rs`), with what Flotilla wrote and the caches do not show
 //! yet in a memo (`memo.rs`). Every failure is classified (`SecretMissing`, `SecretInvalid`,
-//! `Unauthorized`, `Unreachable`) with a message that never carries the credentials themselves.
+//! the ClusterProfile reasons, `ExecPluginFailed`, `Unauthorized`, `Unreachable`) with a message
+//! that never carries the credentials themselves. Clients are built off the async runtime and
+//! bounded in time: building one runs an exec credential plugin, if the kubeconfig has one.
 //! A member that stops answering is found by the liveness check every poll; reachability is
 //! logged per member on change only: WARN when it stops answering, INFO when it answers again,
 //! DEBUG in between (kube-client's own per-request ERROR lines are turned off by `log_filter`).
 
 pub mod memo;
 pub mod objects;
+pub mod profiles;
 pub mod secrets;
+pub mod source;
 pub mod strip;
 pub mod watch;
 
@@ -24,8 +31,7 @@ use std::time::Duration;
 
 use flotilla_apis::InferenceCluster;
 use flotilla_apis::constants::reason;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::Client;
 
 pub use objects::MemberObjects;
 pub use watch::MemberWatch;
@@ -51,6 +57,21 @@ pub enum MemberError {
     /// The member did not answer.
     #[error("{0}")]
     Unreachable(String),
+    /// The ClusterProfile does not exist, or may not be read.
+    #[error("{0}")]
+    ClusterProfileNotFound(String),
+    /// The control cluster does not serve ClusterProfiles.
+    #[error("{0}")]
+    ClusterProfileCrdMissing(String),
+    /// No access provider of the profile is in the provider file.
+    #[error("{0}")]
+    NoMatchingAccessProvider(String),
+    /// The matching access provider's cluster block is unusable.
+    #[error("{0}")]
+    ClusterProfileInvalid(String),
+    /// The exec credential plugin failed.
+    #[error("{0}")]
+    ExecPluginFailed(String),
 }
 
 impl MemberError {
@@ -61,6 +82,11 @@ impl MemberError {
             Self::SecretInvalid(_) => reason::SECRET_INVALID,
             Self::Unauthorized(_) => reason::UNAUTHORIZED,
             Self::Unreachable(_) => reason::UNREACHABLE,
+            Self::ClusterProfileNotFound(_) => reason::CLUSTER_PROFILE_NOT_FOUND,
+            Self::ClusterProfileCrdMissing(_) => reason::CLUSTER_PROFILE_CRD_MISSING,
+            Self::NoMatchingAccessProvider(_) => reason::NO_MATCHING_ACCESS_PROVIDER,
+            Self::ClusterProfileInvalid(_) => reason::CLUSTER_PROFILE_INVALID,
+            Self::ExecPluginFailed(_) => reason::EXEC_PLUGIN_FAILED,
         }
     }
 }
@@ -87,9 +113,9 @@ impl Default for Timeouts {
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
 
 /// A member's clients, its object caches and, once inventory asked for them, its inventory
-/// watches; valid for one version of the kubeconfig Secret.
+/// watches; valid for one version of what they were built from (`source::Fetched::version`).
 struct Member {
-    secret_version: String,
+    source_version: String,
     client: Client,
     watch_client: Client,
     objects: Arc<MemberObjects>,
@@ -114,8 +140,14 @@ pub struct MemberClients {
     reachable: Mutex<HashMap<String, bool>>,
     /// The kubeconfig Secrets, from watches.
     secrets: secrets::SecretWatches,
-    /// Per cluster, the Secret (`namespace`, `name`) it names.
-    refs: Mutex<HashMap<String, (String, String)>>,
+    /// The ClusterProfiles, from watches.
+    profiles: secrets::NamedWatches<profiles::ClusterProfile>,
+    /// The provider file ClusterProfiles are resolved against.
+    providers: Option<Arc<profiles::ProviderFile>>,
+    /// Per cluster, the Secret or ClusterProfile it names.
+    refs: Mutex<HashMap<String, source::Ref>>,
+    /// Clusters whose clients are being built (an exec plugin may hang: one at a time).
+    building: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Default for MemberClients {
@@ -153,24 +185,6 @@ pub fn log_filter(rust_log: Option<&str>) -> String {
     if base.contains("kube_client") { base.to_string() } else { format!("{base},kube_client::client::builder=off") }
 }
 
-/// The two clients of a kubeconfig: requests bounded by `t`; watches without a read timeout.
-async fn clients(kubeconfig: Kubeconfig, t: Timeouts) -> Result<(Client, Client), &'static str> {
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|_| "the kubeconfig has no usable context, cluster or user")?;
-    config.connect_timeout = Some(t.connect);
-    config.write_timeout = Some(t.observe);
-    let mut request = config.clone();
-    request.read_timeout = Some(t.observe);
-    // A pooled connection's idle time must not count against the next request's timeout.
-    request.reset_reader_on_write = true;
-    config.read_timeout = None;
-    crate::install_crypto();
-    let request = Client::try_from(request).map_err(|_| "cannot build a client from it")?;
-    let watch = Client::try_from(config).map_err(|_| "cannot build a client from it")?;
-    Ok((request, watch))
-}
-
 impl MemberClients {
     /// No clients yet; `secretRef`s without a namespace name a Secret in `default_namespace`.
     pub fn new(default_namespace: impl Into<String>) -> Self {
@@ -179,73 +193,53 @@ impl MemberClients {
             default_namespace: default_namespace.into(),
             reachable: Mutex::default(),
             secrets: secrets::SecretWatches::default(),
+            profiles: secrets::NamedWatches::new(profiles::strip),
+            providers: None,
             refs: Mutex::default(),
+            building: Arc::default(),
         }
     }
 
-    /// The request client for a member, built from its kubeconfig Secret.
+    /// ClusterProfiles are resolved against `providers` (none: every profile reports
+    /// `NoMatchingAccessProvider`).
+    pub fn with_cluster_profile_providers(mut self, providers: Option<Arc<profiles::ProviderFile>>) -> Self {
+        self.providers = providers;
+        self
+    }
+
+    /// The request client for a member, built from its kubeconfig Secret or ClusterProfile.
     pub async fn client(&self, control: &Client, ic: &InferenceCluster, t: Timeouts) -> Result<Client, MemberError> {
         Ok(self.handle(control, ic, t).await?.client)
     }
 
-    /// The member's request client and object caches, built from its kubeconfig Secret (read
-    /// from its watch; the clients are built again only when the Secret's `resourceVersion`
-    /// changed).
+    /// The member's request client and object caches, built from its kubeconfig Secret or
+    /// ClusterProfile (read from their watches; the clients are built again only when what
+    /// they are built from changed). When that cannot be read or used, the error says why and
+    /// the clients and watches already running stay as they are.
     pub async fn handle(&self, control: &Client, ic: &InferenceCluster, t: Timeouts) -> Result<Handle, MemberError> {
         let name = ic.metadata.name.clone().unwrap_or_default();
-        let Some(creds) = &ic.spec.credentials else {
-            return Err(MemberError::SecretMissing(
-                "spec.credentials.secretRef is not set: name the Secret holding the member's kubeconfig".into(),
-            ));
-        };
-        let r = &creds.secret_ref;
-        let ns = r.namespace.as_deref().unwrap_or(&self.default_namespace);
-        let key = r.key.as_deref().unwrap_or(DEFAULT_SECRET_KEY);
-        if let Ok(mut refs) = self.refs.lock() {
-            refs.insert(name.clone(), (ns.to_string(), r.name.clone()));
+        let r = source::reference(ic, &self.default_namespace);
+        if let (Ok(mut refs), Some(r)) = (self.refs.lock(), &r) {
+            refs.insert(name.clone(), r.clone());
         }
-        let secret = match self.secrets.get(control, ns, &r.name, t.observe).await {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                return Err(MemberError::SecretMissing(format!(
-                    "Secret {ns}/{} does not exist: create it with the member's kubeconfig under key {key:?}",
-                    r.name
-                )));
-            }
-            Err(secrets::SecretError::Forbidden) => {
-                return Err(MemberError::SecretMissing(format!(
-                    "reading Secret {ns}/{} is forbidden (HTTP 403): kubeconfig Secrets must be in one of the \
-                     namespaces of controller.memberSecrets.namespaces (and named in memberSecrets.names when that \
-                     is set); move the Secret there or add {ns} to those values",
-                    r.name
-                )));
-            }
-            Err(secrets::SecretError::Unavailable(why)) => {
-                return Err(MemberError::Unreachable(format!("reading Secret {ns}/{}: {why}", r.name)));
-            }
-        };
-        let version = secret.metadata.resource_version.clone().unwrap_or_default();
+        let sources =
+            source::Sources { secrets: &self.secrets, profiles: &self.profiles, providers: self.providers.as_deref() };
+        let fetched = source::fetch(&sources, control, ic, r.as_ref(), t.observe).await?;
+        let version = fetched.version();
         if let Ok(cache) = self.cache.lock()
             && let Some(m) = cache.get(&name)
-            && m.secret_version == version
+            && m.source_version == version
         {
             return Ok(Handle { client: m.client.clone(), objects: m.objects.clone() });
         }
-        let bytes = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
-        let Some(bytes) = bytes else {
-            return Err(MemberError::SecretInvalid(format!("Secret {ns}/{} has no key {key:?}", r.name)));
-        };
-        let invalid = |what: &str| MemberError::SecretInvalid(format!("Secret {ns}/{} key {key:?}: {what}", r.name));
-        let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text"))?;
-        let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|_| invalid("not a kubeconfig"))?;
-        let (client, watch_client) = clients(kubeconfig, t).await.map_err(invalid)?;
+        let (client, watch_client) = source::clients(&fetched, &name, &self.building, t).await?;
         let objects = Arc::new(MemberObjects::new(watch_client.clone()));
         if let Ok(mut cache) = self.cache.lock() {
             if cache.contains_key(&name) {
-                tracing::info!(cluster = %name, "kubeconfig Secret changed: member clients and watches started again");
+                tracing::info!(cluster = %name, "member credentials changed: member clients and watches started again");
             }
             let m = Member {
-                secret_version: version,
+                source_version: version,
                 client: client.clone(),
                 watch_client,
                 objects: objects.clone(),
@@ -277,8 +271,15 @@ impl MemberClients {
         }
         if let Ok(mut refs) = self.refs.lock() {
             refs.retain(|k, _| keep.contains(k));
-            let secrets: HashSet<(String, String)> = refs.values().cloned().collect();
+            let (mut secrets, mut profiles) = (HashSet::new(), HashSet::new());
+            for r in refs.values() {
+                match r {
+                    source::Ref::Secret(ns, n) => secrets.insert((ns.clone(), n.clone())),
+                    source::Ref::Profile(ns, n) => profiles.insert((ns.clone(), n.clone())),
+                };
+            }
             self.secrets.retain(&secrets);
+            self.profiles.retain(&profiles);
         }
         let Ok(mut cache) = self.cache.lock() else { return Vec::new() };
         let mut gone: Vec<String> = cache.keys().filter(|k| !keep.contains(*k)).cloned().collect();
@@ -373,15 +374,20 @@ pub fn brief(e: &kube::Error) -> String {
 fn classify(e: &kube::Error) -> MemberError {
     match e {
         kube::Error::Api(s) if s.code == 401 || s.code == 403 => MemberError::Unauthorized(format!(
-            "the member API server refused the credentials (HTTP {}): renew the kubeconfig in the Secret",
+            "the member API server refused the credentials (HTTP {}): renew the kubeconfig in the Secret, or \
+             check what the ClusterProfile's exec plugin returns",
             s.code
         )),
+        // A refresh of an exec plugin's expired credential failed.
+        kube::Error::Auth(_) => MemberError::ExecPluginFailed(profiles::exec_failure(e, None)),
         _ => MemberError::Unreachable(format!("the member API server did not answer: {}", brief(e))),
     }
 }
 
 #[cfg(test)]
 mod retain_tests {
+    use kube::Config;
+
     use super::*;
 
     #[test]
@@ -411,7 +417,7 @@ mod retain_tests {
 
     fn member(client: &Client) -> Member {
         Member {
-            secret_version: "1".into(),
+            source_version: "1".into(),
             client: client.clone(),
             watch_client: client.clone(),
             objects: Arc::new(MemberObjects::new(client.clone())),

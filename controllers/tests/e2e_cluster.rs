@@ -3,10 +3,15 @@
 //! nodes exactly; a wrong token is `Unauthorized`, a missing Secret `SecretMissing`; a stopped
 //! member turns `Reachable=False` within the bound and returns to Ready; credentials never
 //! appear in logs, events or status; only the leader writes and a killed leader hands over; a
-//! quiet fleet makes no writes. Run by `scripts/test-e2e.sh` (ignored in a plain `cargo test`).
+//! quiet fleet makes no writes. Beside them, members reached through SIG Multicluster
+//! ClusterProfiles (the CRD from its published Go module, `cluster_profiles.rs`): Ready with
+//! capacity observed through an exec plugin's credentials, and each ClusterProfile problem
+//! under its reason. Run by `scripts/test-e2e.sh` (ignored in a plain `cargo test`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "e2e_cluster/cluster_profiles.rs"]
+mod cluster_profiles;
 mod harness;
 
 use std::time::{Duration, Instant};
@@ -122,8 +127,20 @@ async fn inference_cluster_controller_on_real_api_servers() {
     apply(&control, cluster("m3", "m3-kubeconfig", json!([pool("l40s", "l40s")]))).await;
     apply(&control, cluster("wrong", "wrong-kubeconfig", json!([pool("h100", "h100")]))).await;
     apply(&control, cluster("missing", "no-such-secret", json!([pool("h100", "h100")]))).await;
+    // Members by ClusterProfile, registered before the ClusterProfile CRD exists.
+    let profiles = cluster_profiles::Scenario::prepare(&fleet, &control, json!([pool("h100", "h100")])).await;
 
-    let extra = ["--poll-seconds", "3", "--member-timeout-seconds", "8", "--lease-duration", "6"];
+    let providers = profiles.provider_file.to_str().unwrap();
+    let extra = [
+        "--poll-seconds",
+        "3",
+        "--member-timeout-seconds",
+        "8",
+        "--lease-duration",
+        "6",
+        "--cluster-profile-providers",
+        providers,
+    ];
     let mut a = ControllerProcess::start(&fleet, "control", "replica-a", &extra);
     tokio::time::sleep(Duration::from_secs(2)).await; // let replica-a take the lease first
     let mut b = ControllerProcess::start(&fleet, "control", "replica-b", &extra);
@@ -132,6 +149,10 @@ async fn inference_cluster_controller_on_real_api_servers() {
     for m in MEMBERS {
         wait_reason(&api, m, "Ready", "True", "AsExpected", Duration::from_secs(60)).await;
     }
+    // No ClusterProfile CRD yet: its own reason; then the CRD from the Go module, and the profiles.
+    let profile_started = Instant::now();
+    wait_reason(&api, "pm1", "Ready", "False", "ClusterProfileCRDMissing", Duration::from_secs(30)).await;
+    profiles.install(&control).await;
     // Observed capacity matches the fake nodes exactly.
     let pools = |ic: &InferenceCluster| {
         ic.status
@@ -159,6 +180,12 @@ async fn inference_cluster_controller_on_real_api_servers() {
     wait_reason(&api, "wrong", "Reachable", "False", "Unauthorized", Duration::from_secs(30)).await;
     wait_reason(&api, "missing", "Ready", "False", "SecretMissing", Duration::from_secs(30)).await;
 
+    // The ClusterProfile member: Ready, with m1's capacity seen through the plugin's credentials.
+    wait_reason(&api, "pm1", "Ready", "True", "AsExpected", Duration::from_secs(45)).await;
+    assert_eq!(pools(&get(&api, "pm1").await), pools(&get(&api, "m1").await), "the same member, seen twice");
+    profiles.assert_problems(&api).await;
+    eprintln!("ClusterProfile scenario converged {:?} after the Secret members", profile_started.elapsed());
+
     // Only the leader writes.
     let writes = |p: &ControllerProcess| p.metric_sum("flotilla_controller_status_writes_total", "InferenceCluster");
     assert!(writes(&a) > 0.0, "replica-a leads and writes:\n{}", a.logs());
@@ -180,6 +207,10 @@ async fn inference_cluster_controller_on_real_api_servers() {
     });
     let quiet_writes = counter.await.unwrap();
     assert_eq!(quiet_writes, 0, "a quiet fleet makes no writes to InferenceClusters");
+
+    // A profile that goes away is reported and tears nothing down; back unchanged, the clients
+    // and watches are the ones from before (not built again).
+    profiles.remove_and_restore(&api, &a).await;
 
     // A stopped member is Unreachable within the bound (30 s), and Ready again when back.
     fleet.stop("m3");
@@ -208,6 +239,7 @@ async fn inference_cluster_controller_on_real_api_servers() {
         .filter(|s| s.len() > 20)
         .map(|s| s[..40.min(s.len())].to_string())
         .chain([BOGUS_TOKEN.to_string()])
+        .chain(profiles.credentials())
         .collect();
     let events = Api::<Event>::all(control.clone()).list(&ListParams::default()).await.unwrap();
     let statuses = serde_json::to_string(

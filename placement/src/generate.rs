@@ -277,6 +277,7 @@ fn cluster(seed: u64, index: usize, classes: &[&'static str]) -> InferenceCluste
                 key: None,
             },
         }),
+        cluster_profile_ref: None,
         endpoint: Some(format!("https://inference.{name}.example.com")),
         pools,
         taints,

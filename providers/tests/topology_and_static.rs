@@ -115,6 +115,7 @@ fn static_cluster() -> InferenceClusterSpec {
         jurisdiction: JurisdictionCode("EU".into()),
         country: Some("DE".into()),
         credentials: None,
+        cluster_profile_ref: None,
         endpoint: None,
         cache_storage_class_name: None,
         deletion_policy: None,

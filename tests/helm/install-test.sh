@@ -15,7 +15,10 @@
 #      (--control-cluster, --keys-namespace), gets ready, holds its Lease, routes the
 #      ModelDeployment, authenticates with a key from a Secret, writes `Serving`, and is never
 #      refused anything;
-#   4. `helm upgrade` changes the Deployment, `helm uninstall` leaves the CRDs;
+#   4. `helm upgrade` changes the Deployment and, with controller.clusterProfiles.enabled, grants
+#      read-only access to clusterprofiles.multicluster.x-k8s.io (the ClusterProfile CRD, from
+#      its Go module, is installed after the chart: the chart does not need it); `helm
+#      uninstall` leaves the CRDs;
 #   5. (before 4) the hand-written tests/argocd/fixtures/*.api-shape.json statuses are accepted,
 #      field for field, by the CRDs' status subresource;
 #   6. (before 4) examples/gitops/argocd/*.yaml pass a server-side dry run against Argo CD's
@@ -138,6 +141,12 @@ if [[ "${sc}" == "true,ALL,true,RuntimeDefault" ]]; then ok "controller pod: rea
 else bad "controller pod security context: ${sc}"; fi
 
 # ---- 2. kubectl auth can-i ----------------------------------------------------------------
+# The chart was installed without the ClusterProfile CRD; install it now so that can-i can name
+# clusterprofiles.multicluster.x-k8s.io (kubectl resolves the resource through discovery).
+if err=$(k apply --server-side -f "$(bash "${H}/cluster-inventory-crd.sh" 2>/dev/null)" 2>&1 >/dev/null) \
+   && k wait --for=condition=Established crd/clusterprofiles.multicluster.x-k8s.io --timeout=30s >/dev/null; then
+  ok "ClusterProfile CRD (sigs.k8s.io/cluster-inventory-api) installed after the chart"
+else bad "installing the ClusterProfile CRD: ${err}"; fi
 # can SA EXPECT VERB RESOURCE [kubectl flags...]
 can() {
   local sa="$1" want="$2" verb="$3" res="$4"
@@ -198,6 +207,7 @@ can "$C" no delete modelcaches.flotilla.dev -n ml
 can "$C" no create deployments.apps -n ml
 can "$C" no create configmaps -n "${NS}"
 can "$C" no create events -n ml  # core/v1 events: it uses events.k8s.io only
+can "$C" no list clusterprofiles.multicluster.x-k8s.io -A  # only with controller.clusterProfiles.enabled
 # The gateway (control-cluster mode, keys from Secrets): what it does ...
 for r in modeldeployments inferenceclusters; do
   for v in get list watch; do can "$G" yes "$v" "$r.flotilla.dev" -A; done
@@ -564,10 +574,14 @@ if err=$(k apply --server-side --force-conflicts -f "${root}/charts/flotilla/crd
   ok "CRDs re-applied server-side over Helm's install"
 else bad "kubectl apply --server-side --force-conflicts -f charts/flotilla/crds/: ${err}"; fi
 "${HELM}" upgrade flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" --reuse-values \
-  --set controller.pollSeconds=30 --wait --timeout 120s >/dev/null
+  --set controller.pollSeconds=30 --set controller.clusterProfiles.enabled=true --wait --timeout 120s >/dev/null
 if k -n "${NS}" get deploy flotilla-controller -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- '--poll-seconds=30'; then
   ok "helm upgrade: controller args changed"
 else bad "helm upgrade did not change the controller args"; fi
+# ClusterProfiles, once enabled: read only.
+for v in get list watch; do can "$C" yes "$v" clusterprofiles.multicluster.x-k8s.io -A; done
+can "$C" no update clusterprofiles.multicluster.x-k8s.io -n fleet-system
+can "$C" no patch clusterprofiles.multicluster.x-k8s.io --subresource=status -n fleet-system
 "${HELM}" uninstall flotilla --kubeconfig "${CKC}" -n "${NS}" --wait >/dev/null
 left=$(k get crd -o name | grep -c 'flotilla.dev' || true)
 if [[ "${left}" == 5 ]] && ! k get clusterrole flotilla-controller >/dev/null 2>&1; then

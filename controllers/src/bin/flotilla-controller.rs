@@ -77,6 +77,13 @@ struct Args {
     /// (the Helm chart passes its memberSecrets namespace). Protected like --lease-namespace.
     #[arg(long, env = "FLOTILLA_MEMBER_SECRET_NAMESPACE", default_value = flotilla_controllers::member::DEFAULT_SECRET_NAMESPACE)]
     member_secret_namespace: String,
+    /// The ClusterProfile provider file (KEP-5339's format, JSON or YAML: `{"providers": [{"name",
+    /// "execConfig": {apiVersion, command, args, env, provideClusterInfo}}]}`): how to get
+    /// credentials for the access providers ClusterProfiles name. InferenceClusters with
+    /// spec.clusterProfileRef need it (docs/operations.md, "Members from ClusterProfiles"). Read
+    /// once at start-up; a bad file stops the controller before it reconciles anything.
+    #[arg(long, env = "FLOTILLA_CLUSTER_PROFILE_PROVIDERS")]
+    cluster_profile_providers: Option<PathBuf>,
 }
 
 /// InferenceClasses by name, for a provider file.
@@ -159,6 +166,13 @@ async fn main() -> anyhow::Result<()> {
     let client = control_client(args.kubeconfig.as_ref()).await?;
     // Provider files are checked before the lease is sought: a bad one stops the process here.
     let capacity = capacity(&args, &client).await?;
+    let profile_providers = match &args.cluster_profile_providers {
+        Some(path) => Some(std::sync::Arc::new(
+            flotilla_controllers::member::profiles::ProviderFile::load(path)
+                .map_err(|e| anyhow::anyhow!("--cluster-profile-providers: {e}"))?,
+        )),
+        None => None,
+    };
     let id = identity(&args);
     let metrics = Metrics::default();
     let probes = Probes::default();
@@ -215,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         sweep_every: Duration::from_secs(args.sweep_seconds),
         secret_namespace: args.member_secret_namespace.clone(),
+        cluster_profile_providers: profile_providers,
         ..Default::default()
     };
     let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;
