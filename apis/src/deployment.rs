@@ -49,6 +49,11 @@ pub struct ModelDeploymentSpec {
     /// How the gateway routes requests for this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingPolicy>,
+    /// How many of a cluster's replicas a voluntary disruption (a node drain, a node group
+    /// upgrade) may take at once: one PodDisruptionBudget per pool in each member. Absent:
+    /// `maxUnavailable: 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<DisruptionBudget>,
 }
 
 /// The model and where its weights come from.
@@ -303,6 +308,88 @@ pub struct CapacityClaimTemplate {
     /// What may take the claim's capacity away, and when (copied to the claim).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption: Option<crate::claim::DisruptionPolicy>,
+}
+
+/// The PodDisruptionBudget Flotilla renders for each pool of a deployment in each member.
+/// Counts and percentages are of that pool's replicas in that member (a replica may be
+/// several pods: a LeaderWorkerSet group or a disaggregated prefill/decode set). At most one
+/// of the two fields; neither means `maxUnavailable: 1`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.maxUnavailable) || !has(self.minAvailable)").message("give maxUnavailable or minAvailable, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudget {
+    /// Replicas a drain may take down at once (`1`, `"25%"`). `0` blocks every voluntary
+    /// eviction of the pool's pods (node drains then wait for you).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<ReplicaCount>,
+    /// Replicas that must stay up during a drain (`2`, `"50%"`). Equal to the replicas on a
+    /// cluster (`1` with one replica there, or `"100%"`) blocks every drain of their nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<ReplicaCount>,
+}
+
+/// Which side of a disruption budget is given, and its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// At most this many (or this share of) replicas down.
+    MaxUnavailable(ReplicaCount),
+    /// At least this many (or this share of) replicas up.
+    MinAvailable(ReplicaCount),
+}
+
+impl DisruptionBudget {
+    /// The budget with the default applied (`maxUnavailable: 1`).
+    pub fn budget(this: Option<&Self>) -> Budget {
+        match this {
+            Some(Self { min_available: Some(m), max_unavailable: None }) => Budget::MinAvailable(m.clone()),
+            Some(Self { max_unavailable: Some(m), .. }) => Budget::MaxUnavailable(m.clone()),
+            _ => Budget::MaxUnavailable(ReplicaCount::Count(1)),
+        }
+    }
+}
+
+/// A number of replicas (`2`) or a whole percentage of them (`"25%"`), as a
+/// PodDisruptionBudget's int-or-string fields take it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ReplicaCount {
+    /// This many replicas.
+    Count(i32),
+    /// This percentage (`"0%"` to `"100%"`).
+    Percent(String),
+}
+
+/// A percentage from 0% to 100%, whole numbers only.
+pub const PERCENT_PATTERN: &str = r"^(100|[1-9]?[0-9])%$";
+
+impl ReplicaCount {
+    /// The percentage, if this is one and well-formed (0..=100).
+    pub fn percent(&self) -> Option<u32> {
+        match self {
+            Self::Percent(p) => p.strip_suffix('%').and_then(|n| n.parse::<u32>().ok()).filter(|n| *n <= 100),
+            Self::Count(_) => None,
+        }
+    }
+}
+
+impl JsonSchema for ReplicaCount {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ReplicaCount".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        // An int-or-string whose string form is a percentage (the `pattern` applies to strings
+        // only, the `minimum` to integers only), as PodDisruptionBudget's own fields are.
+        schemars::json_schema!({
+            "x-kubernetes-int-or-string": true,
+            "pattern": PERCENT_PATTERN,
+            "minimum": 0,
+        })
+    }
 }
 
 /// Routing hints for the gateway.

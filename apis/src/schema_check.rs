@@ -105,7 +105,22 @@ impl Checker {
             return;
         }
         if schema.get("x-kubernetes-int-or-string").and_then(Json::as_bool) == Some(true) {
-            // Every int-or-string field of ours is a resource quantity.
+            // An int-or-string with a `pattern` is a count or a percentage (a disruption
+            // budget): the pattern checks strings, the range integers. Every other one of
+            // ours is a resource quantity.
+            if schema.get("pattern").is_some() {
+                match value {
+                    Json::Number(n) if n.is_i64() || n.is_u64() => {
+                        check_range(schema, n.as_f64().unwrap_or(0.0), path, out)
+                    }
+                    Json::String(s) => self.check_string(schema, s, path, out),
+                    other => out.push((
+                        at(path),
+                        format!("must be an integer or a percentage (\"25%\"), not {}", type_name(other)),
+                    )),
+                }
+                return;
+            }
             match value {
                 Json::Number(n) if n.is_i64() || n.is_u64() => {}
                 Json::String(q) if is_quantity(q) => {

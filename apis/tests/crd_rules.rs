@@ -256,3 +256,48 @@ fn credentials_and_cluster_profile_ref_are_exclusive() {
     c["spec"]["clusterProfileRef"] = json!({"namespace": "Fleet", "name": "eu-fra-1"});
     assert_refused(Kind::InferenceCluster, &c, "spec.clusterProfileRef.namespace", "does not match");
 }
+
+#[test]
+fn disruption_budget_is_one_count_or_percentage() {
+    let mut d = deployment();
+    for ok in [
+        json!({}),
+        json!({"maxUnavailable": 1}),
+        json!({"maxUnavailable": "25%"}),
+        json!({"maxUnavailable": 0}),
+        json!({"minAvailable": 2}),
+        json!({"minAvailable": "100%"}),
+    ] {
+        d["spec"]["disruptionBudget"] = ok.clone();
+        assert_eq!(problems(Kind::ModelDeployment, &d), vec![], "{ok}");
+    }
+    d["spec"]["disruptionBudget"] = json!({"maxUnavailable": 1, "minAvailable": 1});
+    assert_refused(Kind::ModelDeployment, &d, "disruptionBudget", "give maxUnavailable or minAvailable, not both");
+    for (bad, message) in [
+        (json!({"maxUnavailable": "150%"}), "does not match the required format"),
+        (json!({"maxUnavailable": "1"}), "does not match the required format"),
+        (json!({"minAvailable": "half"}), "does not match the required format"),
+        (json!({"maxUnavailable": -1}), "must be at least 0"),
+        (json!({"minAvailable": 1.5}), "must be an integer or a percentage"),
+        (json!({"minAvailable": true}), "must be an integer or a percentage"),
+    ] {
+        d["spec"]["disruptionBudget"] = bad.clone();
+        let p = problems(Kind::ModelDeployment, &d);
+        assert!(
+            p.iter().any(|(f, m)| f.starts_with("spec.disruptionBudget.") && m.contains(message)),
+            "{bad}: expected {message:?} at spec.disruptionBudget.*, got {p:?}"
+        );
+    }
+}
+
+#[test]
+fn disruption_budget_reads_counts_and_percentages() {
+    use flotilla_apis::deployment::{Budget, DisruptionBudget, ReplicaCount};
+    let b: DisruptionBudget = serde_json::from_value(json!({"maxUnavailable": "25%"})).unwrap();
+    assert_eq!(b.max_unavailable, Some(ReplicaCount::Percent("25%".into())));
+    assert_eq!(b.max_unavailable.as_ref().and_then(ReplicaCount::percent), Some(25));
+    let b: DisruptionBudget = serde_json::from_value(json!({"minAvailable": 2})).unwrap();
+    assert_eq!(DisruptionBudget::budget(Some(&b)), Budget::MinAvailable(ReplicaCount::Count(2)));
+    assert_eq!(serde_json::to_value(&b).unwrap(), json!({"minAvailable": 2}), "written back as given");
+    assert_eq!(DisruptionBudget::budget(None), Budget::MaxUnavailable(ReplicaCount::Count(1)), "the default");
+}

@@ -12,6 +12,7 @@ pub mod inventory;
 pub mod member;
 pub mod metrics;
 pub mod render;
+pub mod render_budget;
 pub mod server;
 pub mod solve_once;
 pub mod status_patch;

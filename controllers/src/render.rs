@@ -1,6 +1,6 @@
 //! Rendering what a member cluster runs for one ModelDeployment: per assigned pool a
 //! Deployment (one per role for disaggregated serving, a LeaderWorkerSet for multi-node
-//! replicas), a DRA `ResourceClaimTemplate` carrying the class identity and the same CEL
+//! replicas) and its PodDisruptionBudget (`render_budget.rs`), a DRA `ResourceClaimTemplate` carrying the class identity and the same CEL
 //! selectors the solver used (or `nvidia.com/gpu` limits where the member has no DRA), and one
 //! Service. A deployment with `cacheRef` mounts the cache's volume read-only at
 //! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). Every object carries the labels that tie it to the deployment, so cleanup can find
@@ -205,6 +205,15 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
                 }));
             }
         }
+        // One budget over the pool's pods, every role's: a replica spans them all.
+        out.push(crate::render_budget::pdb(
+            md,
+            &format!("{name}-{}", w.pool),
+            &ns,
+            &object_labels(md, &[(labels::POOL, w.pool)]),
+            &pod_labels(md, w.pool, None),
+            w.replicas,
+        ));
     }
     let mut svc_selector = BTreeMap::new();
     svc_selector.insert(labels::DEPLOYMENT.to_string(), deployment_key(md));

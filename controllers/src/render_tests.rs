@@ -62,7 +62,8 @@ fn extended_resources_without_dra_and_generation_only_on_objects() {
         replicas: 3,
     };
     let objects = render(&md, &[w], false);
-    assert_eq!(objects.len(), 2, "Deployment and Service, no claim template");
+    let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["Deployment", "PodDisruptionBudget", "Service"], "no claim template");
     let dep = &objects[0];
     assert_eq!(dep["spec"]["replicas"], 3);
     assert_eq!(dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "4");
@@ -86,9 +87,33 @@ fn disaggregated_roles_become_deployments() {
     };
     let objects = render(md, &[w], false);
     insta::assert_snapshot!("disaggregated", yaml(&objects));
-    let names: Vec<&str> = objects.iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["qwen3-235b-disagg-h100-prefill", "qwen3-235b-disagg-h100-decode", "qwen3-235b-disagg"]);
+    let names: Vec<String> = objects
+        .iter()
+        .map(|o| format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "Deployment/qwen3-235b-disagg-h100-prefill",
+            "Deployment/qwen3-235b-disagg-h100-decode",
+            "PodDisruptionBudget/qwen3-235b-disagg-h100",
+            "Service/qwen3-235b-disagg"
+        ]
+    );
     assert_eq!(objects[1]["spec"]["replicas"], 4, "2 replicas x 2 decode pods");
+    // One budget over both roles' pods (a replica is one prefill and two decode pods): the
+    // example's 50% of 2 replicas is 1 replica, so 1 pod may be evicted at a time.
+    let pdb = &objects[2];
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert!(pdb["spec"].get("minAvailable").is_none());
+    let selector = &pdb["spec"]["selector"]["matchLabels"];
+    assert!(selector.get("flotilla.dev/role").is_none(), "every role: {selector}");
+    for role in [&objects[0], &objects[1]] {
+        let pod = &role["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in selector.as_object().unwrap() {
+            assert_eq!(&pod[k], v, "the {k} of every role's pods is selected");
+        }
+    }
 }
 
 #[test]
@@ -108,12 +133,55 @@ fn multi_node_becomes_a_leader_worker_set() {
     insta::assert_snapshot!("multi_node_lws", yaml(&objects));
     let lws = &objects[0];
     assert_eq!(lws["kind"], "LeaderWorkerSet");
+    // 3 groups of 2 pods, default budget of 1 replica: 1 pod at a time.
+    assert_eq!(objects[1]["kind"], "PodDisruptionBudget");
+    assert_eq!(objects[1]["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        objects[1]["spec"]["selector"]["matchLabels"],
+        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"],
+        "leaders and workers alike"
+    );
     assert_eq!(lws["spec"]["replicas"], 3);
     assert_eq!(lws["spec"]["leaderWorkerTemplate"]["size"], 2);
     assert_eq!(
         lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
         "8"
     );
+}
+
+#[test]
+fn each_pool_gets_a_budget_over_exactly_its_pods() {
+    let (mds, classes) = fleet();
+    let mut md = mds[0].clone();
+    let w = |pool, replicas| PoolWorkload {
+        pool,
+        class: &classes["h100-sxm-80g"],
+        alternative: &mds[0].spec.devices.alternatives[0],
+        replicas,
+    };
+    let budgets = |objects: &[Value]| -> Vec<Value> {
+        objects.iter().filter(|o| o["kind"] == "PodDisruptionBudget").cloned().collect()
+    };
+    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false);
+    let pdbs = budgets(&objects);
+    assert_eq!(pdbs.len(), 2, "one per pool");
+    for (pdb, pool) in pdbs.iter().zip(["h100", "h100-spot"]) {
+        let dep = objects
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["labels"]["flotilla.dev/pool"] == pool)
+            .unwrap();
+        assert_eq!(pdb["apiVersion"], "policy/v1");
+        assert_eq!(pdb["metadata"]["name"], dep["metadata"]["name"], "named like the pool's workload");
+        assert_eq!(pdb["spec"]["selector"], dep["spec"]["selector"], "exactly the Deployment's pods");
+        assert_eq!(pdb["metadata"]["labels"], dep["metadata"]["labels"], "found, pruned and swept like it");
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1, "the default, also for the pool with one replica");
+        assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+    }
+    // A budget as written: a percentage passes through where a replica is one pod.
+    md.spec.disruption_budget = Some(serde_json::from_value(serde_json::json!({"minAvailable": "50%"})).unwrap());
+    let pdb = &budgets(&render(&md, &[w("h100", 4)], true))[0];
+    assert_eq!(pdb["spec"]["minAvailable"], "50%");
+    assert!(pdb["spec"].get("maxUnavailable").is_none());
 }
 
 #[test]

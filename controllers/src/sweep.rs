@@ -1,7 +1,7 @@
 //! Removing what Flotilla left in a member. Observe: the member's objects carrying Flotilla's
 //! labels (`app.kubernetes.io/managed-by=flotilla` plus `flotilla.dev/deployment` or
-//! `flotilla.dev/cache`). Deployments, Services, LeaderWorkerSets and ResourceClaimTemplates
-//! come from the member's caches (`member/objects.rs`: every namespace the controller applied
+//! `flotilla.dev/cache`). Deployments, Services, PodDisruptionBudgets, LeaderWorkerSets and
+//! ResourceClaimTemplates come from the member's caches (`member/objects.rs`: every namespace the controller applied
 //! to since it started); the first pass that reaches a member also lists them once —
 //! across the cluster where the member lets the controller, else in the namespaces of the
 //! control cluster's tenant objects — for what was left before the controller started. The
@@ -36,11 +36,12 @@ pub const GRACE: Duration = Duration::from_secs(60);
 /// At most this many deletions per member per pass; the next pass continues.
 pub const MAX_DELETES: usize = 200;
 
-/// The member kinds Flotilla creates, with the label naming their owner. The first four are
+/// The member kinds Flotilla creates, with the label naming their owner. The first five are
 /// the ModelDeployment kinds the member caches hold.
-const KINDS: [(&str, &str, &str, &str); 7] = [
+const KINDS: [(&str, &str, &str, &str); 8] = [
     ("apps", "v1", "Deployment", labels::DEPLOYMENT),
     ("", "v1", "Service", labels::DEPLOYMENT),
+    ("policy", "v1", "PodDisruptionBudget", labels::DEPLOYMENT),
     ("resource.k8s.io", "v1", "ResourceClaimTemplate", labels::DEPLOYMENT),
     ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", labels::DEPLOYMENT),
     ("batch", "v1", "Job", labels::CACHE),
@@ -123,7 +124,7 @@ fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
 }
 
 /// How many of `KINDS` the member caches hold.
-const CACHED_KINDS: usize = 4;
+const CACHED_KINDS: usize = 5;
 
 fn found(kind: usize, o: &ObjectMeta, now: Timestamp) -> Option<Found> {
     let owner = o.labels.as_ref()?.get(KINDS[kind].3)?.clone();
@@ -352,12 +353,16 @@ mod tests {
         let found = [
             f(0, "ml.llama", "llama-h100", 600),  // owned
             f(1, "ml.gone", "gone", 600),         // owner deleted
-            f(4, "ml.weights", "stage-1", 600),   // cache owns it
-            f(4, "ml.llama", "stage-2", 600),     // a Job is owned by a cache, not a deployment
+            f(2, "ml.gone", "gone-h100", 600),    // its PodDisruptionBudget too
+            f(2, "ml.llama", "llama-h100", 600),  // owned
+            f(5, "ml.weights", "stage-1", 600),   // cache owns it
+            f(5, "ml.llama", "stage-2", 600),     // a Job is owned by a cache, not a deployment
             f(0, "ml.weights", "weights-x", 600), // a Deployment is owned by a deployment
         ];
+        assert_eq!(KINDS[2].2, "PodDisruptionBudget");
+        assert_eq!(KINDS[5].2, "Job");
         let names: Vec<String> = orphans(&found, &owners(), GRACE, 10).into_iter().map(|f| f.name).collect();
-        assert_eq!(names, ["weights-x", "gone", "stage-2"], "by kind, namespace, name");
+        assert_eq!(names, ["weights-x", "gone", "gone-h100", "stage-2"], "by kind, namespace, name");
     }
 
     #[test]
@@ -372,7 +377,7 @@ mod tests {
 
     #[test]
     fn with_no_owner_at_all_everything_labelled_goes() {
-        let found = [f(0, "ml.llama", "x", 0), f(6, "ml.weights", "y", 0)];
+        let found = [f(0, "ml.llama", "x", 0), f(7, "ml.weights", "y", 0)];
         assert_eq!(orphans(&found, &Owners::default(), Duration::ZERO, 10).len(), 2);
     }
 

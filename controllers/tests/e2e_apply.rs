@@ -64,6 +64,8 @@ async fn api_server_accepts_the_example_fleet_and_refuses_schema_level_fixtures(
         "18-disaggregated-without-roles",
         "23-bad-price-format",
         "25-bad-duration",
+        "34-disruption-budget-both",
+        "35-disruption-budget-percent",
     ];
     let mut agreed = Vec::new();
     for name in schema_level {

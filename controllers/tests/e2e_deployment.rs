@@ -1,6 +1,8 @@
 //! The ModelDeployment controller on real API servers: a control cluster and three members
 //! (two EU, one US) with kwok GPU nodes. Each member gets exactly the Deployments the plan
-//! says and their pods go Running; the EU-sovereign model has nothing in the US member; a
+//! says and their pods go Running, with one PodDisruptionBudget per pool that the member's
+//! disruption controller counts over exactly those pods (and none left after deletion, cluster
+//! cleanup or the sweep); the EU-sovereign model has nothing in the US member; a
 //! quiet fleet makes no writes, and its members' API servers count no LIST and no write of
 //! Flotilla's resources in that minute (`apiserver_request_total`); a member Deployment edited by hand is restored with a
 //! `DriftCorrected` event; a stopped member's replicas are re-placed in the EU with
@@ -27,6 +29,8 @@ use harness::apiserver::{apiserver_requests, flotilla_lists_and_writes, grown};
 use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -86,8 +90,8 @@ async fn member_deployments(client: &Client, model: &str) -> BTreeMap<String, i3
         .unwrap_or_default()
 }
 
-/// `Kind namespace/name (owner)` of every Deployment, Service and ResourceClaimTemplate with
-/// Flotilla's managed-by label, in every namespace of a member.
+/// `Kind namespace/name (owner)` of every Deployment, Service, ResourceClaimTemplate and
+/// PodDisruptionBudget with Flotilla's managed-by label, in every namespace of a member.
 async fn flotilla_objects(client: &Client) -> Vec<String> {
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=flotilla");
     let describe = |kind: &str, m: &kube::api::ObjectMeta| {
@@ -104,6 +108,10 @@ async fn flotilla_objects(client: &Client) -> Vec<String> {
     let rcts = Api::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>::all(client.clone());
     for d in rcts.list_metadata(&lp).await.unwrap().items {
         out.push(describe("ResourceClaimTemplate", &d.metadata));
+    }
+    let pdbs = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::all(client.clone());
+    for d in pdbs.list_metadata(&lp).await.unwrap().items {
+        out.push(describe("PodDisruptionBudget", &d.metadata));
     }
     out
 }
@@ -314,6 +322,49 @@ async fn model_deployment_controller_on_real_api_servers() {
         assert_eq!(results.map_or(0, Vec::len), 4, "4 H100s allocated to {:?}", c.metadata.name);
     }
     assert_eq!(running_pods(&members["us1"], "eu-model").await, 0);
+    // Each member running eu-model holds one PodDisruptionBudget for its pool: the default
+    // budget (maxUnavailable 1) over exactly that pool's pods, as the member's own disruption
+    // controller counts them: 2 expected, 2 healthy, 1 eviction allowed.
+    for eu in ["eu1", "eu2"] {
+        let pdbs = Api::<PodDisruptionBudget>::namespaced(members[eu].clone(), "ml");
+        let pdb = wait_for(&format!("{eu}: the budget counts eu-model's 2 pods"), Duration::from_secs(60), || async {
+            let p = pdbs.get_opt("eu-model-h100").await.ok()??;
+            let s = p.status.clone()?;
+            (s.expected_pods == 2 && s.current_healthy == 2 && s.disruptions_allowed == 1).then_some(p)
+        })
+        .await;
+        let spec = pdb.spec.clone().unwrap();
+        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)), "the default budget");
+        assert_eq!(spec.min_available, None);
+        assert_eq!(spec.unhealthy_pod_eviction_policy.as_deref(), Some("AlwaysAllow"));
+        let selector = spec.selector.and_then(|s| s.match_labels).unwrap_or_default();
+        let want: BTreeMap<String, String> = [
+            ("app.kubernetes.io/managed-by", "flotilla"),
+            ("flotilla.dev/deployment", "ml.eu-model"),
+            ("flotilla.dev/pool", "h100"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(selector, want, "exactly the pool's pods");
+        let names: Vec<String> = pdbs
+            .list_metadata(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["eu-model-h100"], "one budget in {eu}, none for us-model");
+    }
+    assert!(
+        Api::<PodDisruptionBudget>::namespaced(members["us1"].clone(), "ml")
+            .get_opt("eu-model-h100")
+            .await
+            .unwrap()
+            .is_none(),
+        "no budget where the model does not run"
+    );
     assert_eq!(member_deployments(&members["us1"], "us-model").await, BTreeMap::from([("us-model-h100".into(), 3)]));
     for eu in ["eu1", "eu2"] {
         assert!(member_deployments(&members[eu], "us-model").await.is_empty(), "the US model stays in the US");
@@ -381,11 +432,7 @@ async fn model_deployment_controller_on_real_api_servers() {
         let total: f64 = grown.values().sum();
         let flotilla: f64 = grown
             .iter()
-            .filter(|(k, _)| {
-                ["deployments", "services", "leaderworkersets", "resourceclaimtemplates", "namespaces"]
-                    .iter()
-                    .any(|r| k.ends_with(&format!(" {r}")))
-            })
+            .filter(|(k, _)| harness::apiserver::MEMBER_DEPLOYMENT_KINDS.iter().any(|r| k.ends_with(&format!(" {r}"))))
             .map(|(_, v)| v)
             .sum();
         eprintln!(

@@ -22,6 +22,6 @@ pub use provider::CapacityProvider;
 pub use set::ProviderSet;
 pub use sim::{SimCloud, SimOffering, SimProvider, SimRegion};
 pub use types::{
-    AcquireRequest, Acquisition, AcquisitionState, CapacityEvent, CapacityEventKind, NodeTaint, Offering,
-    ProvisionedNode, RegionInfo,
+    AcquireRequest, Acquisition, AcquisitionState, CapacityEvent, CapacityEventKind, NamedNode, NodeRemoval, NodeTaint,
+    Offering, ProvisionedNode, RegionInfo,
 };

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use crate::error::ProviderError;
-use crate::types::{AcquireRequest, Acquisition, Offering, RegionInfo};
+use crate::types::{AcquireRequest, Acquisition, NodeRemoval, Offering, RegionInfo};
 
 /// A source of accelerator nodes. Usable as `Arc<dyn CapacityProvider>`.
 #[async_trait]
@@ -37,19 +37,26 @@ pub trait CapacityProvider: Send + Sync {
         ))
     }
 
-    /// Shrinks an acquisition to `nodes` by removing the named nodes (the empty ones a claim
-    /// chose to give back; `names` may be shorter than the reduction, or empty, when the claim
-    /// lets the provider pick). Providers that cannot remove particular nodes shrink to
-    /// `nodes` and pick themselves (EKS cordons and drains the nodes it picks).
-    async fn remove_nodes(
-        &self,
-        region: &str,
-        id: &str,
-        names: &[String],
-        nodes: u32,
-    ) -> Result<Acquisition, ProviderError> {
-        let _ = names;
-        self.resize(region, id, nodes).await
+    /// Shrinks an acquisition as `removal` says: the named nodes (the empty ones a claim chose
+    /// to give back) go first; beyond them the provider picks only when
+    /// `removal.provider_may_choose`. The answer's `nodes_granted` is what the acquisition holds
+    /// afterwards, which is more than `removal.nodes` when fewer nodes could be named than the
+    /// reduction asks and the provider may not choose. Providers that cannot remove particular
+    /// nodes shrink by size where they may choose, and otherwise answer `InvalidRequest` with
+    /// code `NamedRemovalUnsupported` (shrinking by size would let them take a busy node).
+    async fn remove_nodes(&self, region: &str, id: &str, removal: &NodeRemoval) -> Result<Acquisition, ProviderError> {
+        if removal.provider_may_choose {
+            return self.resize(region, id, removal.nodes).await;
+        }
+        Err(ProviderError::new(
+            crate::error::ErrorKind::InvalidRequest,
+            "NamedRemovalUnsupported",
+            format!(
+                "{} cannot remove particular nodes of {id} in {region}, and the claim's disruption policy gives back \
+                 only the empty ones it names",
+                self.name()
+            ),
+        ))
     }
 
     /// Gives an acquisition back. Releasing something already gone succeeds.

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::error::{ErrorKind, ProviderError};
 use crate::provider::CapacityProvider;
-use crate::types::{AcquireRequest, Acquisition, Offering, RegionInfo};
+use crate::types::{AcquireRequest, Acquisition, NodeRemoval, Offering, RegionInfo};
 
 /// Providers routed by region.
 #[derive(Clone)]
@@ -85,14 +85,8 @@ impl CapacityProvider for ProviderSet {
         self.route(region)?.resize(region, id, nodes).await
     }
 
-    async fn remove_nodes(
-        &self,
-        region: &str,
-        id: &str,
-        names: &[String],
-        nodes: u32,
-    ) -> Result<Acquisition, ProviderError> {
-        self.route(region)?.remove_nodes(region, id, names, nodes).await
+    async fn remove_nodes(&self, region: &str, id: &str, removal: &NodeRemoval) -> Result<Acquisition, ProviderError> {
+        self.route(region)?.remove_nodes(region, id, removal).await
     }
 
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {

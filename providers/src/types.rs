@@ -195,3 +195,27 @@ pub struct Acquisition {
     /// Why it failed, when `state` is `Failed`.
     pub failure: Option<crate::error::ProviderError>,
 }
+
+/// A node a claim gives back: its Kubernetes name and, where the member reported one, its
+/// `spec.providerID` (`aws:///eu-central-1a/i-0abc…`), which names the cloud's instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedNode {
+    /// Node name in the member cluster.
+    pub name: String,
+    /// The node's `spec.providerID`, if it has one.
+    pub provider_id: Option<String>,
+}
+
+/// How a claim shrinks an acquisition (`CapacityProvider::remove_nodes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeRemoval {
+    /// The empty nodes the claim chose, removed first (may be fewer than the reduction: nodes
+    /// that have not joined the member yet have no name).
+    pub named: Vec<NamedNode>,
+    /// How many nodes the acquisition should hold afterwards.
+    pub nodes: u32,
+    /// Whether the provider may pick nodes itself beyond `named` (the claim lets anything go:
+    /// `consolidation: WhenUnderutilized` with `scaleDown: Any`). When false, a provider that
+    /// can name nodes removes only `named`, and one that cannot refuses.
+    pub provider_may_choose: bool,
+}

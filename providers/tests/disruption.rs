@@ -51,7 +51,12 @@ fn usage(cluster: &str, acquisition: &str, nodes: &[(&str, u32)]) -> ClaimUsage 
         clusters: BTreeSet::from([cluster.to_string()]),
         nodes: nodes
             .iter()
-            .map(|(n, pods)| NodeUse { name: (*n).to_string(), acquisition: acquisition.to_string(), pods: *pods })
+            .map(|(n, pods)| NodeUse {
+                name: (*n).to_string(),
+                acquisition: acquisition.to_string(),
+                pods: *pods,
+                provider_id: None,
+            })
             .collect(),
     }
 }

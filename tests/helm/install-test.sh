@@ -326,9 +326,9 @@ EOF
     ok "ModelDeployment carries the controller's finalizer"
   else bad "ModelDeployment has no finalizer"; fi
   mk() { kubectl --kubeconfig "${MKC}" "$@"; }
-  if [[ "$(mk -n ml get deployments,services,resourceclaimtemplates -l flotilla.dev/deployment=ml.llama -o name | wc -l)" -ge 3 ]]; then
-    ok "member: Deployment, Service and ResourceClaimTemplate applied with the member-rbac identity"
-  else bad "member objects: $(mk -n ml get deployments,services,resourceclaimtemplates -o name 2>&1)"; fi
+  if [[ "$(mk -n ml get deployments,services,resourceclaimtemplates,poddisruptionbudgets -l flotilla.dev/deployment=ml.llama -o name | wc -l)" -ge 4 ]]; then
+    ok "member: Deployment, Service, ResourceClaimTemplate and PodDisruptionBudget applied with the member-rbac identity"
+  else bad "member objects: $(mk -n ml get deployments,services,resourceclaimtemplates,poddisruptionbudgets -o name 2>&1)"; fi
   # The real gateway as the chart runs it (control-cluster mode, keys from the keys namespace,
   # its Lease in the release namespace), with a token of the gateway's ServiceAccount.
   GATEWAY_BIN="${FLOTILLA_GATEWAY_BIN:-$(dirname "${CONTROLLER_BIN}")/flotilla-gateway}"
@@ -395,7 +395,7 @@ EOF
   k delete inferencecluster outside --wait=false >/dev/null
   outside_gone() { ! k get inferencecluster outside >/dev/null 2>&1; }
   wait_for "InferenceCluster outside deleted (never reached: its finalizer holds nothing)" 30 outside_gone
-  left=$(mk -n ml get deployments,services,resourceclaimtemplates -l flotilla.dev/deployment=ml.llama -o name 2>&1 | wc -l)
+  left=$(mk -n ml get deployments,services,resourceclaimtemplates,poddisruptionbudgets -l flotilla.dev/deployment=ml.llama -o name 2>&1 | wc -l)
   if [[ "${left}" == 0 ]]; then ok "member: nothing of ml/llama left"; else bad "member still has ${left} objects of ml/llama"; fi
   # Apart from that Secret, the controller was never refused anything. (The Secret is watched by
   # name, so kube-runtime's watcher logs its own 403 for it, naming it as `secrets

@@ -1,6 +1,7 @@
 //! What a claim's nodes run, read from a member's watch caches (the ones inventory uses): every
 //! node labelled for the claim, with the pods the application has there (not DaemonSet or mirror pods, not finished ones), so the
-//! claim engine can tell empty nodes from busy ones. The same pass puts the disruption policy
+//! claim engine can tell empty nodes from busy ones (and name the empty ones to the provider by
+//! their `spec.providerID`). The same pass puts the disruption policy
 //! onto the nodes as the annotations cluster-autoscaler and Karpenter honour: a node the claim
 //! keeps is marked do-not-disrupt, one it lets go is not.
 
@@ -60,7 +61,8 @@ pub async fn observe(
             // The pods are still seen; only the autoscalers' hint is missing (RBAC: nodes/patch).
             tracing::warn!(node = %name, claim, error = %crate::member::brief(&e), "could not mark the claim's node for node autoscalers");
         }
-        out.push(NodeUse { pods: app_pods(&name, &seen.pods), name, acquisition });
+        let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.clone());
+        out.push(NodeUse { pods: app_pods(&name, &seen.pods), name, acquisition, provider_id });
     }
     out
 }

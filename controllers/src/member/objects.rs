@@ -1,5 +1,5 @@
-//! A member's caches of Flotilla's own workloads: Deployments, Services and — where the member
-//! serves them — LeaderWorkerSets and DRA ResourceClaimTemplates carrying Flotilla's managed-by
+//! A member's caches of Flotilla's own workloads: Deployments, Services, PodDisruptionBudgets
+//! and — where the member serves them — LeaderWorkerSets and DRA ResourceClaimTemplates carrying Flotilla's managed-by
 //! label. One reflector per kind **per namespace**, started the first time a reconcile looks
 //! at that namespace of that member and kept for the member client's life: the least a member
 //! must grant is a Role in each tenant namespace (`examples/member-rbac`), so nothing here
@@ -28,9 +28,10 @@ use super::{AbortOnDrop, MemberError, WATCH_TIMEOUT_SECS};
 pub const RETRY: Duration = Duration::from_secs(60);
 
 /// The kinds cached: (group, version, kind, always served).
-pub const KINDS: [(&str, &str, &str, bool); 4] = [
+pub const KINDS: [(&str, &str, &str, bool); 5] = [
     ("apps", "v1", "Deployment", true),
     ("", "v1", "Service", true),
+    ("policy", "v1", "PodDisruptionBudget", true),
     ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", false),
     ("resource.k8s.io", "v1", "ResourceClaimTemplate", false),
 ];

@@ -2,8 +2,8 @@
 //! cache of a thousand-node member is a fraction of the objects the API server sends. Applied
 //! by `WatchStreamExt::modify` before an object reaches its store. Every kind loses
 //! `managedFields`; workloads keep their `spec` (drift compares it), Flotilla's annotations and
-//! the status fields readiness reads; nodes keep labels, taints, schedulability, conditions and
-//! allocatable/capacity; pods keep the node, owner kinds, the mirror annotation, container
+//! the status fields readiness reads; nodes keep labels, taints, schedulability, `providerID`
+//! (a claim names its empty nodes to the provider by it), conditions and allocatable/capacity; pods keep the node, owner kinds, the mirror annotation, container
 //! resources and phase; DRA claims keep labels and their allocation; Secrets keep `data`.
 //! Pure.
 
@@ -22,7 +22,7 @@ fn common(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
 }
 
-/// A Deployment, Service, LeaderWorkerSet or ResourceClaimTemplate of Flotilla's.
+/// A Deployment, Service, PodDisruptionBudget, LeaderWorkerSet or ResourceClaimTemplate of Flotilla's.
 pub fn workload(o: &mut DynamicObject) {
     common(&mut o.metadata);
     if let Some(a) = o.metadata.annotations.as_mut() {
@@ -54,14 +54,14 @@ pub fn workload(o: &mut DynamicObject) {
 }
 
 /// A node: labels, annotations (claim protection reads them), taints, schedulability,
-/// conditions, allocatable and capacity.
+/// `providerID` (a claim names its empty nodes to the provider by it), conditions, allocatable
+/// and capacity.
 pub fn node(n: &mut Node) {
     common(&mut n.metadata);
     if let Some(spec) = n.spec.as_mut() {
         spec.config_source = None;
         spec.pod_cidr = None;
         spec.pod_cidrs = None;
-        spec.provider_id = None;
     }
     if let Some(status) = n.status.as_mut() {
         status.images = None;
@@ -188,7 +188,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_loses_images_and_managed_fields_but_keeps_capacity_and_taints() {
+    fn a_node_loses_images_and_managed_fields_but_keeps_capacity_taints_and_provider_id() {
         let mut n: Node = serde_json::from_value(json!({
             "metadata": {"name": "n1", "labels": {"flotilla.dev/pool": "h100"}, "managedFields": [{"manager": "k"}]},
             "spec": {"taints": [{"key": "flotilla.dev/claim", "value": "ml.a", "effect": "NoSchedule"}],
@@ -205,7 +205,8 @@ mod tests {
         assert_eq!(
             v,
             json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"flotilla.dev/pool": "h100"}},
-                "spec": {"taints": [{"key": "flotilla.dev/claim", "value": "ml.a", "effect": "NoSchedule"}]},
+                "spec": {"taints": [{"key": "flotilla.dev/claim", "value": "ml.a", "effect": "NoSchedule"}],
+                         "providerID": "aws:///x"},
                 "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
                            "conditions": [{"type": "Ready", "status": "True"}]}})
         );

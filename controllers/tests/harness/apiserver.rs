@@ -20,9 +20,10 @@ pub const WRITE_VERBS: [&str; 6] = ["POST", "PUT", "PATCH", "APPLY", "DELETE", "
 
 /// The member resources Flotilla itself creates and writes (never a subresource: the member's
 /// own controllers write `deployments/status`).
-pub const MEMBER_WRITTEN: [&str; 8] = [
+pub const MEMBER_WRITTEN: [&str; 9] = [
     "deployments",
     "services",
+    "poddisruptionbudgets",
     "leaderworkersets",
     "resourceclaimtemplates",
     "namespaces",
@@ -112,10 +113,10 @@ pub fn lists_and_writes(grown: &Requests) -> Requests {
         .collect()
 }
 
-/// The member resources a ModelDeployment makes (the first five of [`MEMBER_WRITTEN`]; the
+/// The member resources a ModelDeployment makes (the first six of [`MEMBER_WRITTEN`]; the
 /// other three are the ModelCache's, which the periodic sweep lists every pass).
-pub const MEMBER_DEPLOYMENT_KINDS: [&str; 5] =
-    ["deployments", "services", "leaderworkersets", "resourceclaimtemplates", "namespaces"];
+pub const MEMBER_DEPLOYMENT_KINDS: [&str; 6] =
+    ["deployments", "services", "poddisruptionbudgets", "leaderworkersets", "resourceclaimtemplates", "namespaces"];
 
 /// The LISTs and writes of the resources a ModelDeployment makes in a member.
 pub fn flotilla_lists_and_writes(grown: &Requests) -> Requests {

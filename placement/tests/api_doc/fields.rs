@@ -53,6 +53,10 @@ pub fn type_name(s: &JSONSchemaProps, path: &str) -> String {
         return "[]Condition".into();
     }
     if s.x_kubernetes_int_or_string == Some(true) {
+        // A `pattern` marks a count or a percentage (a disruption budget), not a quantity.
+        if s.pattern.is_some() {
+            return "int or percentage".into();
+        }
         return "quantity (int or string)".into();
     }
     match s.type_.as_deref() {

@@ -1,4 +1,4 @@
-//! AWS error codes → typed `ProviderError`s. EC2 and EKS answer with codes
+//! AWS error codes → typed `ProviderError`s. EC2, EKS and EC2 Auto Scaling answer with codes
 //! (`InsufficientInstanceCapacity`, `VcpuLimitExceeded`, `RequestLimitExceeded`, …); this
 //! table is the only place that knows them. SDK failures without a code (timeouts, dispatch
 //! failures) become `Unavailable`. The table is documented in docs/providers.md.
@@ -36,7 +36,10 @@ pub fn kind_of(code: &str) -> ErrorKind {
         | "TooManyRequestsException"
         | "RequestThrottled"
         | "RequestThrottledException"
-        | "EC2ThrottledException" => ErrorKind::Throttled,
+        | "EC2ThrottledException"
+        // EC2 Auto Scaling: another scaling activity or update holds the group; try again.
+        | "ScalingActivityInProgress"
+        | "ResourceContention" => ErrorKind::Throttled,
         "UnauthorizedOperation"
         | "AuthFailure"
         | "AccessDenied"
@@ -105,6 +108,8 @@ mod tests {
             ("Unsupported", ErrorKind::CapacityTypeUnavailable),
             ("RequestLimitExceeded", ErrorKind::Throttled),
             ("ThrottlingException", ErrorKind::Throttled),
+            ("ScalingActivityInProgress", ErrorKind::Throttled),
+            ("ResourceContention", ErrorKind::Throttled),
             ("UnauthorizedOperation", ErrorKind::Unauthorized),
             ("AuthFailure", ErrorKind::Unauthorized),
             ("AccessDeniedException", ErrorKind::Unauthorized),

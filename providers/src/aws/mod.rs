@@ -1,5 +1,6 @@
 //! The AWS adapter: EC2 for discovery (GPU instance types, offerings per zone, spot prices,
-//! capacity reservations and capacity blocks) and EKS managed node groups for acquisition.
+//! capacity reservations and capacity blocks), EKS managed node groups for acquisition, and
+//! EC2 Auto Scaling to remove the particular (empty) nodes a claim gives back (`named`).
 //! Settings in (targets: which EKS cluster serves which region and jurisdiction, subnets per
 //! zone, node role; optional endpoint override and static credentials for tests), typed
 //! errors out; the SDK retries throttling with exponential backoff before an error becomes
@@ -7,14 +8,18 @@
 
 mod discover;
 mod errors;
+mod named;
 mod nodegroups;
 mod spot;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_lifecycle;
+#[cfg(test)]
+mod tests_named;
 
 pub use errors::{from_code, kind_of};
+pub use named::instance_id;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,7 +30,7 @@ use aws_sdk_ec2::config::retry::RetryConfig;
 
 use crate::error::ProviderError;
 use crate::provider::CapacityProvider;
-use crate::types::{AcquireRequest, Acquisition, Offering, RegionInfo};
+use crate::types::{AcquireRequest, Acquisition, NodeRemoval, Offering, RegionInfo};
 
 /// One EKS cluster the adapter may add node groups to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -85,6 +90,7 @@ struct RegionClients {
     target: AwsTarget,
     ec2: aws_sdk_ec2::Client,
     eks: aws_sdk_eks::Client,
+    asg: aws_sdk_autoscaling::Client,
 }
 
 /// The AWS adapter behind `CapacityProvider`.
@@ -131,9 +137,13 @@ impl AwsProvider {
                 let ec2 = aws_sdk_ec2::Client::from_conf(
                     aws_sdk_ec2::config::Builder::from(shared).region(region.clone()).build(),
                 );
-                let eks =
-                    aws_sdk_eks::Client::from_conf(aws_sdk_eks::config::Builder::from(shared).region(region).build());
-                RegionClients { target, ec2, eks }
+                let eks = aws_sdk_eks::Client::from_conf(
+                    aws_sdk_eks::config::Builder::from(shared).region(region.clone()).build(),
+                );
+                let asg = aws_sdk_autoscaling::Client::from_conf(
+                    aws_sdk_autoscaling::config::Builder::from(shared).region(region).build(),
+                );
+                RegionClients { target, ec2, eks, asg }
             })
             .collect();
         Self { regions, on_demand_prices: settings.on_demand_prices }
@@ -141,8 +151,13 @@ impl AwsProvider {
 
     /// An adapter over ready-made clients (unit tests with `aws-smithy-mocks`).
     #[cfg(test)]
-    fn from_clients(target: AwsTarget, ec2: aws_sdk_ec2::Client, eks: aws_sdk_eks::Client) -> Self {
-        Self { regions: vec![RegionClients { target, ec2, eks }], on_demand_prices: BTreeMap::new() }
+    fn from_clients(
+        target: AwsTarget,
+        ec2: aws_sdk_ec2::Client,
+        eks: aws_sdk_eks::Client,
+        asg: aws_sdk_autoscaling::Client,
+    ) -> Self {
+        Self { regions: vec![RegionClients { target, ec2, eks, asg }], on_demand_prices: BTreeMap::new() }
     }
 
     fn clients(&self, region: &str) -> Result<&RegionClients, ProviderError> {
@@ -189,6 +204,10 @@ impl CapacityProvider for AwsProvider {
 
     async fn resize(&self, region: &str, id: &str, nodes: u32) -> Result<Acquisition, ProviderError> {
         nodegroups::resize(self.clients(region)?, id, nodes).await
+    }
+
+    async fn remove_nodes(&self, region: &str, id: &str, removal: &NodeRemoval) -> Result<Acquisition, ProviderError> {
+        named::remove_nodes(self.clients(region)?, id, removal).await
     }
 
     async fn release(&self, region: &str, id: &str) -> Result<(), ProviderError> {

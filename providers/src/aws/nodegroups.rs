@@ -5,7 +5,8 @@
 //! capacity reservation first and target it through a launch template (which also carries a
 //! cluster placement group when asked for). `describe` maps node group status and health to
 //! an acquisition (a spot node group whose instances EC2 reclaimed is `Interrupted`, see
-//! `spot`); `resize` updates its scaling config; `release` deletes the node group.
+//! `spot`); `resize` updates its scaling config (growing, or shrinking where the claim lets EKS
+//! pick the nodes); particular nodes are removed by `named.rs`; `release` deletes the node group.
 
 use aws_sdk_ec2::types::{
     CapacityReservationTarget, CapacityReservationType, LaunchTemplateCapacityReservationSpecificationRequest,
@@ -198,7 +199,8 @@ pub(super) async fn acquire(c: &RegionClients, request: &AcquireRequest) -> Resu
     }
 }
 
-pub(super) async fn describe(c: &RegionClients, id: &str) -> Result<Acquisition, ProviderError> {
+/// The node group `id` as EKS describes it.
+pub(super) async fn nodegroup(c: &RegionClients, id: &str) -> Result<Nodegroup, ProviderError> {
     let out = c
         .eks
         .describe_nodegroup()
@@ -207,11 +209,15 @@ pub(super) async fn describe(c: &RegionClients, id: &str) -> Result<Acquisition,
         .send()
         .await
         .map_err(|e| from_sdk("DescribeNodegroup", &e))?;
-    let ng = out.nodegroup().ok_or_else(|| {
+    out.nodegroup().cloned().ok_or_else(|| {
         ProviderError::new(ErrorKind::InvalidRequest, "ResourceNotFoundException", format!("no node group {id}"))
-    })?;
+    })
+}
+
+pub(super) async fn describe(c: &RegionClients, id: &str) -> Result<Acquisition, ProviderError> {
+    let ng = nodegroup(c, id).await?;
     let now = Timestamp::now();
-    let mut acquisition = to_acquisition(&c.target.region, ng, now);
+    let mut acquisition = to_acquisition(&c.target.region, &ng, now);
     let live = matches!(acquisition.state, AcquisitionState::Active | AcquisitionState::Provisioning);
     if live && acquisition.capacity_type == CapacityType::Spot {
         let lost = super::spot::reclaimed(c, id).await?;

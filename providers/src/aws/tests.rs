@@ -141,7 +141,8 @@ fn provider(ec2_rules: &[&Rule], eks_rules: &[&Rule], reservations: bool) -> Aws
                 .with_max_attempts(3)
                 .with_initial_backoff(Duration::from_millis(1))
         ));
-    AwsProvider::from_clients(target(reservations), ec2, eks)
+    let asg = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, &[] as &[&Rule]);
+    AwsProvider::from_clients(target(reservations), ec2, eks, asg)
 }
 
 fn classes() -> BTreeMap<String, InferenceClassSpec> {

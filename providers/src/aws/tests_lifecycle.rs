@@ -35,7 +35,8 @@ fn target() -> AwsTarget {
 fn provider(ec2_rules: &[&Rule], eks_rules: &[&Rule]) -> AwsProvider {
     let ec2 = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, ec2_rules);
     let eks = mock_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules);
-    AwsProvider::from_clients(target(), ec2, eks)
+    let asg = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, &[] as &[&Rule]);
+    AwsProvider::from_clients(target(), ec2, eks, asg)
 }
 
 fn nodegroup(name: &str, capacity: CapacityTypes, status: NodegroupStatus, claim: &str) -> Nodegroup {

@@ -22,7 +22,7 @@ use super::{ClaimInput, duration};
 use crate::clock::add;
 use crate::error::ErrorKind;
 use crate::provider::CapacityProvider;
-use crate::types::RegionInfo;
+use crate::types::{NamedNode, NodeRemoval, RegionInfo};
 
 /// Node annotation cluster-autoscaler honours: never scale this node down.
 pub const CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
@@ -38,6 +38,9 @@ pub struct NodeUse {
     pub acquisition: String,
     /// Pods running there that are not DaemonSet or mirror pods and have not finished.
     pub pods: u32,
+    /// The node's `spec.providerID` (`aws:///eu-central-1a/i-0abc…`): how a provider that
+    /// removes particular nodes finds the instance.
+    pub provider_id: Option<String>,
 }
 
 /// What the controller saw of a claim's nodes in the members.
@@ -143,13 +146,15 @@ pub(super) async fn scale_down(
             }
             let Some(region) = regions.iter().find(|r| r.cluster == a.cluster) else { continue };
             let what = format!("{surplus} surplus node(s) of {} ({} in {})", a.pool, a.class, a.cluster);
-            let Some((names, count)) = choose(input, &p, life, free_any, &a, surplus, &what, run) else { continue };
+            let Some((named, count)) = choose(input, &p, life, free_any, &a, surplus, &what, run) else { continue };
             run.recheck = true;
             let left = u32::try_from(a.nodes - count).unwrap_or(0);
+            let names: Vec<String> = named.iter().map(|n| n.name.clone()).collect();
             let result = if left == 0 {
                 provider.release(&region.name, &a.pool).await.map(|()| None)
             } else {
-                provider.remove_nodes(&region.name, &a.pool, &names, left).await.map(Some)
+                let removal = NodeRemoval { named, nodes: left, provider_may_choose: free_any };
+                provider.remove_nodes(&region.name, &a.pool, &removal).await.map(Some)
             };
             match result {
                 Ok(None) => {
@@ -159,10 +164,24 @@ pub(super) async fn scale_down(
                 }
                 Ok(Some(acq)) => {
                     let named = if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) };
+                    // A provider that removes only named nodes keeps those it could not name.
+                    let removed = a.nodes - i32::try_from(acq.nodes_granted).unwrap_or(a.nodes).min(a.nodes);
                     run.surplus.push((
                         reason::SCALING_DOWN,
-                        format!("removed {count} node(s){named} from {}: {what}", a.pool),
+                        format!("removed {removed} node(s){named} from {}: {what}", a.pool),
                     ));
+                    if removed < count {
+                        run.surplus.push((
+                            reason::CONSOLIDATION_BLOCKED,
+                            format!(
+                                "{} of the {what} kept: not in {} yet, so they cannot be named, and {} removes only \
+                                 the empty nodes it is given; each goes once it has joined and shows empty",
+                                count - removed,
+                                a.cluster,
+                                run.provider
+                            ),
+                        ));
+                    }
                     let alloc = &mut run.allocations[i];
                     alloc.nodes = i32::try_from(acq.nodes_granted).unwrap_or(alloc.nodes);
                     alloc.pods = alloc.pods.min(alloc.nodes * per_node);
@@ -177,7 +196,8 @@ pub(super) async fn scale_down(
                 Err(e) if e.kind() == ErrorKind::InvalidRequest => run.surplus.push((
                     reason::CONSOLIDATION_BLOCKED,
                     format!(
-                        "{what} kept: {} cannot shrink it ({e}); it is released whole once all its nodes are surplus",
+                        "{what} kept: {} cannot give back part of it ({e}); it is released whole once all its nodes \
+                         are surplus",
                         run.provider
                     ),
                 )),
@@ -192,8 +212,8 @@ pub(super) async fn scale_down(
     });
 }
 
-/// Which nodes of `a` to give back now (names of empty ones, and how many), or `None` when the
-/// policy keeps them all (recorded in `run`).
+/// Which nodes of `a` to give back now (the empty ones by name, and how many in all), or `None`
+/// when the policy keeps them all (recorded in `run`). A busy node is never named.
 #[allow(clippy::too_many_arguments)]
 fn choose(
     input: &ClaimInput<'_>,
@@ -204,7 +224,7 @@ fn choose(
     surplus: i32,
     what: &str,
     run: &mut Run,
-) -> Option<(Vec<String>, i32)> {
+) -> Option<(Vec<NamedNode>, i32)> {
     if p.consolidation == Consolidation::Disabled {
         run.surplus.push((
             reason::CONSOLIDATION_BLOCKED,
@@ -245,8 +265,12 @@ fn choose(
         return None;
     }
     let seen: Vec<&NodeUse> = input.usage.of(&a.pool).collect();
-    let mut empty: Vec<String> = seen.iter().filter(|n| n.pods == 0).map(|n| n.name.clone()).collect();
-    empty.sort();
+    let mut empty: Vec<NamedNode> = seen
+        .iter()
+        .filter(|n| n.pods == 0)
+        .map(|n| NamedNode { name: n.name.clone(), provider_id: n.provider_id.clone() })
+        .collect();
+    empty.sort_by(|x, y| x.name.cmp(&y.name));
     // Nodes that have not joined yet run nothing either.
     let unseen = usize::try_from(a.nodes).unwrap_or(0).saturating_sub(seen.len());
     let surplus_n = usize::try_from(surplus).unwrap_or(0);

@@ -25,7 +25,7 @@ use state::{SimAcquisition, hash};
 use crate::clock::{Clock, add};
 use crate::error::{ErrorKind, ProviderError};
 use crate::provider::CapacityProvider;
-use crate::types::{AcquireRequest, Acquisition, AcquisitionState, Offering, ProvisionedNode, RegionInfo};
+use crate::types::{AcquireRequest, Acquisition, AcquisitionState, NodeRemoval, Offering, ProvisionedNode, RegionInfo};
 
 #[derive(Debug, Default)]
 struct State {
@@ -413,13 +413,11 @@ impl CapacityProvider for SimProvider {
         Ok(acq.at(now))
     }
 
-    async fn remove_nodes(
-        &self,
-        region: &str,
-        id: &str,
-        names: &[String],
-        nodes: u32,
-    ) -> Result<Acquisition, ProviderError> {
+    /// The named nodes go first, then (if the claim named fewer) the newest: in the simulation
+    /// those are the ones that have not joined yet, so this holds whatever the claim allows.
+    async fn remove_nodes(&self, region: &str, id: &str, removal: &NodeRemoval) -> Result<Acquisition, ProviderError> {
+        let nodes = removal.nodes;
+        let names: Vec<&str> = removal.named.iter().map(|n| n.name.as_str()).collect();
         let now = self.clock.now();
         let grows = {
             let state = self.state();
@@ -432,8 +430,7 @@ impl CapacityProvider for SimProvider {
         let mut state = self.state();
         state.calls.resize.push((region.to_string(), id.to_string(), nodes));
         let acq = state.acquisitions.get_mut(id).ok_or_else(|| not_found(region, id))?;
-        // The named nodes go first, then (if the claim named fewer) the newest.
-        acq.view.nodes.retain(|n| !names.contains(&n.name));
+        acq.view.nodes.retain(|n| !names.contains(&n.name.as_str()));
         acq.view.nodes.truncate(nodes as usize);
         acq.view.nodes_granted = nodes;
         Ok(acq.at(now))
