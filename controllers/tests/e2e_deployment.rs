@@ -262,6 +262,9 @@ async fn model_deployment_controller_on_real_api_servers() {
     sys["metadata"]["namespace"] = json!("kube-system");
     apply(&control, sys).await;
 
+    // Every member's own count of requests before the controller starts (namespaces below).
+    let from_start: Vec<_> =
+        futures_util::future::join_all(members.values().map(|c| async { apiserver_requests(c).await.unwrap() })).await;
     let mut ctl = ControllerProcess::start(&fleet, "control", "ctl-1", CTL_ARGS);
     let api: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
     for (name, n) in [("eu-model", 4), ("us-model", 3)] {
@@ -488,6 +491,15 @@ async fn model_deployment_controller_on_real_api_servers() {
         (s.ready_replicas == 4 && s.conditions.is_true("Ready")).then_some(())
     })
     .await;
+    // A member's namespace is applied once, not with every workload write: since the start,
+    // through placement, rollout, poison and the drift correction just made (a second write of
+    // eu1's Deployment), each member counts at most one APPLY of a namespace.
+    let until_now: Vec<_> =
+        futures_util::future::join_all(members.values().map(|c| async { apiserver_requests(c).await.unwrap() })).await;
+    for ((name, b), a) in members.keys().zip(&from_start).zip(&until_now) {
+        let applied = grown(b, a).get("APPLY namespaces").copied().unwrap_or(0.0);
+        assert!(applied <= 1.0, "member {name}: {applied} namespace applies since the start, want at most 1");
+    }
 
     // Stop eu2: its replicas move to eu1 (still EU), never to the US; eu1's replicas stay up.
     fleet.stop("eu2");

@@ -90,7 +90,7 @@ pub async fn apply(
     let todo: Vec<Value> =
         objects.iter().filter(|o| o["kind"] != "Job" || observed.objects.job.is_none()).cloned().collect();
     let mut written =
-        md_members::apply_with(client, field_manager, &todo, &observed.state, |_, _, _, _, _| {}).await?.written;
+        md_members::apply_with(client, field_manager, &todo, &observed.state, None, |_, _, _, _, _| {}).await?.written;
     if let Some(ns) = objects.first().and_then(|o| o["metadata"]["namespace"].as_str()) {
         let jobs = Api::<Job>::namespaced(client.clone(), ns);
         for name in &observed.stale_jobs {

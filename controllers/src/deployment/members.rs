@@ -159,19 +159,22 @@ pub async fn apply(
     state: &MemberState,
 ) -> Result<Applied, kube::Error> {
     let owner = deployment_key(md);
-    apply_with(&member.client, field_manager, objects, state, |kind, ns, name, hash, rv| {
+    apply_with(&member.client, field_manager, objects, state, Some(&member.objects), |kind, ns, name, hash, rv| {
         member.objects.applied(kind, ns, name, &owner, hash, rv)
     })
     .await
 }
 
 /// [`apply`] on a client, telling `wrote` each object written (`kind`, `namespace`, `name`,
-/// hash, answered `resourceVersion`).
+/// hash, answered `resourceVersion`). The objects' namespace is applied before the first write,
+/// and only once per member while `known` (the member's caches) remembers it: a rollout that
+/// rewrites a Deployment does not rewrite its namespace each time.
 pub async fn apply_with(
     client: &Client,
     field_manager: &str,
     objects: &[Value],
     state: &MemberState,
+    known: Option<&crate::member::objects::MemberObjects>,
     mut wrote: impl FnMut(&str, &str, &str, &str, &str),
 ) -> Result<Applied, kube::Error> {
     let mut done = Applied::default();
@@ -189,7 +192,9 @@ pub async fn apply_with(
             done.drifted.push((key, drifted));
         }
         if !namespace_done {
-            if let Some(ns) = obj["metadata"]["namespace"].as_str() {
+            if let Some(ns) = obj["metadata"]["namespace"].as_str()
+                && !known.is_some_and(|k| k.namespace_applied(ns))
+            {
                 let nsobj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))
                     .map_err(kube::Error::SerdeError)?;
                 // A member that grants the controller only Roles in tenant namespaces
@@ -203,16 +208,28 @@ pub async fn apply_with(
                     Err(kube::Error::Api(s)) if s.code == 403 => {}
                     Err(e) => return Err(e),
                 }
+                if let Some(k) = known {
+                    k.mark_namespace(ns);
+                }
             }
             namespace_done = true;
         }
         let mut obj = obj.clone();
         obj["metadata"]["annotations"] = serde_json::json!({ HASH_ANNOTATION: hash });
         let dynobj: DynamicObject = serde_json::from_value(obj.clone()).map_err(kube::Error::SerdeError)?;
-        let answer = api_for(client, &obj)
-            .patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&dynobj))
-            .await?;
         let ns = obj["metadata"]["namespace"].as_str().unwrap_or("");
+        let answer = match api_for(client, &obj)
+            .patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&dynobj))
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                if let Some(k) = known {
+                    k.forget_namespace(ns);
+                }
+                return Err(e);
+            }
+        };
         wrote(kind, ns, name, &hash, answer.metadata.resource_version.as_deref().unwrap_or(""));
         done.written += 1;
     }

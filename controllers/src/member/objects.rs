@@ -9,7 +9,7 @@
 //! look, after [`RETRY`]. Stored objects are stripped (`strip::workload`). What Flotilla
 //! wrote and the cache does not show yet is remembered in the member's `memo`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -148,9 +148,33 @@ pub struct MemberObjects {
     /// until a sweep lists them and finds none, and again whenever the ModelCache reconciler
     /// comes here ([`MemberObjects::cache_kinds_touched`]).
     pub(crate) cache_kinds: std::sync::atomic::AtomicBool,
+    /// Namespaces Flotilla applied here (or was refused), so that a workload write does not
+    /// apply its namespace again; forgotten when a write there fails.
+    namespaces_applied: Mutex<HashSet<String>>,
 }
 
 impl MemberObjects {
+    /// Whether namespace `ns` was applied here since this member's client was built.
+    pub fn namespace_applied(&self, ns: &str) -> bool {
+        self.namespaces_applied.lock().is_ok_and(|n| n.contains(ns))
+    }
+
+    /// Records that namespace `ns` was applied here, or refused (a member that grants the
+    /// controller only Roles in tenant namespaces): a later write that fails forgets it.
+    pub fn mark_namespace(&self, ns: &str) {
+        if let Ok(mut n) = self.namespaces_applied.lock() {
+            n.insert(ns.to_string());
+        }
+    }
+
+    /// Forgets namespace `ns`: a write there failed (it may have been deleted), so the next
+    /// write applies it again.
+    pub fn forget_namespace(&self, ns: &str) {
+        if let Ok(mut n) = self.namespaces_applied.lock() {
+            n.remove(ns);
+        }
+    }
+
     /// No caches yet; `client` is the member's watch client.
     pub fn new(client: Client) -> Self {
         Self {
@@ -158,6 +182,7 @@ impl MemberObjects {
             namespaces: Default::default(),
             served: Mutex::default(),
             memo: Mutex::default(),
+            namespaces_applied: Mutex::default(),
             swept_once: Default::default(),
             cache_kinds: std::sync::atomic::AtomicBool::new(true),
         }
