@@ -40,7 +40,7 @@ use crate::provider::CapacityProvider;
 const P5: &str = "p5.48xlarge";
 const ZONE: &str = "eu-central-1a";
 
-fn target(reservations: bool) -> AwsTarget {
+pub(super) fn target(reservations: bool) -> AwsTarget {
     AwsTarget {
         cluster: "eu-fra-1".into(),
         eks_cluster: "inference-fra".into(),

@@ -28,7 +28,8 @@ use flotilla_apis::constants::{condition, reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::{AwsProvider, AwsTarget};
+use super::AwsProvider;
+use super::tests::target;
 use crate::claim::{ClaimEngine, ClaimInput, ClaimUsage, NodeUse};
 use crate::error::ErrorKind;
 use crate::provider::CapacityProvider;
@@ -37,24 +38,11 @@ use crate::types::{NamedNode, NodeRemoval};
 const GROUP: &str = "ml-llama-od";
 const ASG: &str = "eks-ml-llama-od-4ec9";
 
-fn target() -> AwsTarget {
-    AwsTarget {
-        cluster: "eu-fra-1".into(),
-        eks_cluster: "inference-fra".into(),
-        region: "eu-central-1".into(),
-        jurisdiction: "EU".into(),
-        subnets: BTreeMap::from([("eu-central-1a".to_string(), "subnet-a".to_string())]),
-        node_role_arn: "arn:aws:iam::123456789012:role/nodes".into(),
-        instance_types: vec!["p5.48xlarge".into()],
-        reservations: false,
-    }
-}
-
 fn provider(eks_rules: &[&Rule], asg_rules: &[&Rule]) -> AwsProvider {
     let ec2 = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, &[] as &[&Rule]);
     let eks = mock_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules);
     let asg = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, asg_rules);
-    AwsProvider::from_clients(target(), ec2, eks, asg)
+    AwsProvider::from_clients(target(false), ec2, eks, asg)
 }
 
 /// The on-demand node group with `desired` nodes, backed by Auto Scaling group `ASG`.
