@@ -53,6 +53,29 @@ type Failure = Arc<Mutex<Option<(Option<Stop>, String)>>>;
 /// The watches of one kind, by `(namespace, name)`.
 type ByName<K> = Mutex<HashMap<(String, String), Arc<Watch<K>>>>;
 
+/// What a watch by name can hold: a namespaced object that kube can list, watch and store.
+pub trait Watchable:
+    kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watchable for K where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 struct Watch<K: kube::Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     /// The watch's last failure; `Some((Some(stop), _))` when it stopped.
@@ -61,16 +84,7 @@ struct Watch<K: kube::Resource<DynamicType = ()> + 'static> {
     _task: AbortOnDrop,
 }
 
-impl<K> Watch<K>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+impl<K: Watchable> Watch<K> {
     fn start(client: &Client, ns: &str, name: &str, strip: fn(&mut K)) -> Self {
         let api: Api<K> = Api::namespaced(client.clone(), ns);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -138,16 +152,7 @@ impl Default for SecretWatches {
     }
 }
 
-impl<K> NamedWatches<K>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+impl<K: Watchable> NamedWatches<K> {
     /// No watches yet; stored objects go through `strip`.
     pub fn new(strip: fn(&mut K)) -> Self {
         Self { watches: Mutex::default(), strip }
