@@ -248,7 +248,10 @@ pub struct InferenceClusterStatus {
     /// The member's Kubernetes version (`v1.34.2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
-    /// When the member last answered.
+    /// When the member answered with a status change (first contact included), or, with the
+    /// controller's `--heartbeat-seconds`, at least that often. A member that stops answering is
+    /// marked `Reachable=False` by the leader within a poll, so a `Ready` status is current while
+    /// the controller's leader Lease is renewed, however old this time is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<Time>,
 }

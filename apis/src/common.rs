@@ -298,3 +298,8 @@ impl Conditions {
 
 /// A duration as Go writes it (`90s`, `15m`, `1h30m`).
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+
+/// For `skip_serializing_if`: a count that is zero is left out of status.
+pub fn is_zero_i32(v: &i32) -> bool {
+    *v == 0
+}

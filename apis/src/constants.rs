@@ -239,4 +239,7 @@ pub mod event {
     pub const CAPACITY_REFUSED: &str = "CapacityRefused";
     /// A member object's live spec differed from what Flotilla applied; it was re-applied.
     pub const DRIFT_CORRECTED: &str = "DriftCorrected";
+    /// A member's scheduler refused replicas of a deployment past the grace; they are placed
+    /// elsewhere.
+    pub const REPLICAS_UNSCHEDULABLE: &str = "ReplicasUnschedulable";
 }

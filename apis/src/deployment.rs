@@ -451,6 +451,12 @@ pub struct ClusterPlacement {
     /// the gateway routes to them and a ModelCache they mount stays.
     #[serde(default)]
     pub serving: i32,
+    /// Replicas here whose pods the member's scheduler has refused (`PodScheduled=False`,
+    /// `Unschedulable`) for longer than the controller's `--unschedulable-seconds`: the solver
+    /// places them elsewhere and sends no more replicas to this pool while any are refused
+    /// (reason `ReplicasUnschedulable`). Counts a replica once however many of its pods wait.
+    #[serde(default, skip_serializing_if = "crate::common::is_zero_i32")]
+    pub unschedulable: i32,
 }
 
 /// Replicas that could not be placed.

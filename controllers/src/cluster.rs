@@ -40,8 +40,11 @@ pub enum Observed {
     UnknownClass(Vec<String>),
 }
 
-/// The status the cluster should have. Heartbeat advances only when something else changed or
-/// the last one is older than `heartbeat_every`, so a quiet fleet writes nothing.
+/// The status the cluster should have. The heartbeat advances when something else changed, when
+/// there is none yet, and — only if `heartbeat_every` is not zero (`--heartbeat-seconds`) — when
+/// the last one is older than that. By default (zero) a quiet fleet writes nothing: a member
+/// that stops answering is marked `Reachable=False` by the leader within one poll and the member
+/// timeout, so a `Ready` status stays true while the leader's Lease is renewed.
 pub fn desired_status(
     current: Option<&InferenceClusterStatus>,
     generation: Option<i64>,
@@ -121,10 +124,10 @@ pub fn desired_status(
     let now_time = Time(now);
     next.conditions.0 = merge(&old.conditions.0, &conds, generation, &now_time);
     let answered = matches!(observed, Observed::Ok { .. });
-    let stale = old
-        .last_heartbeat
-        .as_ref()
-        .is_none_or(|t| now.as_second().saturating_sub(t.0.as_second()) >= heartbeat_every.as_secs() as i64);
+    let stale = old.last_heartbeat.as_ref().is_none_or(|t| {
+        !heartbeat_every.is_zero()
+            && now.as_second().saturating_sub(t.0.as_second()) >= heartbeat_every.as_secs() as i64
+    });
     if answered && (next != old || stale) {
         next.last_heartbeat = Some(now_time);
     }

@@ -55,6 +55,18 @@ fn nothing_changed_means_identical_status_so_no_write() {
 }
 
 #[test]
+fn without_a_heartbeat_interval_a_quiet_member_is_never_rewritten() {
+    let first = desired_status(None, Some(1), &ok(12), t(100), Duration::ZERO);
+    assert_eq!(first.last_heartbeat, Some(Time(t(100))), "the first answer is recorded");
+    // A day later, nothing changed: the same status, so no write (the default).
+    let day = desired_status(Some(&first), Some(1), &ok(12), t(100 + 86_400), Duration::ZERO);
+    assert_eq!(first, day);
+    // Twin: a change is still written with the time it was seen.
+    let changed = desired_status(Some(&first), Some(1), &ok(8), t(100 + 86_400), Duration::ZERO);
+    assert_eq!(changed.last_heartbeat, Some(Time(t(100 + 86_400))));
+}
+
+#[test]
 fn failure_flips_ready_with_reason_and_keeps_heartbeat() {
     let first = desired_status(None, Some(1), &ok(12), t(100), HB);
     let down = desired_status(

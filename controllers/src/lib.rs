@@ -78,8 +78,12 @@ pub(crate) fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error
 pub struct ControllerConfig {
     /// How often each member is observed.
     pub poll: Duration,
-    /// How often the heartbeat is refreshed when nothing else changes.
+    /// How often the heartbeat is refreshed when nothing else changes; zero (the default):
+    /// only with a change, so a quiet fleet writes nothing (`--heartbeat-seconds`).
     pub heartbeat_every: Duration,
+    /// A replica whose pod the member's scheduler refuses for longer than this is placed
+    /// elsewhere (`--unschedulable-seconds`).
+    pub unschedulable_after: Duration,
     /// Member call timeouts.
     pub timeouts: member::Timeouts,
     /// Field manager of status writes (identifies the replica too).
@@ -123,7 +127,8 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
             poll: Duration::from_secs(10),
-            heartbeat_every: Duration::from_secs(300),
+            heartbeat_every: Duration::ZERO,
+            unschedulable_after: Duration::from_secs(120),
             timeouts: member::Timeouts::default(),
             field_manager: "flotilla-controller".into(),
             capacity: None,

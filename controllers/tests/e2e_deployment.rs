@@ -5,7 +5,9 @@
 //! cleanup or the sweep); the EU-sovereign model has nothing in the US member; a
 //! quiet fleet makes no writes, and its members' API servers count no LIST and no write of
 //! Flotilla's resources in that minute (`apiserver_request_total`); a member Deployment edited by hand is restored with a
-//! `DriftCorrected` event; a stopped member's replicas are re-placed in the EU with
+//! `DriftCorrected` event; a replica whose pod its member's scheduler refuses is placed on
+//! another member with a `ReplicasUnschedulable` Warning (`e2e_deployment/unschedulable.rs`);
+//! a stopped member's replicas are re-placed in the EU with
 //! make-before-break, its loss and return logged once each; poison objects (a deep selector, a
 //! costly one, a class whose capacity overflows a Quantity) are refused naming their field
 //! while the healthy ones stay Ready; a ModelDeployment in `kube-system` is refused and reaches
@@ -19,6 +21,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
+#[path = "e2e_deployment/unschedulable.rs"]
+mod unschedulable;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,7 +40,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-const CTL_ARGS: &[&str] = &["--poll-seconds", "3", "--member-timeout-seconds", "8", "--sweep-seconds", "3"];
+const CTL_ARGS: &[&str] =
+    &["--poll-seconds", "3", "--member-timeout-seconds", "8", "--sweep-seconds", "3", "--unschedulable-seconds", "5"];
 
 const MEMBERS: [(&str, &str, &str); 3] =
     [("eu1", "eu-central-1", "EU"), ("eu2", "eu-west-3", "EU"), ("us1", "us-east-1", "US")];
@@ -500,6 +505,9 @@ async fn model_deployment_controller_on_real_api_servers() {
         let applied = grown(b, a).get("APPLY namespaces").copied().unwrap_or(0.0);
         assert!(applied <= 1.0, "member {name}: {applied} namespace applies since the start, want at most 1");
     }
+
+    // A replica the member's scheduler refuses moves to another member (unschedulable.rs).
+    unschedulable::refused_replica_moves(&control, &api, &members).await;
 
     // Stop eu2: its replicas move to eu1 (still EU), never to the US; eu1's replicas stay up.
     fleet.stop("eu2");

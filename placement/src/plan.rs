@@ -43,6 +43,9 @@ pub enum Reason {
     AlternativeMaxReached,
     /// The solver's evaluation budget ran out before this deployment was solved.
     BudgetExhausted,
+    /// The member's scheduler refused this deployment's pods in the pool (status
+    /// `placements[].unschedulable`): those replicas go elsewhere, no more come here.
+    ReplicasUnschedulable,
 }
 
 impl Reason {
@@ -66,6 +69,7 @@ impl Reason {
             Self::SpreadConstraint => "SpreadConstraint",
             Self::AlternativeMaxReached => "AlternativeMaxReached",
             Self::BudgetExhausted => "BudgetExhausted",
+            Self::ReplicasUnschedulable => "ReplicasUnschedulable",
         }
     }
 }
@@ -223,6 +227,7 @@ impl Assignment {
             desired: self.replicas as i32,
             ready,
             serving: ready,
+            unschedulable: 0,
         }
     }
 }

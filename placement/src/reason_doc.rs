@@ -6,7 +6,7 @@ use crate::plan::Reason;
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Self::ClusterSelectorMismatch,
         Self::JurisdictionNotAllowed,
         Self::RegionNotAllowed,
@@ -24,6 +24,7 @@ impl Reason {
         Self::SpreadConstraint,
         Self::AlternativeMaxReached,
         Self::BudgetExhausted,
+        Self::ReplicasUnschedulable,
     ];
 
     /// What the reason means, in one sentence.
@@ -63,6 +64,9 @@ impl Reason {
             Self::AlternativeMaxReached => "The device alternative's `maxReplicas` is reached.",
             Self::BudgetExhausted => {
                 "The solver's evaluation budget ran out before this deployment; its current placements are kept."
+            }
+            Self::ReplicasUnschedulable => {
+                "The member's scheduler refused this deployment's pods in the pool for longer than the controller's `--unschedulable-seconds` (status `placements[].unschedulable`; devices split across nodes, a taint or a quota Flotilla does not see): those replicas are placed elsewhere and no more come to the pool while any are refused; replicas running there stay."
             }
         }
     }
@@ -109,6 +113,9 @@ impl Reason {
             Self::BudgetExhausted => {
                 "Nothing: the next solve tries again. If it repeats, the fleet is larger than the solver's budget (`SolveOptions::max_evaluations`, 200,000,000 evaluations): report it."
             }
+            Self::ReplicasUnschedulable => {
+                "Nothing for the replica: it moves by itself. To use the pool again, find why the member's scheduler refuses (`kubectl describe pod` there; the controller's `ReplicasUnschedulable` event quotes it); the pool takes replicas again once the refused ones are gone."
+            }
         }
     }
 }
@@ -125,6 +132,6 @@ mod tests {
             assert!(!r.meaning().contains('|') && !r.action().contains('|'));
         }
         // A variant added after the last one must be added to ALL too.
-        assert_eq!(Reason::BudgetExhausted as usize + 1, Reason::ALL.len());
+        assert_eq!(Reason::ReplicasUnschedulable as usize + 1, Reason::ALL.len());
     }
 }

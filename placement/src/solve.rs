@@ -49,8 +49,12 @@ struct Candidate {
     cache_ready: bool,
     replica_price: u64,
     sticky_quota: u32,
-    /// Only current replicas may stay (cordoned, or a `NoSchedule` taint): no new ones.
+    /// Only current replicas may stay (cordoned, a `NoSchedule` taint, or replicas the
+    /// member's scheduler refused here): no new ones.
     sticky_only: bool,
+    /// Replicas of this deployment the member's scheduler refused in this pool (status
+    /// `placements[].unschedulable`): not kept here, placed elsewhere.
+    refused: u32,
     /// Nodes a CapacityClaim of this deployment obtained: used before shared capacity.
     reserved: bool,
     initial_slots: u32,
@@ -346,6 +350,21 @@ impl Ctx<'_, '_> {
         // Clusters that keep replicas only because they already run them say why no more come.
         for c in state.candidates.iter().filter(|c| c.sticky_only) {
             let cluster = &clusters[c.cluster];
+            if c.refused > 0 {
+                let pool = &cluster.pools[c.pool].name;
+                pool_blocks.insert(
+                    c.cluster,
+                    (
+                        Reason::ReplicasUnschedulable,
+                        format!(
+                            "pool {pool}: the member's scheduler refused {} replica(s) of this deployment there; they \
+                             are placed elsewhere and no more come while any are refused",
+                            c.refused
+                        ),
+                    ),
+                );
+                continue;
+            }
             if let Some(v) = static_verdicts(policy, cluster, false, true).into_iter().find(|v| !v.pass) {
                 pool_blocks.insert(
                     c.cluster,
@@ -469,14 +488,15 @@ impl Ctx<'_, '_> {
         }
         let replica_price = node_price
             .map_or(0, |p| (u128::from(p) * u128::from(shape.devices()) / u128::from(per_node.max(1))) as u64);
-        let sticky_quota: u32 = d
-            .current
-            .iter()
-            .filter(|p| p.cluster == cluster.name && p.pool == pool.name && p.fallback_rank.max(1) as u32 == rank)
-            .map(|p| p.desired.max(0) as u32)
+        // Replicas the member's scheduler refused here are not kept: they are placed anew.
+        let here = || d.current.iter().filter(|p| p.cluster == cluster.name && p.pool == pool.name);
+        let sticky_quota: u32 = here()
+            .filter(|p| p.fallback_rank.max(1) as u32 == rank)
+            .map(|p| (p.desired - p.unschedulable.max(0)).max(0) as u32)
             .sum();
+        let refused: u32 = here().map(|p| p.unschedulable.max(0) as u32).sum();
         let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
-        let sticky_only = first_refusal(&d.spec.placement, cluster, false).is_some();
+        let sticky_only = refused > 0 || first_refusal(&d.spec.placement, cluster, false).is_some();
         Ok(Candidate {
             cluster: ci,
             pool: pi,
@@ -489,6 +509,7 @@ impl Ctx<'_, '_> {
             replica_price,
             sticky_quota,
             sticky_only,
+            refused,
             reserved: pool.reserved_for.is_some(),
             initial_slots,
             placed: 0,

@@ -132,6 +132,7 @@ fn a_replica_already_running_is_never_moved() {
         desired: 1,
         ready: 1,
         serving: 1,
+        unschedulable: 0,
     }];
     let improved = plans(&snap, true);
     assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
@@ -214,6 +215,7 @@ fn a_chain_never_moves_a_running_replica() {
         desired: 1,
         ready: 1,
         serving: 1,
+        unschedulable: 0,
     }];
     let improved = plans(&snap, true);
     assert_eq!(

@@ -189,7 +189,30 @@ fn placement(cluster: &str, pool: &str, rank: i32, desired: i32) -> ClusterPlace
         desired,
         ready: desired,
         serving: desired,
+        unschedulable: 0,
     }
+}
+
+#[test]
+fn replicas_the_member_refused_are_placed_elsewhere() {
+    // Two TP4 replicas running on eu-1: a re-plan keeps them there (the twin).
+    let mut snap = fleet(vec![deployment("m", 2, json!({}))]);
+    snap.deployments[0].current = vec![placement("eu-1", "h100", 1, 2)];
+    assert_eq!(on(&solve1(&snap), "eu-1"), 2, "running replicas stay");
+    // The member's scheduler refused one of them (devices split over nodes, say): it goes to
+    // the other H100 cluster, the other stays, and eu-1 gets no more.
+    snap.deployments[0].current[0].unschedulable = 1;
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1"), plan.unplaced), (1, 1, 0), "{plan:?}");
+    // Where no other cluster is allowed, the refused replica is unplaced with that reason
+    // (never put back where it cannot start), and the one that runs stays.
+    let eu_only = json!({"placement": {"sovereignty": {"allowedJurisdictions": ["EU"]}}});
+    let mut snap = fleet(vec![deployment("m", 2, eu_only)]);
+    snap.deployments[0].current = vec![ClusterPlacement { unschedulable: 1, ..placement("eu-1", "h100", 1, 2) }];
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), plan.unplaced), (1, 1), "{plan:?}");
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::ReplicasUnschedulable));
+    assert!(plan.rejections[0].message.contains("refused 1 replica"), "{:?}", plan.rejections);
 }
 
 #[test]

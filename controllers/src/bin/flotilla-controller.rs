@@ -69,6 +69,18 @@ struct Args {
     /// --member-secret-namespace, Flotilla's own), which are refused whatever this says.
     #[arg(long, env = "FLOTILLA_TENANT_NAMESPACES", value_delimiter = ',')]
     tenant_namespaces: Vec<String>,
+    /// Refresh each InferenceCluster's `status.lastHeartbeat` at least this often, in seconds,
+    /// even when nothing changed (one status write per member per interval). 0 (the default):
+    /// only when its status changes, so a quiet fleet writes nothing; a member that stops
+    /// answering is still marked Reachable=False within --poll-seconds plus the member timeout.
+    #[arg(long, default_value_t = 0)]
+    heartbeat_seconds: u64,
+    /// A replica whose pod a member's scheduler refuses (PodScheduled=False, Unschedulable) for
+    /// longer than this many seconds is placed elsewhere, and its pool takes no more replicas of
+    /// that deployment while any are refused (devices split across nodes, a taint or quota the
+    /// solver does not see).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    unschedulable_seconds: u64,
     /// How often every member is swept for objects with Flotilla's labels that no ModelDeployment
     /// or ModelCache owns any more, in seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
@@ -228,9 +240,10 @@ async fn main() -> anyhow::Result<()> {
             args.tenant_namespaces.clone(),
         ),
         sweep_every: Duration::from_secs(args.sweep_seconds),
+        heartbeat_every: Duration::from_secs(args.heartbeat_seconds),
+        unschedulable_after: Duration::from_secs(args.unschedulable_seconds),
         secret_namespace: args.member_secret_namespace.clone(),
         cluster_profile_providers: profile_providers,
-        ..Default::default()
     };
     let mut running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)> = None;
     let mut stop = stop_rx.clone();

@@ -36,6 +36,18 @@ pub struct Seen {
     pub unreachable: BTreeMap<String, String>,
     /// Of those, the ones whose InferenceCluster no longer exists.
     pub vanished: BTreeSet<String>,
+    /// Per (cluster, pool): replicas whose pods the member's scheduler refused for longer
+    /// than the grace (`observe.rs`).
+    pub refused: BTreeMap<Key, Refusal>,
+}
+
+/// Replicas of a pool the member's scheduler refused, and its word on one of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refusal {
+    /// Replicas asked for there that have no pod on a node and a refused one.
+    pub replicas: i32,
+    /// The scheduler's message.
+    pub message: String,
 }
 
 /// The ModelCache a deployment references, as the control cluster knows it.
@@ -94,6 +106,8 @@ pub struct Note {
     pub action: &'static str,
     /// What happened.
     pub message: String,
+    /// A `Warning` event (else `Normal`).
+    pub warning: bool,
 }
 
 /// The status to write after the members, the events and the pace.
@@ -154,6 +168,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
         running: seen.running.clone(),
         unreachable: seen.unreachable.clone(),
         vanished: seen.vanished.clone(),
+        refused: seen.refused.clone(),
         claim: input.claim.map(str::to_string),
         ..Default::default()
     };
@@ -293,7 +308,30 @@ fn conclude(
             reason: event::PLACEMENT_CHANGED,
             action: "Place",
             message: format!("placement: {placed}"),
+            warning: false,
         });
+    }
+    // Each time more replicas of a pool are found refused by its member's scheduler.
+    for p in status.placements.iter().filter(|p| p.unschedulable > 0) {
+        let before = md
+            .status
+            .iter()
+            .flat_map(|s| s.placements.iter())
+            .find(|q| q.cluster == p.cluster && q.pool == p.pool)
+            .map_or(0, |q| q.unschedulable);
+        if p.unschedulable > before {
+            let word = observed.refused.get(&(p.cluster.clone(), p.pool.clone())).map_or("", |r| r.message.as_str());
+            events.push(Note {
+                reason: event::REPLICAS_UNSCHEDULABLE,
+                action: "Replace",
+                message: format!(
+                    "{}/{}: the member's scheduler refused {} replica(s) past the grace ({word}); placing them \
+                     elsewhere, no more go to this pool while any are refused",
+                    p.cluster, p.pool, p.unschedulable
+                ),
+                warning: true,
+            });
+        }
     }
     let settled = status.ready_replicas >= input.plan.desired as i32
         && observed.unreachable.is_empty()

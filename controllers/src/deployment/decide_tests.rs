@@ -64,6 +64,7 @@ fn placed(items: &[(&str, i32, i32)]) -> ModelDeploymentStatus {
                 desired: *desired,
                 ready: *ready,
                 serving: *ready,
+                unschedulable: 0,
             })
             .collect(),
         ..Default::default()
@@ -342,4 +343,26 @@ fn the_involved_members_are_the_planned_and_the_recorded() {
     md.status = Some(placed(&[("eu1", 2, 2), ("us1", 0, 1)]));
     let got: Vec<String> = involved(&md, &plan(&[("eu1", 2), ("eu2", 2)])).into_iter().collect();
     assert_eq!(got, ["eu1", "eu2", "us1"]);
+}
+
+#[test]
+fn replicas_the_scheduler_refused_are_said_once_with_a_warning() {
+    // 4 asked for on eu1, 3 ready, the fourth refused past the grace.
+    let mut s = seen(&[("eu1", 4, 3)]);
+    let word = "0/2 nodes are available: 2 cannot allocate all claims";
+    s.refused.insert(key("eu1"), Refusal { replicas: 1, message: word.into() });
+    let c = Case::new(Some(placed(&[("eu1", 4, 3)])), plan(&[("eu1", 4)]), s.clone());
+    let d = c.decide();
+    assert_eq!(d.outcome.status.placements[0].unschedulable, 1, "status says it: the next solve moves it");
+    let warned: Vec<_> = d.outcome.events.iter().filter(|e| e.reason == event::REPLICAS_UNSCHEDULABLE).collect();
+    assert_eq!(warned.len(), 1, "{:?}", d.outcome.events);
+    assert!(warned[0].warning && warned[0].message.contains(word) && warned[0].message.contains("eu1/h100"));
+    // Said already (the status holds it): no second event.
+    let c = Case::new(Some(d.outcome.status.clone()), plan(&[("eu1", 4)]), s);
+    assert!(c.decide().outcome.events.iter().all(|e| e.reason != event::REPLICAS_UNSCHEDULABLE));
+    // Twin: nothing refused, no such event and nothing in status.
+    let c = Case::new(Some(placed(&[("eu1", 4, 3)])), plan(&[("eu1", 4)]), seen(&[("eu1", 4, 3)]));
+    let d = c.decide();
+    assert_eq!(d.outcome.status.placements[0].unschedulable, 0);
+    assert!(d.outcome.events.iter().all(|e| e.reason != event::REPLICAS_UNSCHEDULABLE));
 }

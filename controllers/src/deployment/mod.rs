@@ -281,7 +281,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     }
     for note in &outcome.events {
         let ev = Event {
-            type_: EventType::Normal,
+            type_: if note.warning { EventType::Warning } else { EventType::Normal },
             reason: note.reason.into(),
             note: Some(note.message.clone()),
             action: note.action.into(),

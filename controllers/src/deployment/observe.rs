@@ -8,7 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::decide::Seen;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::decide::{Refusal, Seen};
 use super::members::{self, MemberState};
 use super::{DeploymentContext, ModelDeployment};
 use crate::member::Handle;
@@ -48,6 +51,7 @@ pub async fn observe_members(ctx: &DeploymentContext, md: &ModelDeployment, invo
                 for (pool, r) in &state.running {
                     out.seen.running.insert((cluster.clone(), pool.clone()), *r);
                 }
+                refusals(ctx, md, cluster, &member, &state, &mut out.seen).await;
                 out.seen.answered.insert(cluster.clone());
                 out.answered.insert(cluster.clone(), (member, state));
             }
@@ -57,4 +61,32 @@ pub async fn observe_members(ctx: &DeploymentContext, md: &ModelDeployment, invo
         }
     }
     out
+}
+
+/// The replicas of `md` in `cluster` whose pods the member's scheduler has refused for longer
+/// than `--unschedulable-seconds`, from the member's pod watch: per pool, refused pods, but no
+/// more than the replicas asked for there that have no pod on a node (a replica is counted
+/// once; pods left over from a scale-down are not counted). Replicas of several pods
+/// (`MultiNode`, `Disaggregated`) have more pods than replicas, so they are never counted.
+async fn refusals(
+    ctx: &DeploymentContext,
+    md: &ModelDeployment,
+    cluster: &str,
+    member: &Handle,
+    state: &MemberState,
+    seen: &mut Seen,
+) {
+    let Ok(watch) = ctx.members.watch(cluster, &member.client, ctx.config.timeouts).await else {
+        return;
+    };
+    let grace = ctx.config.unschedulable_after.as_secs() as i64;
+    let before = Timestamp::from_second(Timestamp::now().as_second() - grace).unwrap_or(Timestamp::UNIX_EPOCH);
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    for (pool, pods) in watch.pool_pods(&ns, &crate::render::deployment_key(md), before) {
+        let applied = state.running.get(&pool).map_or(0, |r| r.applied);
+        let replicas = pods.refused.min((applied - pods.scheduled).max(0));
+        if replicas > 0 {
+            seen.refused.insert((cluster.to_string(), pool), Refusal { replicas, message: pods.message });
+        }
+    }
 }

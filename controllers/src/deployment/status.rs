@@ -25,6 +25,8 @@ pub struct Observed {
     pub unreachable: BTreeMap<String, String>,
     /// Clusters in the old placements whose InferenceCluster no longer exists.
     pub vanished: std::collections::BTreeSet<String>,
+    /// Per (cluster, pool): replicas whose pods the member's scheduler refused.
+    pub refused: BTreeMap<Key, super::decide::Refusal>,
     /// Members where applying failed, with why.
     pub apply_failed: BTreeMap<String, String>,
     /// The CapacityClaim the deployment owns, asking a provider for what does not fit.
@@ -96,8 +98,14 @@ pub fn desired(
         .assignments
         .iter()
         .map(|a| {
-            let r = observed.running.get(&(a.cluster.clone(), a.pool.clone())).copied().unwrap_or_default();
-            ClusterPlacement { serving: r.ready, ..a.to_placement(r.current) }
+            let key = (a.cluster.clone(), a.pool.clone());
+            let r = observed.running.get(&key).copied().unwrap_or_default();
+            // Refused replicas the plan still wants here. A scale-down removes pods that are on
+            // no node first, so the replicas it removes are not among them.
+            let refused = observed.refused.get(&key).map_or(0, |f| f.replicas);
+            let wanted = a.replicas as i32;
+            let unschedulable = (refused - (r.applied - wanted).max(0)).clamp(0, wanted);
+            ClusterPlacement { serving: r.ready, unschedulable, ..a.to_placement(r.current) }
         })
         .collect();
     // Replicas still running where the plan no longer wants them (draining, make-before-break).
@@ -113,6 +121,8 @@ pub fn desired(
                 desired: 0,
                 ready: r.current,
                 serving: r.ready,
+                // Still said while its pods wait: the pool takes no new replicas meanwhile.
+                unschedulable: observed.refused.get(&(cluster.clone(), pool.clone())).map_or(0, |f| f.replicas),
             });
         }
     }
@@ -321,6 +331,27 @@ mod tests {
 
     fn now() -> Time {
         Time(Timestamp::from_second(1_000).unwrap())
+    }
+
+    #[test]
+    fn refused_replicas_are_counted_once_and_not_those_a_scale_down_removes() {
+        let refused = |replicas| super::super::decide::Refusal { replicas, message: "0/2 nodes".into() };
+        // 8 asked for and wanted, 2 refused: the placement says 2.
+        let mut o = observed(6);
+        o.refused.insert(("eu1".into(), "h100".into()), refused(2));
+        let s = desired(None, Some(1), &plan(8, 8), &o, &now());
+        assert_eq!(s.placements[0].unschedulable, 2);
+        // The plan now wants 7 there (one moved away): the scale-down 8 → 7 removes one of the
+        // refused pods first, so one is left to say.
+        let s = desired(None, Some(1), &plan(8, 7), &o, &now());
+        assert_eq!(s.placements[0].unschedulable, 1);
+        // Wants 6: both go with the scale-down, none is said (the running 6 stay where they are).
+        let s = desired(None, Some(1), &plan(8, 6), &o, &now());
+        assert_eq!(s.placements[0].unschedulable, 0);
+        // Twin: nothing refused, nothing said (and left out of the serialised status).
+        let s = desired(None, Some(1), &plan(8, 8), &observed(6), &now());
+        assert_eq!(s.placements[0].unschedulable, 0);
+        assert!(serde_json::to_value(&s.placements[0]).unwrap().get("unschedulable").is_none());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! resources and phase; DRA claims keep labels and their allocation; Secrets keep `data`.
 //! Pure.
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodStatus, Secret};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodCondition, PodSpec, PodStatus, Secret};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{DynamicObject, ObjectMeta};
 use serde_json::{Map, Value};
@@ -80,13 +80,18 @@ pub fn node(n: &mut Node) {
     }
 }
 
+/// Of a scheduler's refusal, at most this many characters of its message are kept.
+const REFUSAL_CHARS: usize = 300;
+
 /// A pod: the node it runs on, its owners' kinds, whether it is a mirror pod, its containers'
-/// resources and its phase.
+/// resources and its phase; a pod on no node keeps a `PodScheduled=False` condition (the
+/// scheduler's refusal, its message cut to 300 characters: `watch.rs` reads it).
 pub fn pod(p: &mut Pod) {
     common(&mut p.metadata);
     if let Some(a) = p.metadata.annotations.as_mut() {
         a.retain(|k, _| k == MIRROR);
     }
+    let on_a_node = p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     if let Some(spec) = p.spec.take() {
         let containers = spec
             .containers
@@ -96,7 +101,23 @@ pub fn pod(p: &mut Pod) {
         p.spec = Some(PodSpec { node_name: spec.node_name, containers, ..Default::default() });
     }
     if let Some(status) = p.status.take() {
-        p.status = Some(PodStatus { phase: status.phase, ..Default::default() });
+        let refusal: Vec<PodCondition> = if on_a_node {
+            Vec::new()
+        } else {
+            status
+                .conditions
+                .into_iter()
+                .flatten()
+                .filter(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .map(|c| PodCondition {
+                    message: c.message.map(|m| m.chars().take(REFUSAL_CHARS).collect()),
+                    last_probe_time: None,
+                    ..c
+                })
+                .collect()
+        };
+        let conditions = (!refusal.is_empty()).then_some(refusal);
+        p.status = Some(PodStatus { phase: status.phase, conditions, ..Default::default() });
     }
 }
 
@@ -185,6 +206,29 @@ mod tests {
                     "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
                 "status": {"phase": "Running"}})
         );
+    }
+
+    #[test]
+    fn a_pod_on_no_node_keeps_the_schedulers_refusal_and_a_running_one_no_conditions() {
+        let refused = json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "lastTransitionTime": "2026-12-02T05:53:04Z", "lastProbeTime": null, "message": "x".repeat(1000)});
+        let ready = json!({"type": "Ready", "status": "False", "reason": "ContainersNotReady"});
+        let mut p: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "engine"}]},
+            "status": {"phase": "Pending", "conditions": [refused, ready]}}))
+        .unwrap();
+        pod(&mut p);
+        let conds = p.status.unwrap().conditions.unwrap();
+        assert_eq!(conds.len(), 1, "only the refusal");
+        assert_eq!(conds[0].reason.as_deref(), Some("Unschedulable"));
+        assert_eq!(conds[0].message.as_ref().map(|m| m.len()), Some(REFUSAL_CHARS));
+        // Twin: scheduled (on a node), nothing of its conditions is kept.
+        let mut p: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "engine"}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}, ready]}}))
+        .unwrap();
+        pod(&mut p);
+        assert_eq!(p.status.unwrap().conditions, None);
     }
 
     #[test]

@@ -4,9 +4,13 @@
 //! (no read timeout: the watcher's own idle timeout, `WATCH_TIMEOUT_SECS` plus a margin, finds
 //! a dead connection), each object stripped to what is read (`strip.rs`) before it is stored.
 
+use std::collections::BTreeMap;
+
+use flotilla_apis::constants::labels;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -92,6 +96,52 @@ impl MemberWatch {
             slices: self.slices.as_ref().map(owned).unwrap_or_default(),
             claims: self.claims.as_ref().map(owned).unwrap_or_default(),
         })
+    }
+}
+
+/// One ModelDeployment's pods in one pool of a member, as the scheduler left them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolPods {
+    /// Pods on a node.
+    pub scheduled: i32,
+    /// Pods on no node that the scheduler has refused (`PodScheduled=False`, `Unschedulable`)
+    /// since before the grace's start.
+    pub refused: i32,
+    /// The scheduler's latest word on one of those.
+    pub message: String,
+}
+
+impl MemberWatch {
+    /// The pods in `namespace` labelled `flotilla.dev/deployment=key`, per `flotilla.dev/pool`:
+    /// how many are on a node, and how many the scheduler has refused since before `before`.
+    /// Pods being deleted are left out.
+    pub fn pool_pods(&self, namespace: &str, key: &str, before: Timestamp) -> BTreeMap<String, PoolPods> {
+        let mut out: BTreeMap<String, PoolPods> = BTreeMap::new();
+        for p in self.pods.state() {
+            let labels = p.metadata.labels.as_ref();
+            if p.metadata.namespace.as_deref() != Some(namespace)
+                || p.metadata.deletion_timestamp.is_some()
+                || labels.and_then(|l| l.get(labels::DEPLOYMENT)).map(String::as_str) != Some(key)
+            {
+                continue;
+            }
+            let pool = labels.and_then(|l| l.get(labels::POOL)).cloned().unwrap_or_default();
+            if p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+                out.entry(pool).or_default().scheduled += 1;
+                continue;
+            }
+            let refusal = p.status.iter().flat_map(|s| s.conditions.iter().flatten()).find(|c| {
+                c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+            });
+            if let Some(r) = refusal
+                && r.last_transition_time.as_ref().is_some_and(|t| t.0 <= before)
+            {
+                let e = out.entry(pool).or_default();
+                e.refused += 1;
+                e.message = r.message.clone().unwrap_or_default();
+            }
+        }
+        out
     }
 }
 
