@@ -399,6 +399,15 @@ pub struct RoutingPolicy {
     /// Models to serve instead when this one has no healthy allowed cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fallback_models: Vec<String>,
+    /// This deployment's share of the traffic for its `spec.model.name`, relative to the other
+    /// ModelDeployments serving the same name (a canary or a version roll): each gets
+    /// weight / sum of weights of the requests, sticky per prompt prefix. `0` takes no traffic.
+    /// The oldest deployment of a name decides: without a weight it serves the name alone; with
+    /// one, the deployments of the name that give a weight share it and those without are left
+    /// out (docs/gateway.md, weighted traffic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub weight: Option<i32>,
 }
 
 /// Observed state of a ModelDeployment.

@@ -324,6 +324,25 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
             }
         }
     }
+    // A model name several deployments serve: all of them are routed only with weights on all.
+    let mut by_model: BTreeMap<&str, Vec<&Located<FleetObject>>> = BTreeMap::new();
+    for obj in objects {
+        if let FleetObject::Deployment(d) = &obj.value {
+            by_model.entry(d.spec.model.name.as_str()).or_default().push(obj);
+        }
+    }
+    let weighted = |o: &Located<FleetObject>| matches!(&o.value, FleetObject::Deployment(d) if d.spec.routing.as_ref().is_some_and(|r| r.weight.is_some()));
+    for (model, group) in by_model.iter().filter(|(_, g)| g.len() > 1 && !g.iter().all(|o| weighted(o))) {
+        let names: Vec<String> = group.iter().map(|o| o.value.display_name()).collect();
+        for obj in group.iter().filter(|o| !weighted(o)) {
+            sink.current = Some(obj);
+            let message = format!(
+                "model name `{model}` is served by {}: without spec.routing.weight this one is routed only if it is the oldest of them, and then alone; give each a weight to split the traffic (docs/gateway.md, weighted traffic)",
+                names.join(", ")
+            );
+            sink.warn("spec.routing.weight", message);
+        }
+    }
     sink.problems
 }
 

@@ -4,12 +4,15 @@
 //! ModelDeployment makes its model routable; keys from a Secret narrow models and
 //! jurisdictions and are limited and revoked without a restart; a failing entry point and
 //! then a stopped member move traffic with zero failed requests while `Serving` says what
-//! happened; deleting the deployment drops the model; a quiet fleet makes no writes. Run by
-//! `scripts/test-e2e.sh`.
+//! happened; deleting the deployment drops the model; a quiet fleet makes no writes. Two
+//! deployments of one model name split its traffic by `spec.routing.weight`
+//! (`e2e_gateway/weighted.rs`). Run by `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
+#[path = "e2e_gateway/weighted.rs"]
+mod weighted;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,7 +36,7 @@ const MODELS: [&str; 3] = ["chat-eu", "chat-us", "chat-any"];
 async fn sim(name: &str) -> SimHandle {
     let c = SimConfig {
         name: name.into(),
-        models: MODELS.iter().map(|m| m.to_string()).collect(),
+        models: MODELS.iter().chain([&weighted::MODEL]).map(|m| m.to_string()).collect(),
         ttft_ms: 2,
         itl_ms: 1,
         ..SimConfig::default()
@@ -163,7 +166,12 @@ mod reqwest_lite {
         }
 
         pub async fn chat(&self, url: &str, model: &str, key: Option<&str>) -> super::Answer {
-            let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hello fleet"}], "max_tokens": 4});
+            self.chat_prompt(url, model, key, "hello fleet").await
+        }
+
+        pub async fn chat_prompt(&self, url: &str, model: &str, key: Option<&str>, prompt: &str) -> super::Answer {
+            let body =
+                serde_json::json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4});
             let mut req =
                 hyper::Request::post(format!("{url}/v1/chat/completions")).header("content-type", "application/json");
             if let Some(k) = key {
@@ -268,6 +276,9 @@ async fn gateway_fed_by_the_control_cluster() {
         (msg.contains("eu1") && msg.contains("eu2") && msg.contains("us1")).then_some(())
     })
     .await;
+
+    // Two deployments of one model name split its traffic 90/10 (e2e_gateway/weighted.rs).
+    weighted::ninety_ten(&control, &api, &gw.url, &sims).await;
 
     // Keys from the Secret: the EU key is refused the US-only model, and its requests for an
     // unrestricted model never reach the US cluster.

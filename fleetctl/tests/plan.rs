@@ -132,14 +132,15 @@ fn unplaced_deployment_previews_its_claim_and_first_offering() {
     assert!(lines[at + 1].contains("at $60.50/node-h; then "), "{}", lines[at + 1]);
     // Absence: nothing outside the EU, and no claim for the deployments that fit.
     assert!(!claims.contains("us-east-1") && !claims.contains("us-iad-1"), "{claims}");
-    for fits in ["gpt-oss-120b", "llama-3.1-8b-spot", "llama-3.1-405b-fp8", "qwen3-235b-disagg"] {
+    for fits in ["gpt-oss-120b", "llama-3.1-8b-spot", "llama-3.1-8b-canary", "llama-3.1-405b-fp8", "qwen3-235b-disagg"]
+    {
         assert!(!claims.contains(fits), "{fits} fits but has a claim:\n{claims}");
     }
 
     let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--cloud", "examples/cloud/sim.yaml", "-o", "json"]);
     assert_eq!(out.status.code(), Some(2));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(doc["deployments"].as_array().is_some_and(|d| d.len() == 5));
+    assert!(doc["deployments"].as_array().is_some_and(|d| d.len() == 6));
     let previews = doc["claims"].as_array().unwrap();
     assert_eq!(previews.len(), 1, "{previews:?}");
     let p = &previews[0];

@@ -86,3 +86,30 @@ fn crds_command_prints_five_crds_any_yaml_parser_reads() {
         assert!(d["spec"]["names"]["shortNames"].as_array().is_some_and(|s| !s.is_empty()));
     }
 }
+
+#[test]
+fn a_model_name_shared_without_weights_on_every_deployment_is_a_warning_naming_the_field() {
+    // A third deployment of the example's split name, without a weight: only it is warned.
+    let dir = std::env::temp_dir().join(format!("fleetctl-shared-name-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/fleet/deployments/llama-3.1-8b-canary.yaml")).unwrap();
+    let shadow = text.replace("name: llama-3.1-8b-canary", "name: llama-3.1-8b-shadow").replace(
+        "  routing:\n    weight: 10                                   # of 90 + 10: a tenth of the requests\n",
+        "",
+    );
+    assert!(!shadow.contains("weight: 10"), "the copy gives no weight");
+    let file = dir.join("shadow.yaml");
+    std::fs::write(&file, shadow).unwrap();
+    let out = fleetctl(&["validate", "-f", "examples/fleet", "-f", file.to_str().unwrap()]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "a warning, not an error: {text}");
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains(": warning: ")).collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains("llama-3.1-8b-shadow")
+            && warnings[0].contains("spec.routing.weight")
+            && warnings[0].contains("llama-3.1-8b-instruct"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -229,6 +229,7 @@ mod tests {
             ready: true,
             continuation: declared,
             health: RouteHealth::detached(),
+            deployment: 0,
         }
     }
 
@@ -264,6 +265,7 @@ mod tests {
             sovereignty: Default::default(),
             fallbacks: vec![],
             routes: vec![],
+            deployments: vec![],
         };
         let mut splice = Splice::new(true);
         let chunk = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"the fleet \"}}]}\n\n");

@@ -28,7 +28,7 @@ use crate::feedback::{Endpoint, serving};
 use crate::health::lock;
 use crate::keys::KeySet;
 use crate::metrics::{ReloadResult, WriteResult};
-use crate::table::TableFile;
+use crate::table::{Route, TableFile};
 use crate::{AppState, GatewayError, RoutingTable};
 
 /// Label that marks a Secret as holding API keys.
@@ -361,10 +361,14 @@ pub async fn write_serving(
                 continue;
             }
             let Some(model) = st.feed.owner(&ns, &name).and_then(|m| table.resolve(&m).cloned()) else { continue };
+            // Of a model split by weight, this deployment's routes only, and its share.
+            let id = format!("{ns}/{name}");
+            let mine = |r: &&Route| model.deployments.get(r.deployment).is_none_or(|d| d.name == id);
             let endpoints: Vec<Endpoint> = model
                 .routes
                 .iter()
                 .filter(|r| r.ready)
+                .filter(mine)
                 .map(|r| Endpoint {
                     cluster: r.cluster.name.clone(),
                     ready: r.weight,
@@ -372,7 +376,11 @@ pub async fn write_serving(
                     seen: st.stats.observe(&model.name, &r.cluster.name, now),
                 })
                 .collect();
-            let want = serving(&model.name, &endpoints, st.cfg.degraded_error_rate);
+            let mut want = serving(&model.name, &endpoints, st.cfg.degraded_error_rate);
+            let routable = model.routes.iter().filter(mine).any(|r| r.ready && crate::split::route_open(&model, r));
+            if let Some(note) = crate::split::share_note(&model, &id, routable, &st.shares, now) {
+                want.message.push_str(&note);
+            }
             let current = d.status.as_ref().map(|s| s.conditions.0.clone()).unwrap_or_default();
             if !would_change(&current, std::slice::from_ref(&want), d.metadata.generation) {
                 continue;

@@ -1,7 +1,7 @@
 //! The routing table as the control cluster describes it, as a pure function: InferenceClusters
 //! (entry URL, region, jurisdiction, readiness) and ModelDeployments (model name, aliases,
-//! sovereignty, fallbacks, per-cluster Ready replicas from status) go in; a [`TableFile`] and
-//! the problems that kept parts of it out come out. One bad object never empties the table:
+//! sovereignty, fallbacks, routing weight, per-cluster Ready replicas from status) go in; a
+//! [`TableFile`] and the problems that kept parts of it out come out. One bad object never empties the table:
 //! it is left out and named, and the rest routes.
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,7 +13,8 @@ use flotilla_apis::deployment::ModelDeployment;
 use kube::ResourceExt;
 
 use crate::member::{Material, SCHEMES, UpstreamToken, normalise_url};
-use crate::table::{ClusterSpec, ModelSpec, RouteSpec, TableFile};
+use crate::split::{self, Holder};
+use crate::table::{ClusterSpec, Deployment, ModelSpec, RouteSpec, TableFile};
 
 /// ModelDeployment (namespace, name) → the model name it serves in the table.
 pub type Owners = BTreeMap<(String, String), String>;
@@ -99,7 +100,9 @@ pub fn table_file(
         });
     }
 
-    // The oldest deployment of a model name (then namespace/name) owns it and its aliases.
+    // The oldest deployment of a model name (then namespace/name) owns it and its aliases, alone
+    // unless it gives spec.routing.weight: then the deployments of the name that give one share
+    // it (`split::join`), each route tagged with its deployment.
     let mut live: Vec<&ModelDeployment> =
         deployments.iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect();
     live.sort_by(|a, b| {
@@ -111,53 +114,97 @@ pub fn table_file(
             .then_with(|| a.namespace().cmp(&b.namespace()))
             .then_with(|| a.name_any().cmp(&b.name_any()))
     });
-    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    // Name or alias → (the deployment that took it first, the model it names, how it holds it).
+    let mut owner: BTreeMap<String, (String, String, Holder)> = BTreeMap::new();
+    let mut index: BTreeMap<String, usize> = BTreeMap::new();
     for d in live {
-        let who = format!("ModelDeployment {}/{}", d.namespace().unwrap_or_default(), d.name_any());
+        let (ns, dname) = (d.namespace().unwrap_or_default(), d.name_any());
+        let who = format!("ModelDeployment {ns}/{dname}");
         let model = &d.spec.model;
-        if let Some(first) = owner.get(&model.name) {
-            problems.push(format!(
-                "{who}: model name `{}` is already served by {first}: it is not routed; give it another spec.model.name",
-                model.name
-            ));
-            continue;
-        }
-        owner.insert(model.name.clone(), who.clone());
-        owners.insert((d.namespace().unwrap_or_default(), d.name_any()), model.name.clone());
-        let mut aliases = Vec::new();
+        let weight = d.spec.routing.as_ref().and_then(|r| r.weight).map(|w| w.max(0).unsigned_abs());
+        let at = match owner.get(&model.name) {
+            None => {
+                let holder = if weight.is_some() { Holder::Split } else { Holder::Alone };
+                owner.insert(model.name.clone(), (who.clone(), model.name.clone(), holder));
+                file.models.push(ModelSpec {
+                    name: model.name.clone(),
+                    aliases: Vec::new(),
+                    sovereignty: Default::default(),
+                    fallbacks: Vec::new(),
+                    routes: Vec::new(),
+                    deployments: Vec::new(),
+                });
+                index.insert(model.name.clone(), file.models.len() - 1);
+                file.models.len() - 1
+            }
+            Some((first, _, holder)) => match split::join(&model.name, &who, weight, first, *holder) {
+                Ok(()) => match index.get(&model.name) {
+                    Some(at) => *at,
+                    None => continue,
+                },
+                Err(problem) => {
+                    problems.push(problem);
+                    continue;
+                }
+            },
+        };
+        owners.insert((ns.clone(), dname.clone()), model.name.clone());
+        let spec = &mut file.models[at];
         for a in &model.aliases {
             match owner.get(a) {
-                Some(first) => problems.push(format!(
+                // Another deployment of the same split already gave it.
+                Some((first, m, _)) if *m == model.name && *first != who => {}
+                Some((first, _, _)) => problems.push(format!(
                     "{who}: alias `{a}` is already a name or alias of {first}: the alias is not routed; remove it from spec.model.aliases"
                 )),
                 None => {
-                    owner.insert(a.clone(), who.clone());
-                    aliases.push(a.clone());
+                    owner.insert(a.clone(), (who.clone(), model.name.clone(), Holder::Alias));
+                    spec.aliases.push(a.clone());
                 }
             }
+        }
+        for f in d.spec.routing.iter().flat_map(|r| &r.fallback_models) {
+            if !spec.fallbacks.contains(f) {
+                spec.fallbacks.push(f.clone());
+            }
+        }
+        let sovereignty = d.spec.placement.sovereignty.clone().unwrap_or_default();
+        let deployment = weight.map(|weight| {
+            let name = format!("{ns}/{dname}");
+            spec.deployments.push(Deployment { name: name.clone(), weight, sovereignty: sovereignty.clone() });
+            name
+        });
+        if deployment.is_none() {
+            spec.sovereignty = sovereignty;
         }
         let mut ready: BTreeMap<&str, i32> = BTreeMap::new();
         // Replicas still serving the previous spec during a rollout are routed to as well.
         for p in d.status.iter().flat_map(|s| &s.placements) {
             *ready.entry(p.cluster.as_str()).or_default() += p.ready.max(p.serving).max(0);
         }
-        let routes = ready
-            .into_iter()
-            .filter(|(c, n)| *n > 0 && routable.get(*c).copied().unwrap_or(false))
-            .map(|(c, n)| RouteSpec {
-                cluster: c.to_string(),
-                weight: n.unsigned_abs(),
-                ready: true,
-                continuation: None,
-            })
-            .collect();
-        file.models.push(ModelSpec {
-            name: model.name.clone(),
-            aliases,
-            sovereignty: d.spec.placement.sovereignty.clone().unwrap_or_default(),
-            fallbacks: d.spec.routing.as_ref().map(|r| r.fallback_models.clone()).unwrap_or_default(),
-            routes,
-        });
+        let routes =
+            ready.into_iter().filter(|(c, n)| *n > 0 && routable.get(*c).copied().unwrap_or(false)).map(|(c, n)| {
+                RouteSpec {
+                    cluster: c.to_string(),
+                    weight: n.unsigned_abs(),
+                    ready: true,
+                    continuation: None,
+                    deployment: deployment.clone(),
+                }
+            });
+        spec.routes.extend(routes);
+    }
+    // A split name as a whole may be served wherever one of its deployments may (each route
+    // stays bound by its own deployment's policy).
+    for m in file.models.iter_mut().filter(|m| !m.deployments.is_empty()) {
+        let policies: Vec<&flotilla_apis::common::Sovereignty> = m.deployments.iter().map(|d| &d.sovereignty).collect();
+        m.sovereignty = split::hull(&policies);
+        if m.deployments.iter().all(|d| d.weight == 0) {
+            problems.push(format!(
+                "model `{}`: every deployment serving it has spec.routing.weight 0: requests for it get 503; give one a weight above 0",
+                m.name
+            ));
+        }
     }
     // Fallbacks must name served models; an unknown one is dropped, not fatal.
     let names: std::collections::HashSet<String> = owner.keys().cloned().collect();

@@ -27,6 +27,7 @@ pub mod proxy;
 pub mod scrape;
 pub mod serve;
 pub mod splice;
+pub mod split;
 pub mod sse;
 pub mod table;
 pub mod tls;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub limiter: LimitStore,
     /// What the gateway saw, per model and cluster.
     pub stats: Stats,
+    /// Answers per model and deployment, for models split by weight (`split`).
+    pub shares: Stats,
     /// The control-cluster feed's state (`/readyz`).
     pub feed: FeedStatus,
     keys_text: Mutex<Option<String>>,
@@ -111,6 +114,7 @@ impl AppState {
             keys: ArcSwap::from_pointee(plain_keys(&cfg)),
             limiter,
             stats: Stats::default(),
+            shares: Stats::default(),
             feed: FeedStatus::new(cfg.control_cluster),
             keys_text: Mutex::new(None),
             metrics,

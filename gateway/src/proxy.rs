@@ -25,6 +25,7 @@ use crate::member::{self, ConfigReason};
 use crate::metrics::{AttemptResult, Endpoint};
 use crate::pick::{self, Candidate};
 use crate::splice::Splice;
+use crate::split;
 use crate::table::{Model, Route, RoutingTable};
 use crate::upstream::{self, Failure, Outgoing, Success};
 use crate::{AppState, GatewayError};
@@ -258,6 +259,8 @@ async fn try_model<'t>(
     };
     let mut tried: HashMap<&str, Tried> = HashMap::new();
     let (mut attempts, mut last, mut rate_after) = (0u32, None::<Failure>, Duration::ZERO);
+    // A model split between deployments: each attempt goes to the routes of one (`split`).
+    let split_key = (!m.deployments.is_empty()).then(|| split::key(cfg.routing, p.key, st.next_rr()));
     let name = |i: usize| routes[i].cluster.name.as_str();
     while attempts < cfg.max_attempts && Instant::now() < deadline {
         let now = Instant::now();
@@ -275,6 +278,10 @@ async fn try_model<'t>(
             tokio::time::sleep_until(until.into()).await;
             continue;
         }
+        let ready_now = match split_key {
+            Some(k) => split::narrow(m, &routes, ready_now, |i| tried.contains_key(name(i)), k),
+            None => ready_now,
+        };
         let cands: Vec<Candidate> = ready_now
             .iter()
             .map(|&i| {
@@ -329,6 +336,9 @@ async fn try_model<'t>(
                 guard.success();
                 st.metrics.attempt(name(i), AttemptResult::ok);
                 st.stats.record(&m.name, name(i), Some(sent.elapsed()), Instant::now());
+                if let Some(d) = m.deployments.get(route.deployment) {
+                    st.shares.record(&m.name, &d.name, Some(sent.elapsed()), Instant::now());
+                }
                 return Ok(Won { success, guard, route, prefill });
             }
             Err(f) => f,

@@ -74,6 +74,23 @@ pub struct ModelSpec {
     pub fallbacks: Vec<String>,
     /// Clusters serving the model.
     pub routes: Vec<RouteSpec>,
+    /// Deployments the model's traffic is split between by weight (empty: no split); each route
+    /// then names its deployment (`docs/gateway.md`, weighted traffic).
+    #[serde(default)]
+    pub deployments: Vec<Deployment>,
+}
+
+/// One deployment of a model whose traffic is split by weight.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Deployment {
+    /// Its name (in the fleet, the ModelDeployment's `namespace/name`).
+    pub name: String,
+    /// Its share relative to the model's other deployments; 0 takes no traffic.
+    pub weight: u32,
+    /// Where this deployment may serve, on top of the model's own policy.
+    #[serde(default)]
+    pub sovereignty: Sovereignty,
 }
 
 /// One cluster serving a model.
@@ -91,6 +108,9 @@ pub struct RouteSpec {
     /// How a stream broken elsewhere may be continued here (absent: `--continuation-default`).
     #[serde(default)]
     pub continuation: Option<Continuation>,
+    /// The model's deployment this route belongs to (required when it lists `deployments`).
+    #[serde(default)]
+    pub deployment: Option<String>,
 }
 
 /// How a route continues a stream that broke on another route (`docs/gateway.md`, continuation).
@@ -182,6 +202,8 @@ pub struct Route {
     pub continuation: Option<Continuation>,
     /// The route's health (shared with earlier tables once the table is put in force).
     pub health: Arc<RouteHealth>,
+    /// Index of its deployment in the model's `deployments` (0 when there are none).
+    pub deployment: usize,
 }
 
 /// A model, resolved.
@@ -197,6 +219,8 @@ pub struct Model {
     pub fallbacks: Vec<String>,
     /// Routes.
     pub routes: Vec<Route>,
+    /// Deployments the traffic is split between by weight (empty: no split).
+    pub deployments: Vec<Deployment>,
 }
 
 /// The validated table the gateway routes by.
@@ -244,13 +268,15 @@ impl RoutingTable {
             }
         }
         for m in file.models {
+            crate::split::check_deployments(&m).map_err(err)?;
             let mut seen = HashSet::new();
             let mut routes = Vec::new();
-            for r in m.routes {
+            for r in &m.routes {
                 let Some(cluster) = t.clusters.get(&r.cluster) else {
                     return Err(err(format!("model `{}`: route to unknown cluster `{}`", m.name, r.cluster)));
                 };
-                if !seen.insert(r.cluster.clone()) {
+                let deployment = crate::split::route_deployment(&m, r).map_err(err)?;
+                if !seen.insert((deployment, r.cluster.clone())) {
                     return Err(err(format!("model `{}`: cluster `{}` routed twice", m.name, r.cluster)));
                 }
                 routes.push(Route {
@@ -259,6 +285,7 @@ impl RoutingTable {
                     ready: r.ready,
                     continuation: r.continuation,
                     health: RouteHealth::detached(),
+                    deployment,
                 });
             }
             let mut fallbacks = Vec::new();
@@ -269,8 +296,14 @@ impl RoutingTable {
                     None => return Err(err(format!("model `{}`: unknown fallback `{f}`", m.name))),
                 }
             }
-            let model =
-                Model { name: m.name.clone(), aliases: m.aliases, sovereignty: m.sovereignty, fallbacks, routes };
+            let model = Model {
+                name: m.name.clone(),
+                aliases: m.aliases,
+                sovereignty: m.sovereignty,
+                fallbacks,
+                routes,
+                deployments: m.deployments,
+            };
             t.models.insert(m.name, model);
         }
         Ok(t)
@@ -305,12 +338,14 @@ impl RoutingTable {
         self.clusters.values()
     }
 
-    /// The model's ready routes to clusters that every one of `policies` allows.
+    /// The model's ready routes to clusters that every one of `policies` allows, and the
+    /// route's deployment allows too (a deployment of weight 0 has none).
     pub fn allowed_routes<'a>(&self, model: &'a Model, policies: &[&Sovereignty]) -> Vec<&'a Route> {
         model
             .routes
             .iter()
             .filter(|r| r.ready && policies.iter().all(|p| p.allows(&r.cluster.jurisdiction, &r.cluster.region)))
+            .filter(|r| crate::split::route_open(model, r))
             .collect()
     }
 }
