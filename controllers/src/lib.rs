@@ -84,6 +84,10 @@ pub struct ControllerConfig {
     /// A replica whose pod the member's scheduler refuses for longer than this is placed
     /// elsewhere (`--unschedulable-seconds`).
     pub unschedulable_after: Duration,
+    /// At most this many ModelDeployment reconciles run at once (`--deployment-concurrency`):
+    /// a burst of a thousand applies queues instead of holding a thousand reconciles' memory
+    /// and member requests in flight on the runtime's workers.
+    pub deployment_concurrency: u16,
     /// Member call timeouts.
     pub timeouts: member::Timeouts,
     /// Field manager of status writes (identifies the replica too).
@@ -129,6 +133,7 @@ impl Default for ControllerConfig {
             poll: Duration::from_secs(10),
             heartbeat_every: Duration::ZERO,
             unschedulable_after: Duration::from_secs(120),
+            deployment_concurrency: 32,
             timeouts: member::Timeouts::default(),
             field_manager: "flotilla-controller".into(),
             capacity: None,
@@ -441,7 +446,11 @@ async fn run_deployment_controller(
 ) {
     // A burst of changes to one deployment (an apply and its status writes) reconciles it once.
     let controller = Controller::new(Api::<ModelDeployment>::all(ctx.client.clone()), watcher::Config::default())
-        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_millis(250)));
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .debounce(Duration::from_millis(250))
+                .concurrency(ctx.config.deployment_concurrency),
+        );
     let ctx = Arc::new(ctx);
     let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(WAKE_BUFFER);
     let wakes = futures_util::stream::unfold(wake_rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });

@@ -250,6 +250,13 @@ impl MemberClients {
         Ok(Handle { client, objects })
     }
 
+    /// Whether the last liveness check of member `cluster` failed (the InferenceCluster
+    /// reconciler runs one every poll): reconciles then leave it alone at once instead of each
+    /// waiting out the member timeout.
+    pub fn known_unreachable(&self, cluster: &str) -> bool {
+        self.reachable.lock().ok().is_some_and(|m| m.get(cluster) == Some(&false))
+    }
+
     /// The liveness check (`liveness`) of member `cluster`, logged when its reachability changes.
     pub async fn liveness(&self, cluster: &str, client: &Client, t: Timeouts) -> Result<String, MemberError> {
         let result = liveness(client, t).await;

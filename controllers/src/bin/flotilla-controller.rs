@@ -81,6 +81,10 @@ struct Args {
     /// solver does not see).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     unschedulable_seconds: u64,
+    /// At most this many ModelDeployment reconciles run at once; the others wait their turn in
+    /// the queue (each deployment at most once in it).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    deployment_concurrency: u16,
     /// How often every member is swept for objects with Flotilla's labels that no ModelDeployment
     /// or ModelCache owns any more, in seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
@@ -242,6 +246,7 @@ async fn main() -> anyhow::Result<()> {
         sweep_every: Duration::from_secs(args.sweep_seconds),
         heartbeat_every: Duration::from_secs(args.heartbeat_seconds),
         unschedulable_after: Duration::from_secs(args.unschedulable_seconds),
+        deployment_concurrency: args.deployment_concurrency,
         secret_namespace: args.member_secret_namespace.clone(),
         cluster_profile_providers: profile_providers,
     };

@@ -122,7 +122,7 @@ impl DeploymentContext {
                 self.classes.state().iter().map(|o| &o.metadata),
                 self.clusters.state().iter().map(|o| &o.metadata),
                 self.caches.state().iter().map(|o| &o.metadata),
-                self.deployments.state().iter().map(|o| &o.metadata),
+                self.deployments.state().iter().map(|o| o.as_ref()),
             )
         };
         self.plans
@@ -159,32 +159,42 @@ impl DeploymentContext {
     }
 }
 
-/// A fingerprint of the objects a fleet snapshot is built from: each one's uid,
-/// resourceVersion and whether it is being deleted, per kind, in a fixed order.
+/// A fingerprint of the objects a fleet snapshot is built from: per kind, in a fixed order,
+/// each one's uid, whether it is being deleted and its version as the solver reads it — the
+/// `resourceVersion` of classes, clusters and caches; for a deployment its spec's `generation`
+/// and the placements its status records (cluster, pool, class, capacity type, rank, desired,
+/// unschedulable), not its `resourceVersion`: ready counts, conditions and events written to a
+/// deployment's status during convergence do not move the plan, so they do not solve it again.
 fn fingerprint<'a>(
     classes: impl Iterator<Item = &'a kube::api::ObjectMeta>,
     clusters: impl Iterator<Item = &'a kube::api::ObjectMeta>,
     caches: impl Iterator<Item = &'a kube::api::ObjectMeta>,
-    deployments: impl Iterator<Item = &'a kube::api::ObjectMeta>,
+    deployments: impl Iterator<Item = &'a ModelDeployment>,
 ) -> u64 {
     use std::hash::{Hash, Hasher};
+    let meta_key = |m: &kube::api::ObjectMeta| {
+        (
+            m.uid.clone().unwrap_or_default(),
+            m.resource_version.clone().unwrap_or_default(),
+            m.deletion_timestamp.is_some(),
+        )
+    };
+    let deployment_key = |d: &ModelDeployment| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for p in d.status.iter().flat_map(|s| &s.placements) {
+            (&p.cluster, &p.pool, &p.class, p.capacity_type.as_str(), p.fallback_rank, p.desired, p.unschedulable)
+                .hash(&mut h);
+        }
+        let version = format!("{}/{:x}", d.metadata.generation.unwrap_or(0), h.finish());
+        (d.metadata.uid.clone().unwrap_or_default(), version, d.metadata.deletion_timestamp.is_some())
+    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    for (kind, metas) in [
-        ("class", classes.collect::<Vec<_>>()),
-        ("cluster", clusters.collect()),
-        ("cache", caches.collect()),
-        ("deployment", deployments.collect()),
+    for (kind, mut keys) in [
+        ("class", classes.map(meta_key).collect::<Vec<_>>()),
+        ("cluster", clusters.map(meta_key).collect()),
+        ("cache", caches.map(meta_key).collect()),
+        ("deployment", deployments.map(deployment_key).collect()),
     ] {
-        let mut keys: Vec<(&str, &str, bool)> = metas
-            .iter()
-            .map(|m| {
-                (
-                    m.uid.as_deref().unwrap_or(""),
-                    m.resource_version.as_deref().unwrap_or(""),
-                    m.deletion_timestamp.is_some(),
-                )
-            })
-            .collect();
         keys.sort_unstable();
         (kind, keys).hash(&mut h);
     }
@@ -378,18 +388,34 @@ pub(crate) async fn write_status(
 #[cfg(test)]
 mod plan_cache_tests {
     use super::fingerprint;
+    use flotilla_apis::ModelDeployment;
     use kube::api::ObjectMeta;
 
     fn meta(uid: &str, rv: &str) -> ObjectMeta {
         ObjectMeta { uid: Some(uid.into()), resource_version: Some(rv.into()), ..Default::default() }
     }
 
+    /// A deployment at `generation`, with one placement of `desired` replicas, `ready` of them
+    /// ready, as its status records.
+    fn dep(uid: &str, rv: &str, generation: i64, desired: i32, ready: i32) -> ModelDeployment {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": uid, "namespace": "ml", "uid": uid, "resourceVersion": rv, "generation": generation},
+            "spec": {"model": {"name": "m", "source": "hf://o/m"}, "replicas": 2, "engine": {"image": "i"},
+                     "topology": {"type": "TensorParallel", "devicesPerReplica": 1},
+                     "devices": {"alternatives": [{"class": "h100"}]}},
+            "status": {"readyReplicas": ready, "placements": [{"cluster": "eu1", "pool": "h100", "class": "h100",
+                "capacityType": "on-demand", "fallbackRank": 1, "desired": desired, "ready": ready, "serving": ready}]}
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn the_plan_is_solved_again_exactly_when_an_input_object_changed() {
         let classes = [meta("c1", "1")];
         let clusters = [meta("k1", "5"), meta("k2", "6")];
-        let deps = [meta("d1", "9"), meta("d2", "10")];
-        let key = |clusters: &[ObjectMeta], deps: &[ObjectMeta]| {
+        let deps = [dep("d1", "9", 1, 2, 0), dep("d2", "10", 1, 2, 0)];
+        let key = |clusters: &[ObjectMeta], deps: &[ModelDeployment]| {
             fingerprint(classes.iter(), clusters.iter(), [].iter(), deps.iter())
         };
         let base = key(&clusters, &deps);
@@ -398,8 +424,17 @@ mod plan_cache_tests {
         assert_ne!(key(&[meta("k1", "5"), meta("k2", "7")], &deps), base, "a cluster status changed");
         assert_ne!(key(&clusters, &deps[..1]), base, "a deployment went away");
         let mut deleting = deps.clone();
-        deleting[1].deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+        deleting[1].metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
         assert_ne!(key(&clusters, &deleting), base, "a deployment is being deleted");
+        // What the solver reads of a deployment: its spec (generation) and its placements.
+        assert_ne!(key(&clusters, &[dep("d1", "11", 2, 2, 0), deps[1].clone()]), base, "a spec changed");
+        assert_ne!(key(&clusters, &[dep("d1", "11", 1, 1, 0), deps[1].clone()]), base, "a placement moved");
+        let mut refused = deps.clone();
+        refused[0].status.as_mut().unwrap().placements[0].unschedulable = 1;
+        assert_ne!(key(&clusters, &refused), base, "a replica was refused");
+        // Not what it does not read: a status write of ready counts (a new resourceVersion).
+        assert_eq!(key(&clusters, &[dep("d1", "12", 1, 2, 2), deps[1].clone()]), base, "ready counts moved only");
         // The same uid under another kind is another input.
         assert_ne!(
             fingerprint([].iter(), classes.iter(), [].iter(), [].iter()),

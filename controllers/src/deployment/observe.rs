@@ -39,6 +39,10 @@ pub async fn observe_members(ctx: &DeploymentContext, md: &ModelDeployment, invo
             out.seen.unreachable.insert(cluster.clone(), "its InferenceCluster is being deleted".into());
             continue;
         }
+        if ctx.members.known_unreachable(cluster) {
+            out.seen.unreachable.insert(cluster.clone(), "its last liveness check got no answer".into());
+            continue;
+        }
         let member = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
             Ok(m) => m,
             Err(e) => {
