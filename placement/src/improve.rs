@@ -427,11 +427,15 @@ impl Ctx<'_, '_> {
             for w in from..ph.watched.len() {
                 let x = ph.watched[w];
                 ph.work += 1;
-                if t.held.contains_key(&x) || !ph.movable[x] {
+                if !ph.movable[x] {
                     continue;
                 }
-                let spread = ph.order[x].spec.placement.spread.is_some();
-                let short = plans[x].unplaced > 0;
+                // A deployment the moves changed has its spread checked below; one still
+                // short (a victim, or the one that gains) must not be able to use the room
+                // either.
+                let mine = held_of(&t, held, x);
+                let spread = !t.held.contains_key(&x) && ph.order[x].spec.placement.spread.is_some();
+                let short = mine.iter().map(|h| h.count).sum::<u32>() < plans[x].desired;
                 if !spread && !short {
                     continue;
                 }
@@ -457,8 +461,8 @@ impl Ctx<'_, '_> {
                                 && !c.sticky_only
                                 && alts[(c.rank - 1) as usize]
                                     .max_replicas
-                                    .is_none_or(|m| per_rank(&held[x], c.rank) < m.max(0) as u32)
-                                && dep.max_cost.is_none_or(|m| cost(&held[x]) + c.replica_price <= m)
+                                    .is_none_or(|m| per_rank(mine, c.rank) < m.max(0) as u32)
+                                && dep.max_cost.is_none_or(|m| cost(mine) + c.replica_price <= m)
                         });
                     if usable {
                         let at = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, q, x, &mut ph.work)?;

@@ -82,11 +82,13 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
         .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
         .collect();
     let domains = place::DomainIndex::new(&snapshot.clusters);
+    let cluster_ix: std::collections::HashMap<&str, usize> =
+        snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
     let mut evaluations = 0u64;
     let mut plan = Plan::default();
     let mut held: Vec<Vec<held::Held>> = Vec::with_capacity(order.len());
     macro_rules! ctx {
-        ($d:expr) => {
+        ($d:expr, $open:expr) => {
             Ctx {
                 snapshot,
                 free: &mut free,
@@ -97,6 +99,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
                 pool_class: &pool_class,
                 domains: &domains,
                 cache: $d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&$d.namespace, c)),
+                open: $open,
             }
         };
     }
@@ -107,12 +110,13 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     while start < order.len() {
         let tier = order[start].priority();
         let end = start + order[start..].iter().take_while(|d| d.priority() == tier).count();
+        let open = kept_ahead(snapshot, &free, &cluster_ix, &order[start..end]);
         let mut pending: Vec<Pending> = Vec::with_capacity(end - start);
         for &d in &order[start..end] {
             pending.push(if evaluations > options.max_evaluations {
                 Pending::Exhausted
             } else if d.current.iter().any(|p| p.desired > 0) {
-                ctx!(d).keep(d).map_or(Pending::Fresh, Pending::Kept)
+                ctx!(d, open.as_deref()).keep(d).map_or(Pending::Fresh, Pending::Kept)
             } else {
                 Pending::Fresh
             });
@@ -127,7 +131,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
                     continue;
                 }
             };
-            let (p, h) = ctx!(d).solve_one(d, kept);
+            let (p, h) = ctx!(d, None).solve_one(d, kept);
             plan.deployments.push(p);
             held.push(h);
         }
@@ -144,10 +148,43 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             pool_class: &pool_class,
             domains: &domains,
             cache: None,
+            open: None,
         };
         ctx.improve(&order, &mut plan.deployments, &mut held, options.max_improvement);
     }
     plan
+}
+
+/// The pools once every deployment of `tier` kept what it runs where its cluster still allows
+/// it (capacity permitting, in solve order), or `None` when no deployment of the tier both
+/// runs somewhere and spreads (nothing to judge then).
+fn kept_ahead(
+    snapshot: &FleetSnapshot,
+    free: &[Vec<Vec<u32>>],
+    cluster_ix: &std::collections::HashMap<&str, usize>,
+    tier: &[&DeploymentView],
+) -> Option<Vec<Vec<Vec<u32>>>> {
+    let runs = |d: &&&DeploymentView| d.current.iter().any(|p| p.desired > 0);
+    if !tier.iter().filter(runs).any(|d| d.spec.placement.spread.is_some()) {
+        return None;
+    }
+    let mut open = free.to_vec();
+    for d in tier.iter().filter(runs) {
+        let shape = ReplicaShape::of(&d.spec.topology);
+        for p in d.current.iter().filter(|p| p.desired > 0) {
+            let Some(&ci) = cluster_ix.get(p.cluster.as_str()) else { continue };
+            let cluster = &snapshot.clusters[ci];
+            let Some(pi) = cluster.pools.iter().position(|x| x.name == p.pool) else { continue };
+            if crate::filters::first_refusal(&d.spec.placement, cluster, true).is_some() {
+                continue;
+            }
+            for _ in 0..p.desired {
+                let Some(next) = shape.take(&open[ci][pi]) else { break };
+                open[ci][pi] = next;
+            }
+        }
+    }
+    Some(open)
 }
 
 /// A deployment of the tier being solved, between keeping its current placements and placing
@@ -225,6 +262,10 @@ struct Ctx<'a, 's> {
     domains: &'a place::DomainIndex,
     /// The deployment's ModelCache (`cacheRef`) as a `ready_caches` key, if any.
     cache: Option<String>,
+    /// While a tier keeps its current placements: the pools as they will be once every
+    /// deployment of the tier kept what it runs. Spread judges which domains can still take a
+    /// replica on it, as it will when the tier places the rest.
+    open: Option<&'a [Vec<Vec<u32>>]>,
 }
 
 /// What blocked the last attempt on a cluster, for the rejection report.
