@@ -795,7 +795,11 @@ fn generated_fleets_validate_and_plan_the_same_from_text() {
 /// re-plan's greedy pass let that earlier one grow into it and evicted the later one's running
 /// replica (here `research/llama-3-1-405b-00022` lost its replica to
 /// `ml/qwen3-235b-a22b-00020`, both priority 0). Now every deployment of a tier keeps what it
-/// runs before any of them places more.
+/// runs before any of them places more; and the improvement phase no longer gives this fleet
+/// such room at all (it now asks a victim still short of replicas whether it could use the
+/// room a move leaves), so this test passes with either fix alone. The two tests that fail
+/// without the tier's first step are `replan_with_spread_settles_after_one_replan` below and
+/// `a_tier_keeps_what_it_runs_before_any_of_it_grows` (tests/improve.rs).
 #[test]
 fn replan_keeps_equal_priority_running_replicas() {
     let spec = GenSpec { clusters: 8, deployments: 23, seed: 7008318674330980168 };
@@ -810,4 +814,22 @@ fn replan_keeps_equal_priority_running_replicas() {
         let d = plan.deployments.iter().find(|d| d.name == "llama-3-1-405b-00022").unwrap();
         assert!(!d.assignments.is_empty(), "{d:?}");
     }
+}
+
+/// With spread, a fleet where the tier's first step matters: solved strictly one deployment
+/// after another (every deployment keeping and growing in turn), the re-plan of the re-plan
+/// still moves replicas here; keeping every tier's running replicas first (judging spread on
+/// the tier's kept replicas) settles it after one re-plan.
+#[test]
+fn replan_with_spread_settles_after_one_replan() {
+    let spec = GenSpec { clusters: 18, deployments: 30, seed: 3849669855948019684 };
+    let snap = generate(&spec);
+    let first = solve(&snap, &SolveOptions::default());
+    let second = solve(&with_current(&snap, &first), &SolveOptions::default());
+    let third = solve(&with_current(&snap, &second), &SolveOptions::default());
+    let placed = |d: &DeploymentPlan| d.assignments.iter().map(|a| a.replicas).sum::<u32>();
+    for (a, b) in first.deployments.iter().zip(&second.deployments) {
+        assert!(placed(b) >= placed(a), "{}: {} -> {}", a.name, placed(a), placed(b));
+    }
+    assert_eq!(key_of(&second), key_of(&third), "{spec:?}: the re-plan of the re-plan differs");
 }
