@@ -1,9 +1,11 @@
 //! Solves one generated fleet once and prints how long it took: a target for profilers
-//! (`perf record -g target/release/examples/solve_once 1000 5000 1`).
+//! (`perf record -g target/release/examples/solve_once 1000 5000 1`). With `--replan`, the
+//! fleet first runs its own plan (every deployment's current placements set from it) and the
+//! re-plan is what is timed. The process's peak RSS is printed last.
 
 use std::time::Instant;
 
-use flotilla_placement::generate::{GenSpec, generate};
+use flotilla_placement::generate::{GenSpec, generate, with_current};
 use flotilla_placement::{SolveOptions, solve};
 
 fn main() {
@@ -19,6 +21,8 @@ fn main() {
     } else {
         SolveOptions::default()
     };
+    let snap =
+        if std::env::args().any(|a| a == "--replan") { with_current(&snap, &solve(&snap, &options)) } else { snap };
     let cpu_before = cpu_ticks();
     let start = Instant::now();
     let plan = solve(&snap, &options);
@@ -30,8 +34,15 @@ fn main() {
     let cpu = cpu_ticks();
     println!(
         "{clusters} x {deployments}: {took:?}, {placed} replicas placed, {rejections} rejections (solve CPU ms: \
-         {solve_cpu:?}; process CPU ticks so far: {cpu:?})"
+         {solve_cpu:?}; process CPU ticks so far: {cpu:?}); peak RSS {}",
+        peak_rss().unwrap_or_else(|| "unknown".into())
     );
+}
+
+/// The process's peak resident set (`VmHWM`, Linux), if readable.
+fn peak_rss() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines().find_map(|l| l.strip_prefix("VmHWM:")).map(|v| v.trim().to_string())
 }
 
 /// User + system CPU ticks of this process so far (Linux), if readable.

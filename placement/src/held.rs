@@ -1,6 +1,7 @@
 //! Where each deployment's replicas are during the improvement phase (per cluster, pool and
-//! alternative, with those kept where they already ran), how a pool re-packs them in solve
-//! order, which pools a deployment may use, and the plan rebuilt from them afterwards.
+//! alternative, with those kept where they already ran), how a pool re-packs them in the
+//! greedy's order (per priority tier, kept replicas first), which pools a deployment may use,
+//! and the plan rebuilt from them afterwards.
 
 use std::collections::BTreeMap;
 
@@ -59,15 +60,23 @@ pub(super) fn held_of<'a>(t: &'a Tentative, held: &'a [Vec<Held>], i: usize) -> 
     t.held.get(&i).map_or(held[i].as_slice(), Vec::as_slice)
 }
 
+/// One more replica on `c`. Where the deployment runs more replicas than it kept there (the
+/// greedy could not keep them for capacity), the replica counts as kept: it runs there, and
+/// the pool packs it with the kept ones, as a re-plan (and the property checker) would.
 pub(super) fn add(held: &mut Vec<Held>, c: &Candidate) {
     match held.iter_mut().find(|h| (h.cluster, h.pool, h.rank) == (c.cluster, c.pool, c.rank)) {
-        Some(h) => h.count += 1,
+        Some(h) => {
+            if h.kept == h.count && h.kept < c.sticky_quota {
+                h.kept += 1;
+            }
+            h.count += 1;
+        }
         None => held.push(Held {
             cluster: c.cluster,
             pool: c.pool,
             rank: c.rank,
             count: 1,
-            kept: 0,
+            kept: u32::from(c.sticky_quota > 0),
             price: c.replica_price,
         }),
     }
@@ -179,14 +188,18 @@ pub(super) fn movable(plan: &DeploymentPlan) -> bool {
     plan.invalid.is_none() && !plan.rejections.iter().any(|r| r.cluster == "*")
 }
 
-/// Pool `q`'s free devices per node after packing, in solve order, every replica the
-/// deployments up to solve-order index `upto` (with `t`'s changes) have on it; `None` when
-/// one does not fit.
+/// Pool `q`'s free devices per node after packing every replica the deployments have on it
+/// (with `t`'s changes) in the greedy's order: one priority tier (`prios`, by solve-order
+/// index) after another, and within a tier first the replicas each deployment kept where they
+/// ran, in solve order, then the rest, in solve order. With `upto` (a solve-order index), as
+/// `upto` saw the pool when it placed the rest: the replicas of its tier's later deployments
+/// count only where they were kept, and lower tiers not at all. `None` when one does not fit.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn repack(
     snapshot: &crate::snapshot::FleetSnapshot,
     users: &BTreeMap<(usize, usize), Vec<usize>>,
     shapes: &[ReplicaShape],
+    prios: &[i32],
     held: &[Vec<Held>],
     t: &Tentative,
     q: (usize, usize),
@@ -198,11 +211,19 @@ pub(super) fn repack(
     ids.extend(t.held.keys().copied());
     ids.sort_unstable();
     ids.dedup();
-    for i in ids.into_iter().filter(|&i| i <= upto) {
-        for h in held_of(t, held, i).iter().filter(|h| (h.cluster, h.pool) == q) {
-            for _ in 0..h.count {
-                *work += free.len() as u64;
-                free = shapes[i].take(&free)?;
+    let tier = prios.get(upto).copied();
+    ids.retain(|&i| i <= upto || tier == Some(prios[i]));
+    // Solve order is highest priority first, so a tier's deployments are consecutive.
+    for same_tier in ids.chunk_by(|&a, &b| prios[a] == prios[b]) {
+        for kept in [true, false] {
+            for &i in same_tier.iter().filter(|&&i| kept || i <= upto) {
+                for h in held_of(t, held, i).iter().filter(|h| (h.cluster, h.pool) == q) {
+                    let n = if kept { h.kept.min(h.count) } else { h.count.saturating_sub(h.kept) };
+                    for _ in 0..n {
+                        *work += free.len() as u64;
+                        free = shapes[i].take(&free)?;
+                    }
+                }
             }
         }
     }

@@ -4,10 +4,10 @@
 //! equal- or lower-priority deployments are moved out of a pool it could use, each to another
 //! pool its own rules allow (when those are full, to one that a further such victim leaves
 //! for room of its own: a chain, [`CHAIN_DEPTH`] deep), until one more replica fits; the moves
-//! are kept only if every
-//! rule still holds: capacity (pools re-packed in solve order, as the greedy packed them),
-//! `maxReplicas`, met `minReplicas`, cost ceilings, and spread as each deployment saw it when
-//! it was solved (also for deployments the moves did not touch but whose pools gained room).
+//! are kept only if every rule still holds: capacity (pools re-packed as the greedy packed
+//! them: tier by tier, kept replicas first, `held::repack`), `maxReplicas`, met
+//! `minReplicas`, cost ceilings, and spread as each deployment saw it when it was solved (also
+//! for deployments the moves did not touch but whose pools gained room).
 //! A replica kept where it already runs is never moved, nor one of a higher-priority
 //! deployment; no deployment loses a replica. Deterministic (fixed orders, no clock) and
 //! bounded by a work budget. The placements it works on are in `held.rs`.
@@ -54,6 +54,8 @@ struct Dep {
 struct Phase<'o, 's> {
     order: &'o [&'s DeploymentView],
     shapes: Vec<ReplicaShape>,
+    /// Per deployment, its priority (tiers pack in turn, `repack`).
+    prios: Vec<i32>,
     deps: Vec<Option<Dep>>,
     /// Per pool, the deployments (solve-order indexes, ascending) with replicas on it.
     users: BTreeMap<(usize, usize), Vec<usize>>,
@@ -86,6 +88,7 @@ impl Ctx<'_, '_> {
         let mut ph = Phase {
             order,
             shapes: order.iter().map(|d| ReplicaShape::of(&d.spec.topology)).collect(),
+            prios: order.iter().map(|d| d.priority()).collect(),
             deps: (0..order.len()).map(|_| None).collect(),
             users,
             movable: plans.iter().map(movable).collect(),
@@ -303,7 +306,8 @@ impl Ctx<'_, '_> {
                 add(&mut next, dest);
                 let mut t2 = base;
                 t2.held.insert(ei, next);
-                let Some(packed) = repack(self.snapshot, &ph.users, &ph.shapes, held, &t2, q, usize::MAX, &mut ph.work)
+                let Some(packed) =
+                    repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t2, q, usize::MAX, &mut ph.work)
                 else {
                     continue;
                 };
@@ -350,7 +354,8 @@ impl Ctx<'_, '_> {
                 }
                 let Some(next) = self.move_out(ph, held, &t, deeper, vi, rank, q) else { break };
                 t = next;
-                let free = repack(self.snapshot, &ph.users, &ph.shapes, held, &t, q, usize::MAX, &mut ph.work)?;
+                let free =
+                    repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, q, usize::MAX, &mut ph.work)?;
                 if ph.shapes[ei].fits(&free) {
                     t.free.insert(q, free);
                     return Some(t);
@@ -375,7 +380,7 @@ impl Ctx<'_, '_> {
         let dep = ph.deps[di].as_ref()?;
         let c = dep.cands[k].clone();
         let p = (c.cluster, c.pool);
-        let packed = repack(self.snapshot, &ph.users, &ph.shapes, held, &t, p, usize::MAX, &mut ph.work)?;
+        let packed = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, p, usize::MAX, &mut ph.work)?;
         t.free.insert(p, packed);
         let alt = &ph.order[di].spec.devices.alternatives[(c.rank - 1) as usize];
         loop {
@@ -393,7 +398,8 @@ impl Ctx<'_, '_> {
             let mut mine = mine.to_vec();
             add(&mut mine, &c);
             more.held.insert(di, mine);
-            let Some(packed) = repack(self.snapshot, &ph.users, &ph.shapes, held, &more, p, usize::MAX, &mut ph.work)
+            let Some(packed) =
+                repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &more, p, usize::MAX, &mut ph.work)
             else {
                 break;
             };
@@ -407,25 +413,37 @@ impl Ctx<'_, '_> {
         let roomier: Vec<(usize, usize)> =
             t.free.iter().filter(|&(&(ci, pi), f)| !no_more_room(&self.free[ci][pi], f)).map(|(&q, _)| q).collect();
         let victim_first = t.moves.iter().any(|m| t.held.keys().any(|&i| i > m.0));
-        if !roomier.is_empty() || victim_first {
-            let first = t.held.keys().copied().min().unwrap_or(0);
+        // A replica added where its deployment runs more than it kept counts as kept (`add`),
+        // and a tier packs its kept replicas before any of it places more: every deployment
+        // of that tier saw the pool change.
+        let kept = |hs: &[Held]| hs.iter().map(|h| h.kept).sum::<u32>();
+        let kept_grew = t.held.iter().filter(|&(&i, h)| kept(h) > kept(&held[i])).map(|(&i, _)| i).min();
+        if !roomier.is_empty() || victim_first || kept_grew.is_some() {
+            let changed_first = t.held.keys().copied().min().unwrap_or(0);
+            let first =
+                kept_grew.map_or(changed_first, |i| changed_first.min(ph.prios.partition_point(|&p| p > ph.prios[i])));
             let last = t.held.keys().copied().max().unwrap_or(0);
             let from = ph.watched.partition_point(|&x| x < first);
             for w in from..ph.watched.len() {
                 let x = ph.watched[w];
                 ph.work += 1;
-                if t.held.contains_key(&x) || !ph.movable[x] {
+                if !ph.movable[x] {
                     continue;
                 }
-                let spread = ph.order[x].spec.placement.spread.is_some();
-                let short = plans[x].unplaced > 0;
+                // A deployment the moves changed has its spread checked below; one still
+                // short (a victim, or the one that gains) must not be able to use the room
+                // either.
+                let mine = held_of(&t, held, x);
+                let spread = !t.held.contains_key(&x) && ph.order[x].spec.placement.spread.is_some();
+                let short = mine.iter().map(|h| h.count).sum::<u32>() < plans[x].desired;
                 if !spread && !short {
                     continue;
                 }
-                // Between the first and the last deployment changed, every pool touched may
-                // show more room than before; after the last, only the roomier ones.
-                let pools: Vec<(usize, usize)> =
-                    if x < last { t.free.keys().copied().collect() } else { roomier.clone() };
+                // Between the first and the last deployment changed (and in a tier whose kept
+                // replicas changed), every pool touched may show more room than before; after
+                // the last, only the roomier ones.
+                let all = x < last || kept_grew.is_some_and(|i| ph.prios[i] == ph.prios[x]);
+                let pools: Vec<(usize, usize)> = if all { t.free.keys().copied().collect() } else { roomier.clone() };
                 for &q in &pools {
                     ph.work += 1;
                     if ph.work >= ph.budget || !self.can_use(ph.order[x], &ph.shapes[x], q) {
@@ -443,11 +461,11 @@ impl Ctx<'_, '_> {
                                 && !c.sticky_only
                                 && alts[(c.rank - 1) as usize]
                                     .max_replicas
-                                    .is_none_or(|m| per_rank(&held[x], c.rank) < m.max(0) as u32)
-                                && dep.max_cost.is_none_or(|m| cost(&held[x]) + c.replica_price <= m)
+                                    .is_none_or(|m| per_rank(mine, c.rank) < m.max(0) as u32)
+                                && dep.max_cost.is_none_or(|m| cost(mine) + c.replica_price <= m)
                         });
                     if usable {
-                        let at = repack(self.snapshot, &ph.users, &ph.shapes, held, &t, q, x, &mut ph.work)?;
+                        let at = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, q, x, &mut ph.work)?;
                         if ph.shapes[x].fits(&at) {
                             return None;
                         }
@@ -487,7 +505,8 @@ impl Ctx<'_, '_> {
                 || t.held.keys().any(|&i| i > x && held_of(t, held_all, i).iter().any(|h| (h.cluster, h.pool) == q));
             let at_x;
             let free = if later {
-                let Some(f) = repack(self.snapshot, &ph.users, &ph.shapes, held_all, t, q, x, &mut ph.work) else {
+                let Some(f) = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held_all, t, q, x, &mut ph.work)
+                else {
                     return false;
                 };
                 at_x = f;

@@ -112,7 +112,7 @@ impl Ctx<'_, '_> {
             state
                 .candidates
                 .iter()
-                .filter(|c| shape.fits(&self.free[c.cluster][c.pool]))
+                .filter(|c| shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool])))
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
                 .min()
         });

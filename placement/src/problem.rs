@@ -120,6 +120,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
             pool_class: &pool_class,
             domains: &domains,
             cache: None,
+            open: None,
         };
         if ctx.matcher.invalid_selector(&d.spec.devices.alternatives).is_some() {
             continue;

@@ -1,20 +1,22 @@
-//! The solver. Deployments are taken in a stable order (priority, creation, name); for each,
-//! clusters are filtered (selector, sovereignty, readiness, taints), (pool, alternative)
-//! candidates are built (device match, node fit, capacity type, price) and ranked (stickiness,
-//! capacity-type preference, a ModelCache already Ready there, price, name), then replicas are placed one at a time — current
-//! placements first, then per-alternative minimums, then the rest in fallback order — each one
-//! consuming the pool's free devices, within spread, `maxReplicas` and the cost ceiling (held
-//! back for the most replicas it can pay for, `ceiling.rs`). Then a bounded improvement phase
-//! moves equal- or lower-priority replicas to place what the greedy pass left out
-//! (`improve.rs`).
+//! The solver. Deployments are taken in a stable order (priority, creation, name), one
+//! priority tier at a time: every deployment of the tier first keeps its current placements,
+//! then each places the rest. For each, clusters are filtered (selector, sovereignty,
+//! readiness, taints), (pool, alternative) candidates are built (device match, node fit,
+//! capacity type, price; `scan.rs`) and ranked (stickiness, capacity-type preference, a
+//! ModelCache already Ready there, price, name), then replicas are placed one at a time —
+//! current placements first, then per-alternative minimums, then the rest in fallback order —
+//! each one consuming the pool's free devices, within spread, `maxReplicas` and the cost
+//! ceiling (held back for the most replicas it can pay for, `ceiling.rs`). Then a bounded
+//! improvement phase moves equal- or lower-priority replicas to place what the greedy pass
+//! left out (`improve.rs`).
 
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
 
-use crate::devices::{ClassMatch, DeviceMatcher, ReplicaShape, misfit};
-use crate::filters::{first_refusal, prefers_not, static_verdicts};
-use crate::plan::{DeploymentPlan, InvalidSpec, Plan, Reason, Rejection, Verdict};
-use crate::snapshot::{ClusterView, DeploymentView, FleetSnapshot};
+use crate::devices::{DeviceMatcher, ReplicaShape};
+use crate::filters::static_verdicts;
+use crate::plan::{DeploymentPlan, InvalidSpec, Plan, Reason, Rejection};
+use crate::snapshot::{DeploymentView, FleetSnapshot};
 
 /// Knobs of one solve. No clock: the budget counts candidate evaluations, so a solve that
 /// runs out of budget runs out at the same point every time.
@@ -84,30 +86,60 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
         .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
         .collect();
     let domains = place::DomainIndex::new(&snapshot.clusters);
+    let cluster_ix: std::collections::HashMap<&str, usize> =
+        snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
     let mut evaluations = 0u64;
     let mut plan = Plan::default();
     let mut held: Vec<Vec<held::Held>> = Vec::with_capacity(order.len());
-    for &d in &order {
-        let explain = options.explain.as_ref().is_some_and(|(ns, n)| *ns == d.namespace && *n == d.name);
-        if evaluations > options.max_evaluations {
-            plan.deployments.push(budget_exhausted(d));
-            held.push(Vec::new());
-            continue;
-        }
-        let mut ctx = Ctx {
-            snapshot,
-            free: &mut free,
-            matcher: &mut matcher,
-            evaluations: &mut evaluations,
-            explain,
-            name_rank: &name_rank,
-            pool_class: &pool_class,
-            domains: &domains,
-            cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
+    macro_rules! ctx {
+        ($d:expr, $open:expr) => {
+            Ctx {
+                snapshot,
+                free: &mut free,
+                matcher: &mut matcher,
+                evaluations: &mut evaluations,
+                explain: options.explain.as_ref().is_some_and(|(ns, n)| *ns == $d.namespace && *n == $d.name),
+                name_rank: &name_rank,
+                pool_class: &pool_class,
+                domains: &domains,
+                cache: $d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&$d.namespace, c)),
+                open: $open,
+            }
         };
-        let (p, h) = ctx.solve_one(d);
-        plan.deployments.push(p);
-        held.push(h);
+    }
+    // One priority tier at a time: first every deployment of the tier keeps what it runs (in
+    // solve order), then each places the rest. So an earlier deployment never grows into room
+    // a later one of its tier runs in: a re-plan of an unchanged fleet keeps every replica.
+    let mut start = 0;
+    while start < order.len() {
+        let tier = order[start].priority();
+        let end = start + order[start..].iter().take_while(|d| d.priority() == tier).count();
+        let open = kept_ahead(snapshot, &free, &cluster_ix, &order[start..end]);
+        let mut pending: Vec<Pending> = Vec::with_capacity(end - start);
+        for &d in &order[start..end] {
+            pending.push(if evaluations > options.max_evaluations {
+                Pending::Exhausted
+            } else if d.current.iter().any(|p| p.desired > 0) {
+                ctx!(d, open.as_deref()).keep(d).map_or(Pending::Fresh, Pending::Kept)
+            } else {
+                Pending::Fresh
+            });
+        }
+        for (&d, pending) in order[start..end].iter().zip(pending) {
+            let kept = match pending {
+                Pending::Kept(k) => Some(k),
+                Pending::Fresh if evaluations <= options.max_evaluations => None,
+                Pending::Fresh | Pending::Exhausted => {
+                    plan.deployments.push(budget_exhausted(d));
+                    held.push(Vec::new());
+                    continue;
+                }
+            };
+            let (p, h) = ctx!(d, None).solve_one(d, kept);
+            plan.deployments.push(p);
+            held.push(h);
+        }
+        start = end;
     }
     if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
         let mut ctx = Ctx {
@@ -120,10 +152,66 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
             pool_class: &pool_class,
             domains: &domains,
             cache: None,
+            open: None,
         };
         ctx.improve(&order, &mut plan.deployments, &mut held, options.max_improvement);
     }
     plan
+}
+
+/// The pools once every deployment of `tier` kept what it runs where its cluster still allows
+/// it (capacity permitting, in solve order), or `None` when no deployment of the tier both
+/// runs somewhere and spreads (nothing to judge then).
+fn kept_ahead(
+    snapshot: &FleetSnapshot,
+    free: &[Vec<Vec<u32>>],
+    cluster_ix: &std::collections::HashMap<&str, usize>,
+    tier: &[&DeploymentView],
+) -> Option<Vec<Vec<Vec<u32>>>> {
+    let runs = |d: &&&DeploymentView| d.current.iter().any(|p| p.desired > 0);
+    if !tier.iter().filter(runs).any(|d| d.spec.placement.spread.is_some()) {
+        return None;
+    }
+    let mut open = free.to_vec();
+    for d in tier.iter().filter(runs) {
+        let shape = ReplicaShape::of(&d.spec.topology);
+        for p in d.current.iter().filter(|p| p.desired > 0) {
+            let Some(&ci) = cluster_ix.get(p.cluster.as_str()) else { continue };
+            let cluster = &snapshot.clusters[ci];
+            let Some(pi) = cluster.pools.iter().position(|x| x.name == p.pool) else { continue };
+            if crate::filters::first_refusal(&d.spec.placement, cluster, true).is_some() {
+                continue;
+            }
+            for _ in 0..p.desired {
+                let Some(next) = shape.take(&open[ci][pi]) else { break };
+                open[ci][pi] = next;
+            }
+        }
+    }
+    Some(open)
+}
+
+/// A deployment of the tier being solved, between keeping its current placements and placing
+/// the rest.
+enum Pending {
+    /// Nothing runs (or its spec is invalid): solved whole in the second step.
+    Fresh,
+    /// Its current placements are kept; the rest comes in the second step.
+    Kept(Kept),
+    /// The evaluation budget ran out before it.
+    Exhausted,
+}
+
+/// A deployment's placing state after its current placements were kept. The refusals found
+/// while building the candidates are not kept (one per cluster, for every deployment of a
+/// tier, would be large): they are found again only when the plan reports them.
+struct Kept {
+    candidates: Vec<Candidate>,
+    remaining: u32,
+    cost: u64,
+    per_rank: Vec<u32>,
+    domains: Vec<u32>,
+    blocks: Vec<(usize, (Reason, String))>,
 }
 
 /// Deployments in the order they are solved: priority (highest first), creation, namespace,
@@ -178,6 +266,10 @@ struct Ctx<'a, 's> {
     domains: &'a place::DomainIndex,
     /// The deployment's ModelCache (`cacheRef`) as a `ready_caches` key, if any.
     cache: Option<String>,
+    /// While a tier keeps its current placements: the pools as they will be once every
+    /// deployment of the tier kept what it runs. Spread judges which domains can still take a
+    /// replica on it, as it will when the tier places the rest.
+    open: Option<&'a [Vec<Vec<u32>>]>,
 }
 
 /// What blocked the last attempt on a cluster, for the rejection report.
@@ -204,11 +296,54 @@ impl<T> PerCluster<T> {
     pub(super) fn contains_key(&self, ci: &usize) -> bool {
         self.get(ci).is_some()
     }
+
+    /// The entries set, by cluster index: small to keep while other deployments are solved.
+    fn into_sparse(self) -> Vec<(usize, T)> {
+        self.0.into_iter().enumerate().filter_map(|(ci, v)| v.map(|v| (ci, v))).collect()
+    }
+
+    /// The map of `n` clusters with `entries` set.
+    fn from_sparse(n: usize, entries: Vec<(usize, T)>) -> Self {
+        let mut map = Self::with_len(n);
+        for (ci, v) in entries {
+            map.insert(ci, v);
+        }
+        map
+    }
 }
 
 impl Ctx<'_, '_> {
-    /// One deployment's plan, and where its replicas went (for `improve`).
-    fn solve_one(&mut self, d: &DeploymentView) -> (DeploymentPlan, Vec<held::Held>) {
+    /// The first step of a tier: builds `d`'s candidates and keeps its current placements;
+    /// `None` when its spec is invalid (the second step says so).
+    fn keep(&mut self, d: &DeploymentView) -> Option<Kept> {
+        if self.matcher.invalid_selector(&d.spec.devices.alternatives).is_some() {
+            return None;
+        }
+        let policy = &d.spec.placement;
+        let shape = ReplicaShape::of(&d.spec.topology);
+        let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
+        let scan = self.scan(d, &shape, &policy.capacity_types_or_default(), max_cost);
+        let mut state = self.placing(d, scan.candidates, max_cost);
+        self.keep_current(&mut state, &shape, d);
+        // Fully placed by what it keeps (most deployments of a re-plan): the second step only
+        // reports where its replicas are, so only those candidates are kept until then.
+        if state.remaining == 0 && !self.explain {
+            state.candidates.retain(|c| c.placed > 0);
+            state.domains = Vec::new();
+        }
+        Some(Kept {
+            candidates: state.candidates,
+            remaining: state.remaining,
+            cost: state.cost,
+            per_rank: state.per_rank,
+            domains: state.domains,
+            blocks: state.blocks.into_sparse(),
+        })
+    }
+
+    /// One deployment's plan, and where its replicas went (for `improve`): its current
+    /// placements kept (`kept`, from the tier's first step, or here), then the rest placed.
+    fn solve_one(&mut self, d: &DeploymentView, kept: Option<Kept>) -> (DeploymentPlan, Vec<held::Held>) {
         if let Some((field, message)) = self.matcher.invalid_selector(&d.spec.devices.alternatives) {
             return (invalid_spec(d, field, message), Vec::new());
         }
@@ -219,126 +354,31 @@ impl Ctx<'_, '_> {
         let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
         let desired = spec.replicas.max(0) as u32;
         let clusters = &self.snapshot.clusters;
-
-        let mut verdicts: Vec<Vec<Verdict>> = Vec::with_capacity(clusters.len());
-        let mut static_block: Blocks = PerCluster::with_len(clusters.len());
-        let mut pool_blocks: Blocks = PerCluster::with_len(clusters.len());
-        let mut pool_block_at: PerCluster<(usize, usize)> = PerCluster::with_len(clusters.len());
-        let mut candidates: Vec<Candidate> = Vec::new();
-        // Which classes each alternative accepts: a handful of classes, matched once, looked up
-        // by the pools' class indexes.
-        let class_matches: Vec<Vec<ClassMatch>> = spec
-            .devices
-            .alternatives
-            .iter()
-            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
-            .collect();
-        let own_claim = format!("{}.{}", d.namespace, d.name);
-        for (ci, cluster) in clusters.iter().enumerate() {
-            let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
-            // Verdicts with words only in explain mode; otherwise just the first refusal
-            // (finish() says the words for what it reports).
-            let v = if self.explain { static_verdicts(policy, cluster, sticky_here, true) } else { Vec::new() };
-            let refusal = if self.explain {
-                v.iter().find(|v| !v.pass).map(|f| f.reason.unwrap_or(Reason::ClusterNotReady))
-            } else {
-                first_refusal(policy, cluster, sticky_here)
-            };
-            if let Some(reason) = refusal {
-                let words = v.iter().find(|v| !v.pass).map(|f| f.detail.clone()).unwrap_or_default();
-                static_block.insert(ci, (reason, words));
-                if self.explain {
-                    verdicts.push(v);
-                }
-                continue;
-            }
-            let before = candidates.len();
-            let mut device_verdicts = Vec::new();
-            for (pi, pool) in cluster.pools.iter().enumerate() {
-                // Capacity a claim obtained is its owner's alone.
-                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
-                    continue;
-                }
-                for (ai, accepts) in class_matches.iter().enumerate() {
-                    *self.evaluations += 1;
-                    let rank = ai as u32 + 1;
-                    let words = self.explain;
-                    let outcome = self.evaluate(d, ci, pi, ai, accepts, &shape, &cap_types, max_cost, words);
-                    match outcome {
-                        Ok(c) => candidates.push(c),
-                        Err((reason, msg)) => {
-                            let device = |(p, a): (usize, usize)| {
-                                self.pool_class[ci][p].and_then(|ix| class_matches.get(a).and_then(|m| m.get(ix)))
-                            };
-                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| {
-                                let best = pool_block_at.get(&ci).copied().and_then(device);
-                                stage(reason, device((pi, ai))) > stage(*r, best)
-                            });
-                            if !better && !self.explain {
-                                continue;
-                            }
-                            if better {
-                                pool_block_at.insert(ci, (pi, ai));
-                            }
-                            // Without explain the words are said later, only for what is reported.
-                            let msg =
-                                if words { format!("pool {} (alternative {rank}): {msg}", pool.name) } else { msg };
-                            if self.explain {
-                                device_verdicts.push(Verdict {
-                                    filter: "devices",
-                                    pass: false,
-                                    reason: Some(reason),
-                                    detail: msg.clone(),
-                                });
-                            }
-                            if better {
-                                pool_blocks.insert(ci, (reason, msg));
-                            }
-                        }
-                    }
-                }
-            }
-            let mut v = v;
-            if candidates.len() == before && cluster.pools.is_empty() {
-                pool_blocks.insert(ci, (Reason::NoMatchingDevices, "cluster has no pools".into()));
-            }
-            if self.explain {
-                v.extend(device_verdicts);
-                verdicts.push(v);
-            }
-        }
-        self.rank_candidates(&mut candidates);
-
-        let mut state = Placing {
-            candidates,
-            remaining: desired,
-            cost: 0,
-            max_cost,
-            per_rank: vec![0; spec.devices.alternatives.len()],
-            domains: vec![0; clusters.len()],
-            blocks: PerCluster::with_len(clusters.len()),
-            reserve: None,
-        };
         let spread = policy.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32));
         let proportional = policy.split == Some(SplitStrategy::Proportional);
 
         // 1. Current placements, round-robin so spread can hold.
-        loop {
-            let mut progress = false;
-            for i in 0..state.candidates.len() {
-                if state.remaining == 0 {
-                    break;
-                }
-                if state.candidates[i].sticky_quota > 0 && self.place(&mut state, &[i], &shape, spread, d) {
-                    state.candidates[i].sticky_quota -= 1;
-                    state.candidates[i].kept += 1;
-                    progress = true;
-                }
+        let (mut state, mut scan) = match kept {
+            Some(k) => {
+                let state = Placing {
+                    candidates: k.candidates,
+                    remaining: k.remaining,
+                    cost: k.cost,
+                    max_cost,
+                    per_rank: k.per_rank,
+                    domains: k.domains,
+                    blocks: PerCluster::from_sparse(clusters.len(), k.blocks),
+                    reserve: None,
+                };
+                (state, None)
             }
-            if !progress || state.remaining == 0 {
-                break;
+            None => {
+                let mut scan = self.scan(d, &shape, &cap_types, max_cost);
+                let mut state = self.placing(d, std::mem::take(&mut scan.candidates), max_cost);
+                self.keep_current(&mut state, &shape, d);
+                (state, Some(scan))
             }
-        }
+        };
         // 2. Per-alternative minimums, 3. the rest in fallback order, within the ceiling's hold.
         state.reserve = self.reserve(&state.candidates, &shape, desired, state.placed(), state.cost, max_cost);
         self.fill(&mut state, d, &shape, spread, proportional, true);
@@ -347,6 +387,13 @@ impl Ctx<'_, '_> {
         if state.remaining > 0 && state.reserve.take().is_some() {
             self.fill(&mut state, d, &shape, spread, proportional, false);
         }
+        // The refusals are reported only with replicas unplaced (or when explaining): a
+        // deployment whose candidates were built in the tier's first step finds them again.
+        if scan.is_none() && (state.remaining > 0 || self.explain) {
+            scan = Some(self.scan(d, &shape, &cap_types, max_cost));
+        }
+        let Scan { verdicts, static_block, mut pool_blocks, pool_block_at, class_matches, .. } =
+            scan.unwrap_or_else(Scan::empty);
         // Clusters that keep replicas only because they already run them say why no more come.
         for c in state.candidates.iter().filter(|c| c.sticky_only) {
             let cluster = &clusters[c.cluster];
@@ -392,129 +439,41 @@ impl Ctx<'_, '_> {
         (self.finish(d, state, verdicts, static_block, pool_blocks, &shape), held)
     }
 
-    /// Orders candidates by the documented ranking: where it runs now, a claim's own nodes,
-    /// no `PreferNoSchedule` taint, capacity-type preference, a Ready ModelCache, price, then
-    /// cluster name, pool and fallback rank.
-    fn rank_candidates(&self, candidates: &mut [Candidate]) {
-        candidates.sort_by(|a, b| {
-            (b.sticky_quota > 0)
-                .cmp(&(a.sticky_quota > 0))
-                .then(b.reserved.cmp(&a.reserved))
-                .then(a.prefer_not.cmp(&b.prefer_not))
-                .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
-                .then(b.cache_ready.cmp(&a.cache_ready))
-                .then(a.replica_price.cmp(&b.replica_price))
-                .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
-                .then(a.pool.cmp(&b.pool))
-                .then(a.rank.cmp(&b.rank))
-        });
+    /// A deployment's placing state before anything is placed, its candidates ranked.
+    fn placing(&self, d: &DeploymentView, mut candidates: Vec<Candidate>, max_cost: Option<u64>) -> Placing {
+        self.rank_candidates(&mut candidates);
+        let clusters = self.snapshot.clusters.len();
+        Placing {
+            candidates,
+            remaining: d.spec.replicas.max(0) as u32,
+            cost: 0,
+            max_cost,
+            per_rank: vec![0; d.spec.devices.alternatives.len()],
+            domains: vec![0; clusters],
+            blocks: PerCluster::with_len(clusters),
+            reserve: None,
+        }
     }
 
-    /// One (pool, alternative): a candidate, or the refusal (with words when asked).
-    #[allow(clippy::too_many_arguments)]
-    fn evaluate(
-        &self,
-        d: &DeploymentView,
-        ci: usize,
-        pi: usize,
-        ai: usize,
-        accepts: &[ClassMatch],
-        shape: &ReplicaShape,
-        cap_types: &[flotilla_apis::CapacityType],
-        max_cost: Option<u64>,
-        words: bool,
-    ) -> Result<Candidate, (Reason, String)> {
-        let cluster = &self.snapshot.clusters[ci];
-        let say = |s: &String| if words { s.clone() } else { String::new() };
-        match self.pool_class[ci][pi].and_then(|ix| accepts.get(ix)) {
-            Some(ClassMatch::Match) => {
-                self.candidate(d, cluster, ci, pi, ai as u32 + 1, shape, cap_types, max_cost, words)
+    /// Keeps `d`'s current placements, one replica per candidate in turn so spread can hold.
+    fn keep_current(&mut self, state: &mut Placing, shape: &ReplicaShape, d: &DeploymentView) {
+        let spread = d.spec.placement.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32));
+        loop {
+            let mut progress = false;
+            for i in 0..state.candidates.len() {
+                if state.remaining == 0 {
+                    break;
+                }
+                if state.candidates[i].sticky_quota > 0 && self.place(state, &[i], shape, spread, d) {
+                    state.candidates[i].sticky_quota -= 1;
+                    state.candidates[i].kept += 1;
+                    progress = true;
+                }
             }
-            Some(ClassMatch::NoMatch(why) | ClassMatch::OtherClass(why)) => Err((Reason::NoMatchingDevices, say(why))),
-            Some(ClassMatch::Error(why) | ClassMatch::ClassInvalid(why)) => Err((Reason::SelectorError, say(why))),
-            None => Err((Reason::NoMatchingDevices, say(&format!("class {} is not defined", cluster.pools[pi].class)))),
+            if !progress || state.remaining == 0 {
+                break;
+            }
         }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn candidate(
-        &self,
-        d: &DeploymentView,
-        cluster: &ClusterView,
-        ci: usize,
-        pi: usize,
-        rank: u32,
-        shape: &ReplicaShape,
-        cap_types: &[flotilla_apis::CapacityType],
-        max_cost: Option<u64>,
-        words: bool,
-    ) -> Result<Candidate, (Reason, String)> {
-        // Refusals carry words only when asked: the hot pass needs the reason alone.
-        let say = |f: &dyn Fn() -> String| if words { f() } else { String::new() };
-        let pool = &cluster.pools[pi];
-        let Some(class) = self.snapshot.classes.get(&pool.class) else {
-            return Err((Reason::NoMatchingDevices, say(&|| "class not defined".into())));
-        };
-        let per_node = class.devices_per_node();
-        if shape.largest_pod() > per_node {
-            return Err((Reason::DoesNotFitNode, say(&|| misfit(shape, &[], per_node).1)));
-        }
-        if shape.distinct_nodes && shape.pods.len() > pool.free_per_node.len() {
-            return Err((
-                Reason::InsufficientDevices,
-                say(&|| {
-                    format!("a replica spans {} nodes; the pool has {}", shape.pods.len(), pool.free_per_node.len())
-                }),
-            ));
-        }
-        let Some(cap) = pool.capacity_type else {
-            return Err((Reason::CapacityTypeNotAllowed, say(&|| "pool declares no capacity type".into())));
-        };
-        let Some(cap_rank) = cap_types.iter().position(|t| *t == cap) else {
-            return Err((
-                Reason::CapacityTypeNotAllowed,
-                say(&|| {
-                    let allowed: Vec<_> = cap_types.iter().map(|t| t.as_str()).collect();
-                    format!("nodes are {cap}; the deployment allows [{}]", allowed.join(", "))
-                }),
-            ));
-        };
-        let node_price = class.prices().micros(cap);
-        if node_price.is_none() && max_cost.is_some() {
-            return Err((
-                Reason::NoPrice,
-                say(&|| format!("class {} has no {cap} price and a cost ceiling is set", pool.class)),
-            ));
-        }
-        let replica_price = node_price
-            .map_or(0, |p| (u128::from(p) * u128::from(shape.devices()) / u128::from(per_node.max(1))) as u64);
-        // Replicas the member's scheduler refused here are not kept: they are placed anew.
-        let here = || d.current.iter().filter(|p| p.cluster == cluster.name && p.pool == pool.name);
-        let sticky_quota: u32 = here()
-            .filter(|p| p.fallback_rank.max(1) as u32 == rank)
-            .map(|p| (p.desired - p.unschedulable.max(0)).max(0) as u32)
-            .sum();
-        let refused: u32 = here().map(|p| p.unschedulable.max(0) as u32).sum();
-        let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
-        let sticky_only = refused > 0 || first_refusal(&d.spec.placement, cluster, false).is_some();
-        Ok(Candidate {
-            cluster: ci,
-            pool: pi,
-            rank,
-            capacity_type_rank: cap_rank as u32,
-            prefer_not: prefers_not(&d.spec.placement, cluster),
-            // A score term, never a filter: a cold cluster still takes replicas (the cache is
-            // staged there first); it only ranks after warm ones of the same capacity-type rank.
-            cache_ready: self.cache.as_ref().is_some_and(|k| cluster.ready_caches.contains(k)),
-            replica_price,
-            sticky_quota,
-            sticky_only,
-            refused,
-            reserved: pool.reserved_for.is_some(),
-            initial_slots,
-            placed: 0,
-            kept: 0,
-        })
     }
 
     /// Candidates ordered for a proportional split: least placed relative to free slots first.
@@ -542,4 +501,7 @@ mod improve;
 mod place;
 #[path = "problem.rs"]
 pub mod problem;
-use place::{Placing, stage};
+#[path = "scan.rs"]
+mod scan;
+use place::Placing;
+use scan::Scan;

@@ -228,3 +228,45 @@ fn a_chain_never_moves_a_running_replica() {
     );
     assert!(improved.iter().all(|p| p.moves.is_empty()));
 }
+
+/// One H100 node; `older` (solved first) wants it, `newer` runs on it. Issue 18: a tier keeps
+/// every replica it runs before any of it places more, so a re-plan never evicts a running
+/// replica for an equal-priority deployment solved earlier (the improvement phase, which may
+/// leave such room, relied on it).
+fn running_fleet(newer_priority: i32, newer_runs: bool) -> FleetSnapshot {
+    let mut snap = FleetSnapshot {
+        classes: [class("h100", "10.00")].into_iter().collect(),
+        clusters: vec![cluster("a", "h100")],
+        deployments: vec![
+            deployment("older", 1, 0, json!([{"class": "h100"}])),
+            deployment("newer", 2, newer_priority, json!([{"class": "h100"}])),
+        ],
+    };
+    if newer_runs {
+        snap.deployments[1].current = vec![ClusterPlacement {
+            cluster: "a".into(),
+            pool: "h100".into(),
+            class: "h100".into(),
+            capacity_type: CapacityType::OnDemand,
+            fallback_rank: 1,
+            desired: 1,
+            ready: 1,
+            serving: 1,
+            unschedulable: 0,
+        }];
+    }
+    snap
+}
+
+#[test]
+fn a_tier_keeps_what_it_runs_before_any_of_it_grows() {
+    let kept = plans(&running_fleet(0, true), true);
+    assert_eq!((kept[0].unplaced, on(&kept[1])), (1, vec!["a"]), "{kept:?}");
+    assert!(kept.iter().all(|p| p.moves.is_empty()));
+    // Twin: nothing runs yet; the older deployment is solved first and takes the node.
+    let fresh = plans(&running_fleet(0, false), true);
+    assert_eq!((on(&fresh[0]), fresh[1].unplaced), (vec!["a"], 1), "{fresh:?}");
+    // Twin: a lower-priority replica that runs there gives way; tiers are placed in turn.
+    let lower = plans(&running_fleet(-1, true), true);
+    assert_eq!((on(&lower[0]), lower[1].unplaced), (vec!["a"], 1), "{lower:?}");
+}

@@ -2,7 +2,8 @@
 //! chosen by proptest). Every plan is checked by an independent checker written from the API's
 //! meaning, not from the solver's code: label selectors, sovereignty, readiness, cordons and
 //! taints, device match (class name and every CEL selector, evaluated afresh), capacity (all
-//! deployments' replicas re-packed per pool, in solve order), replica counts, alternative
+//! deployments' replicas re-packed per pool, in solve order, each priority tier's kept
+//! replicas first), replica counts, alternative
 //! limits, prices and ceilings, and that nothing placeable is left behind. Then determinism
 //! and stickiness. A coverage test shows the generated cases exercise each constraint, a
 //! mutation test shows the checker catches each kind of violation, and a round trip shows a
@@ -14,7 +15,9 @@ use flotilla_apis::cel::{CelValue, Selector, SelectorEngine};
 use flotilla_apis::common::{ClusterTaint, TaintEffect, parse_price_micros};
 use flotilla_apis::deployment::{Topology, TopologyType};
 use flotilla_placement::generate::{GenSpec, generate, with_current};
-use flotilla_placement::{DeploymentPlan, DeploymentView, FleetSnapshot, Plan, Reason, SolveOptions, solve};
+use flotilla_placement::{
+    Assignment, DeploymentPlan, DeploymentView, FleetSnapshot, Plan, Reason, SolveOptions, solve,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::prelude::*;
 
@@ -181,17 +184,60 @@ impl<'s> Checker<'s> {
         if plan.deployments.len() != snap.deployments.len() {
             return Err(format!("{} deployments planned of {}", plan.deployments.len(), snap.deployments.len()));
         }
+        let mut planned: Vec<(&DeploymentView, &DeploymentPlan)> = Vec::new();
         for dp in &plan.deployments {
             let Some(&d) = views.get(&(dp.namespace.as_str(), dp.name.as_str())) else {
                 return Err(format!("plan has unknown deployment {}/{}", dp.namespace, dp.name));
             };
-            self.check_one(d, dp, &cluster_ix, &mut free, seen)
-                .map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+            planned.push((d, dp));
+        }
+        // Capacity is packed as the solver promises it: one priority tier after another (the
+        // plan lists deployments in solve order), and within a tier first every replica a
+        // deployment keeps where it already runs, then the rest, each deployment in turn.
+        for tier in planned.chunk_by(|a, b| a.0.priority() == b.0.priority()) {
+            for &(d, dp) in tier {
+                self.pack(d, dp, Part::Kept, &cluster_ix, &mut free)
+                    .map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+            }
+            for &(d, dp) in tier {
+                self.check_one(d, dp, &cluster_ix, &mut free, seen)
+                    .map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+            }
         }
         seen.full_pools += free.iter().flatten().filter(|f| !f.is_empty() && f.iter().all(|&x| x == 0)).count() as u64;
         for dp in &plan.deployments {
             let d = views[&(dp.namespace.as_str(), dp.name.as_str())];
             self.check_spread(d, dp, &cluster_ix, &free).map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+        }
+        Ok(())
+    }
+
+    /// Packs one part of a deployment's replicas (best fit, pod by pod) into the pools'
+    /// nodes; `Err` names the replica that does not fit.
+    fn pack(
+        &self,
+        d: &DeploymentView,
+        dp: &DeploymentPlan,
+        part: Part,
+        cluster_ix: &HashMap<&str, usize>,
+        free: &mut [Vec<Vec<u32>>],
+    ) -> Result<(), String> {
+        let (pods, distinct) = pods(&d.spec.topology);
+        for a in &dp.assignments {
+            let at = format!("{} replica(s) on {}/{} rank {}", a.replicas, a.cluster, a.pool, a.fallback_rank);
+            let &ci = cluster_ix.get(a.cluster.as_str()).ok_or(format!("{at}: unknown cluster"))?;
+            let pools = &self.snap.clusters[ci].pools;
+            let pi = pools.iter().position(|p| p.name == a.pool).ok_or(format!("{at}: unknown pool"))?;
+            let kept = kept(d, a);
+            let (from, to) = match part {
+                Part::Kept => (0, kept),
+                Part::Rest => (kept, a.replicas),
+            };
+            for k in from..to {
+                if !take(&mut free[ci][pi], &pods, distinct) {
+                    return Err(format!("{at}: replica {} does not fit; free per node {:?}", k + 1, free[ci][pi]));
+                }
+            }
         }
         Ok(())
     }
@@ -286,19 +332,16 @@ impl<'s> Checker<'s> {
             }
             cost += a.cost_micros_per_hour;
             per_rank[a.fallback_rank as usize - 1] += a.replicas;
-            // (c) capacity: re-pack every replica into the pool's nodes, in solve order.
+            // (c) capacity: every pod on one node of the class; the replicas not kept where
+            // they ran are packed here (the kept ones were, before any of the tier's rest).
             let per_node = snap.classes[&pool.class].devices_per_node();
             if pods[0] > per_node {
                 return Err(format!("{at}: a pod needs {} devices, nodes have {per_node}", pods[0]));
             }
-            for k in 0..a.replicas {
-                if !take(&mut free[ci][pi], &pods, distinct) {
-                    return Err(format!("{at}: replica {} does not fit; free per node {:?}", k + 1, free[ci][pi]));
-                }
-            }
             seen.fallback_placed += u64::from(a.fallback_rank > 1) * u64::from(a.replicas);
             seen.multi_pod_placed += u64::from(pods.len() > 1) * u64::from(a.replicas);
         }
+        self.pack(d, dp, Part::Rest, cluster_ix, free)?;
         // A cordon or an untolerated NoSchedule taint keeps what runs, but admits nothing new.
         let mut on_cluster: BTreeMap<usize, u32> = BTreeMap::new();
         for a in &dp.assignments {
@@ -392,6 +435,27 @@ impl<'s> Checker<'s> {
         }
         Ok(())
     }
+}
+
+/// Which replicas of a deployment `Checker::pack` packs.
+#[derive(Clone, Copy)]
+enum Part {
+    /// Those kept where they already run.
+    Kept,
+    /// The others.
+    Rest,
+}
+
+/// Replicas of an assignment kept where they already ran: at most as many as run on its
+/// (cluster, pool, fallback rank) now.
+fn kept(d: &DeploymentView, a: &Assignment) -> u32 {
+    let running: u32 = d
+        .current
+        .iter()
+        .filter(|p| p.cluster == a.cluster && p.pool == a.pool && p.fallback_rank.max(1) as u32 == a.fallback_rank)
+        .map(|p| p.desired.max(0) as u32)
+        .sum();
+    running.min(a.replicas)
 }
 
 fn check(snap: &FleetSnapshot, plan: &Plan) -> Result<Seen, String> {
@@ -534,13 +598,38 @@ proptest! {
     /// (g) with spread too: the fill is repeated while it makes progress, so a replica one
     /// alternative refused for the skew is placed once a later alternative evened the domains
     /// (this failed before that fix: `GenSpec{clusters: 3, deployments: 18, seed:
-    /// 2480296546671370709}` left placeable replicas unplaced).
+    /// 2480296546671370709}` left placeable replicas unplaced). Spread measures a replica
+    /// against the emptiest domain that can still take one, and a fresh plan sees each tier
+    /// fill domains one deployment after another, while a re-plan sees the whole tier's
+    /// running replicas first; so the first re-plan may place more (a replica once refused
+    /// for the skew against room a later deployment then filled), but never fewer, unless a
+    /// strictly higher priority gained; and the re-plan of the re-plan changes nothing.
     #[test]
     fn replanning_with_spread_is_a_fixed_point(spec in fleets()) {
         let snap = generate(&spec);
         let first = solve(&snap, &SolveOptions::default());
         let second = solve(&with_current(&snap, &first), &SolveOptions::default());
-        prop_assert_eq!(key_of(&first), key_of(&second), "{:?}: the re-plan differs", spec);
+        let priority: HashMap<(&str, &str), i32> =
+            snap.deployments.iter().map(|d| ((d.namespace.as_str(), d.name.as_str()), d.priority())).collect();
+        let placed = |d: &DeploymentPlan| d.assignments.iter().map(|a| a.replicas).sum::<u32>();
+        let gained: Vec<i32> = first
+            .deployments
+            .iter()
+            .zip(&second.deployments)
+            .filter(|(a, b)| placed(b) > placed(a))
+            .map(|(a, _)| priority[&(a.namespace.as_str(), a.name.as_str())])
+            .collect();
+        for (a, b) in first.deployments.iter().zip(&second.deployments) {
+            prop_assert_eq!((&a.namespace, &a.name), (&b.namespace, &b.name));
+            let p = priority[&(a.namespace.as_str(), a.name.as_str())];
+            prop_assert!(
+                placed(b) >= placed(a) || gained.iter().any(|&g| g > p),
+                "{:?}: the re-plan took replicas from {}/{} ({} -> {}) and no higher priority gained",
+                spec, a.namespace, a.name, placed(a), placed(b)
+            );
+        }
+        let third = solve(&with_current(&snap, &second), &SolveOptions::default());
+        prop_assert_eq!(key_of(&second), key_of(&third), "{:?}: the re-plan of the re-plan differs", spec);
     }
 }
 
@@ -700,21 +789,47 @@ fn generated_fleets_validate_and_plan_the_same_from_text() {
     assert_eq!(a, b);
 }
 
-/// Known solver bug (issue 18), kept as a reproducer: a re-plan of an unchanged fleet is not
-/// always a fixed point. The improvement phase may give a deployment room that, in solve order,
-/// an earlier deployment of the same priority could take; the re-plan's greedy pass then lets
-/// that earlier one grow into it and evicts the later one's running replica (on this fleet
-/// `research/llama-3-1-405b-00022` loses its replica to `ml/qwen3-235b-a22b-00020`, both
-/// priority 0). Keeping every tier's current placements before any of them grows fixes the
-/// eviction but needs the improvement phase's and the checker's packing order to follow
-/// (docs/placement.md, "Known gaps"). Random cases of the two fixed-point properties above hit
-/// such fleets now and then, so `scripts/test.sh` pins `PROPTEST_RNG_SEED`.
+/// A re-plan of an unchanged fleet keeps every running replica (issue 18). The improvement
+/// phase may give a deployment room that, in solve order, an earlier deployment of the same
+/// priority could also use; when deployments were solved strictly one after another, the
+/// re-plan's greedy pass let that earlier one grow into it and evicted the later one's running
+/// replica (here `research/llama-3-1-405b-00022` lost its replica to
+/// `ml/qwen3-235b-a22b-00020`, both priority 0). Now every deployment of a tier keeps what it
+/// runs before any of them places more; and the improvement phase no longer gives this fleet
+/// such room at all (it now asks a victim still short of replicas whether it could use the
+/// room a move leaves), so this test passes with either fix alone. The two tests that fail
+/// without the tier's first step are `replan_with_spread_settles_after_one_replan` below and
+/// `a_tier_keeps_what_it_runs_before_any_of_it_grows` (tests/improve.rs).
 #[test]
-#[ignore = "known solver bug, issue 18: a re-plan may evict an equal-priority running replica"]
 fn replan_keeps_equal_priority_running_replicas() {
     let spec = GenSpec { clusters: 8, deployments: 23, seed: 7008318674330980168 };
     let snap = generate(&spec);
     let first = solve(&snap, &SolveOptions::default());
-    let second = solve(&with_current(&snap, &first), &SolveOptions::default());
+    let again = with_current(&snap, &first);
+    let second = solve(&again, &SolveOptions::default());
     assert_eq!(key_of(&first), key_of(&second), "{spec:?}: the re-plan differs");
+    check(&again, &second).unwrap();
+    // The replica the re-plan used to evict runs in both plans.
+    for plan in [&first, &second] {
+        let d = plan.deployments.iter().find(|d| d.name == "llama-3-1-405b-00022").unwrap();
+        assert!(!d.assignments.is_empty(), "{d:?}");
+    }
+}
+
+/// With spread, a fleet where the tier's first step matters: solved strictly one deployment
+/// after another (every deployment keeping and growing in turn), the re-plan of the re-plan
+/// still moves replicas here; keeping every tier's running replicas first (judging spread on
+/// the tier's kept replicas) settles it after one re-plan.
+#[test]
+fn replan_with_spread_settles_after_one_replan() {
+    let spec = GenSpec { clusters: 18, deployments: 30, seed: 3849669855948019684 };
+    let snap = generate(&spec);
+    let first = solve(&snap, &SolveOptions::default());
+    let second = solve(&with_current(&snap, &first), &SolveOptions::default());
+    let third = solve(&with_current(&snap, &second), &SolveOptions::default());
+    let placed = |d: &DeploymentPlan| d.assignments.iter().map(|a| a.replicas).sum::<u32>();
+    for (a, b) in first.deployments.iter().zip(&second.deployments) {
+        assert!(placed(b) >= placed(a), "{}: {} -> {}", a.name, placed(a), placed(b));
+    }
+    assert_eq!(key_of(&second), key_of(&third), "{spec:?}: the re-plan of the re-plan differs");
 }

@@ -1,0 +1,268 @@
+//! Building a deployment's candidates: every cluster through the static filters (selector,
+//! sovereignty, readiness, cordon, taints), then every (pool, alternative) of a passing cluster
+//! through the device match, node fit, capacity type and price, with the first refusal of each
+//! cluster kept for the report; and the documented ranking of what passed.
+
+use flotilla_apis::CapacityType;
+
+use super::place::stage;
+use super::{Blocks, Candidate, Ctx, PerCluster};
+use crate::devices::{ClassMatch, ReplicaShape, misfit};
+use crate::filters::{first_refusal, prefers_not, static_verdicts};
+use crate::plan::{Reason, Verdict};
+use crate::snapshot::{ClusterView, DeploymentView};
+
+/// What scanning the clusters found for one deployment: its candidates (unranked), and for
+/// the report the filter verdicts (explain mode), each cluster's static refusal, its most
+/// telling pool refusal and where that was, and which classes each alternative accepts.
+pub(super) struct Scan {
+    pub verdicts: Vec<Vec<Verdict>>,
+    pub static_block: Blocks,
+    pub pool_blocks: Blocks,
+    pub pool_block_at: PerCluster<(usize, usize)>,
+    pub candidates: Vec<Candidate>,
+    pub class_matches: Vec<Vec<ClassMatch>>,
+}
+
+impl Scan {
+    /// Nothing to report: a deployment whose every replica was placed, outside explain mode.
+    pub(super) fn empty() -> Self {
+        Self {
+            verdicts: Vec::new(),
+            static_block: PerCluster::with_len(0),
+            pool_blocks: PerCluster::with_len(0),
+            pool_block_at: PerCluster::with_len(0),
+            candidates: Vec::new(),
+            class_matches: Vec::new(),
+        }
+    }
+}
+
+impl Ctx<'_, '_> {
+    /// Every cluster and (pool, alternative) of `d` evaluated once: the candidates and the
+    /// refusals.
+    pub(super) fn scan(
+        &mut self,
+        d: &DeploymentView,
+        shape: &ReplicaShape,
+        cap_types: &[CapacityType],
+        max_cost: Option<u64>,
+    ) -> Scan {
+        let spec = &d.spec;
+        let policy = &spec.placement;
+        let clusters = &self.snapshot.clusters;
+        let mut verdicts: Vec<Vec<Verdict>> = Vec::with_capacity(clusters.len());
+        let mut static_block: Blocks = PerCluster::with_len(clusters.len());
+        let mut pool_blocks: Blocks = PerCluster::with_len(clusters.len());
+        let mut pool_block_at: PerCluster<(usize, usize)> = PerCluster::with_len(clusters.len());
+        let mut candidates: Vec<Candidate> = Vec::new();
+        // Which classes each alternative accepts: a handful of classes, matched once, looked up
+        // by the pools' class indexes.
+        let class_matches: Vec<Vec<ClassMatch>> = spec
+            .devices
+            .alternatives
+            .iter()
+            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
+            .collect();
+        let own_claim = format!("{}.{}", d.namespace, d.name);
+        for (ci, cluster) in clusters.iter().enumerate() {
+            let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+            // Verdicts with words only in explain mode; otherwise just the first refusal
+            // (finish() says the words for what it reports).
+            let v = if self.explain { static_verdicts(policy, cluster, sticky_here, true) } else { Vec::new() };
+            let refusal = if self.explain {
+                v.iter().find(|v| !v.pass).map(|f| f.reason.unwrap_or(Reason::ClusterNotReady))
+            } else {
+                first_refusal(policy, cluster, sticky_here)
+            };
+            if let Some(reason) = refusal {
+                let words = v.iter().find(|v| !v.pass).map(|f| f.detail.clone()).unwrap_or_default();
+                static_block.insert(ci, (reason, words));
+                if self.explain {
+                    verdicts.push(v);
+                }
+                continue;
+            }
+            let before = candidates.len();
+            let mut device_verdicts = Vec::new();
+            for (pi, pool) in cluster.pools.iter().enumerate() {
+                // Capacity a claim obtained is its owner's alone.
+                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                    continue;
+                }
+                for (ai, accepts) in class_matches.iter().enumerate() {
+                    *self.evaluations += 1;
+                    let rank = ai as u32 + 1;
+                    let words = self.explain;
+                    let outcome = self.evaluate(d, ci, pi, ai, accepts, shape, cap_types, max_cost, words);
+                    match outcome {
+                        Ok(c) => candidates.push(c),
+                        Err((reason, msg)) => {
+                            let device = |(p, a): (usize, usize)| {
+                                self.pool_class[ci][p].and_then(|ix| class_matches.get(a).and_then(|m| m.get(ix)))
+                            };
+                            let better = pool_blocks.get(&ci).is_none_or(|(r, _)| {
+                                let best = pool_block_at.get(&ci).copied().and_then(device);
+                                stage(reason, device((pi, ai))) > stage(*r, best)
+                            });
+                            if !better && !self.explain {
+                                continue;
+                            }
+                            if better {
+                                pool_block_at.insert(ci, (pi, ai));
+                            }
+                            // Without explain the words are said later, only for what is reported.
+                            let msg =
+                                if words { format!("pool {} (alternative {rank}): {msg}", pool.name) } else { msg };
+                            if self.explain {
+                                device_verdicts.push(Verdict {
+                                    filter: "devices",
+                                    pass: false,
+                                    reason: Some(reason),
+                                    detail: msg.clone(),
+                                });
+                            }
+                            if better {
+                                pool_blocks.insert(ci, (reason, msg));
+                            }
+                        }
+                    }
+                }
+            }
+            let mut v = v;
+            if candidates.len() == before && cluster.pools.is_empty() {
+                pool_blocks.insert(ci, (Reason::NoMatchingDevices, "cluster has no pools".into()));
+            }
+            if self.explain {
+                v.extend(device_verdicts);
+                verdicts.push(v);
+            }
+        }
+        Scan { verdicts, static_block, pool_blocks, pool_block_at, candidates, class_matches }
+    }
+
+    /// Orders candidates by the documented ranking: where it runs now, a claim's own nodes,
+    /// no `PreferNoSchedule` taint, capacity-type preference, a Ready ModelCache, price, then
+    /// cluster name, pool and fallback rank.
+    pub(super) fn rank_candidates(&self, candidates: &mut [Candidate]) {
+        candidates.sort_by(|a, b| {
+            (b.sticky_quota > 0)
+                .cmp(&(a.sticky_quota > 0))
+                .then(b.reserved.cmp(&a.reserved))
+                .then(a.prefer_not.cmp(&b.prefer_not))
+                .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
+                .then(b.cache_ready.cmp(&a.cache_ready))
+                .then(a.replica_price.cmp(&b.replica_price))
+                .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
+                .then(a.pool.cmp(&b.pool))
+                .then(a.rank.cmp(&b.rank))
+        });
+    }
+
+    /// One (pool, alternative): a candidate, or the refusal (with words when asked).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn evaluate(
+        &self,
+        d: &DeploymentView,
+        ci: usize,
+        pi: usize,
+        ai: usize,
+        accepts: &[ClassMatch],
+        shape: &ReplicaShape,
+        cap_types: &[CapacityType],
+        max_cost: Option<u64>,
+        words: bool,
+    ) -> Result<Candidate, (Reason, String)> {
+        let cluster = &self.snapshot.clusters[ci];
+        let say = |s: &String| if words { s.clone() } else { String::new() };
+        match self.pool_class[ci][pi].and_then(|ix| accepts.get(ix)) {
+            Some(ClassMatch::Match) => {
+                self.candidate(d, cluster, ci, pi, ai as u32 + 1, shape, cap_types, max_cost, words)
+            }
+            Some(ClassMatch::NoMatch(why) | ClassMatch::OtherClass(why)) => Err((Reason::NoMatchingDevices, say(why))),
+            Some(ClassMatch::Error(why) | ClassMatch::ClassInvalid(why)) => Err((Reason::SelectorError, say(why))),
+            None => Err((Reason::NoMatchingDevices, say(&format!("class {} is not defined", cluster.pools[pi].class)))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn candidate(
+        &self,
+        d: &DeploymentView,
+        cluster: &ClusterView,
+        ci: usize,
+        pi: usize,
+        rank: u32,
+        shape: &ReplicaShape,
+        cap_types: &[CapacityType],
+        max_cost: Option<u64>,
+        words: bool,
+    ) -> Result<Candidate, (Reason, String)> {
+        // Refusals carry words only when asked: the hot pass needs the reason alone.
+        let say = |f: &dyn Fn() -> String| if words { f() } else { String::new() };
+        let pool = &cluster.pools[pi];
+        let Some(class) = self.snapshot.classes.get(&pool.class) else {
+            return Err((Reason::NoMatchingDevices, say(&|| "class not defined".into())));
+        };
+        let per_node = class.devices_per_node();
+        if shape.largest_pod() > per_node {
+            return Err((Reason::DoesNotFitNode, say(&|| misfit(shape, &[], per_node).1)));
+        }
+        if shape.distinct_nodes && shape.pods.len() > pool.free_per_node.len() {
+            return Err((
+                Reason::InsufficientDevices,
+                say(&|| {
+                    format!("a replica spans {} nodes; the pool has {}", shape.pods.len(), pool.free_per_node.len())
+                }),
+            ));
+        }
+        let Some(cap) = pool.capacity_type else {
+            return Err((Reason::CapacityTypeNotAllowed, say(&|| "pool declares no capacity type".into())));
+        };
+        let Some(cap_rank) = cap_types.iter().position(|t| *t == cap) else {
+            return Err((
+                Reason::CapacityTypeNotAllowed,
+                say(&|| {
+                    let allowed: Vec<_> = cap_types.iter().map(|t| t.as_str()).collect();
+                    format!("nodes are {cap}; the deployment allows [{}]", allowed.join(", "))
+                }),
+            ));
+        };
+        let node_price = class.prices().micros(cap);
+        if node_price.is_none() && max_cost.is_some() {
+            return Err((
+                Reason::NoPrice,
+                say(&|| format!("class {} has no {cap} price and a cost ceiling is set", pool.class)),
+            ));
+        }
+        let replica_price = node_price
+            .map_or(0, |p| (u128::from(p) * u128::from(shape.devices()) / u128::from(per_node.max(1))) as u64);
+        // Replicas the member's scheduler refused here are not kept: they are placed anew.
+        let here = || d.current.iter().filter(|p| p.cluster == cluster.name && p.pool == pool.name);
+        let sticky_quota: u32 = here()
+            .filter(|p| p.fallback_rank.max(1) as u32 == rank)
+            .map(|p| (p.desired - p.unschedulable.max(0)).max(0) as u32)
+            .sum();
+        let refused: u32 = here().map(|p| p.unschedulable.max(0) as u32).sum();
+        let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
+        let sticky_only = refused > 0 || first_refusal(&d.spec.placement, cluster, false).is_some();
+        Ok(Candidate {
+            cluster: ci,
+            pool: pi,
+            rank,
+            capacity_type_rank: cap_rank as u32,
+            prefer_not: prefers_not(&d.spec.placement, cluster),
+            // A score term, never a filter: a cold cluster still takes replicas (the cache is
+            // staged there first); it only ranks after warm ones of the same capacity-type rank.
+            cache_ready: self.cache.as_ref().is_some_and(|k| cluster.ready_caches.contains(k)),
+            replica_price,
+            sticky_quota,
+            sticky_only,
+            refused,
+            reserved: pool.reserved_for.is_some(),
+            initial_slots,
+            placed: 0,
+            kept: 0,
+        })
+    }
+}
