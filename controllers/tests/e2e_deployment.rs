@@ -132,6 +132,25 @@ async fn running_pods(client: &Client, model: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Waits for an event with `reason` about the ModelDeployment `name` in `ml`.
+async fn event_about(
+    control: &Client,
+    reason: &str,
+    name: &str,
+    timeout: Duration,
+) -> k8s_openapi::api::events::v1::Event {
+    wait_for(&format!("a {reason} event about {name}"), timeout, || async {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(control.clone(), "ml")
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        events.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some(reason) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+    })
+    .await
+}
+
 async fn status_of(api: &Api<ModelDeployment>, name: &str) -> flotilla_apis::ModelDeploymentStatus {
     api.get(name).await.unwrap().status.unwrap_or_default()
 }
@@ -474,17 +493,7 @@ async fn model_deployment_controller_on_real_api_servers() {
         (image(&d).as_deref() == Some("vllm/vllm-openai:v0.11.0")).then_some(())
     })
     .await;
-    let drift = wait_for("a DriftCorrected event", Duration::from_secs(30), || async {
-        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(control.clone(), "ml")
-            .list(&ListParams::default())
-            .await
-            .ok()?;
-        events.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("DriftCorrected")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("eu-model")
-        })
-    })
-    .await;
+    let drift = event_about(&control, "DriftCorrected", "eu-model", Duration::from_secs(30)).await;
     assert_eq!(drift.type_.as_deref(), Some("Warning"));
     let note = drift.note.unwrap_or_default();
     assert!(

@@ -45,17 +45,7 @@ pub async fn refused_replica_moves(control: &Client, api: &Api<ModelDeployment>,
     // Allowed anywhere; eu1 comes first (by name, at the same price) and has devices free as
     // the solver sees them.
     apply(control, model("refused-model", 1, json!({"type": "Standalone", "devicesPerReplica": 1}), json!({}))).await;
-    let refused = wait_for("a ReplicasUnschedulable event for refused-model", Duration::from_secs(90), || async {
-        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(control.clone(), "ml")
-            .list(&ListParams::default())
-            .await
-            .ok()?;
-        events.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("ReplicasUnschedulable")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("refused-model")
-        })
-    })
-    .await;
+    let refused = event_about(control, "ReplicasUnschedulable", "refused-model", Duration::from_secs(90)).await;
     assert_eq!(refused.type_.as_deref(), Some("Warning"));
     let note = refused.note.unwrap_or_default();
     assert!(
