@@ -66,6 +66,8 @@ async fn api_server_accepts_the_example_fleet_and_refuses_schema_level_fixtures(
         "25-bad-duration",
         "34-disruption-budget-both",
         "35-disruption-budget-percent",
+        "36-autoscaling-min-above-max",
+        "37-autoscaling-no-target",
     ];
     let mut agreed = Vec::new();
     for name in schema_level {
