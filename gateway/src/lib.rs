@@ -8,6 +8,7 @@
 //! replica); what the gateway sees is kept by `feedback` and written back by `feed`; `probe`
 //! brings ejected routes back without spending user requests on them.
 
+pub mod autoscale;
 pub mod breaker;
 pub mod config;
 pub mod continuation;
