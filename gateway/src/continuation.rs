@@ -264,6 +264,7 @@ mod tests {
             sovereignty: Default::default(),
             fallbacks: vec![],
             routes: vec![],
+            scale_to_zero: false,
         };
         let mut splice = Splice::new(true);
         let chunk = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"the fleet \"}}]}\n\n");

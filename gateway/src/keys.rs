@@ -324,6 +324,7 @@ mod tests {
             },
             fallbacks: vec![],
             routes: vec![],
+            scale_to_zero: false,
         }
     }
 

@@ -74,6 +74,10 @@ pub struct ModelSpec {
     pub fallbacks: Vec<String>,
     /// Clusters serving the model.
     pub routes: Vec<RouteSpec>,
+    /// The model may be scaled to zero: a request finding no Ready route is held while a
+    /// replica starts (`--activation-timeout-ms`), not refused.
+    #[serde(default)]
+    pub scale_to_zero: bool,
 }
 
 /// One cluster serving a model.
@@ -197,6 +201,8 @@ pub struct Model {
     pub fallbacks: Vec<String>,
     /// Routes.
     pub routes: Vec<Route>,
+    /// Requests wait for a Ready route when there is none (`ModelSpec::scale_to_zero`).
+    pub scale_to_zero: bool,
 }
 
 /// The validated table the gateway routes by.
@@ -269,8 +275,14 @@ impl RoutingTable {
                     None => return Err(err(format!("model `{}`: unknown fallback `{f}`", m.name))),
                 }
             }
-            let model =
-                Model { name: m.name.clone(), aliases: m.aliases, sovereignty: m.sovereignty, fallbacks, routes };
+            let model = Model {
+                name: m.name.clone(),
+                aliases: m.aliases,
+                sovereignty: m.sovereignty,
+                fallbacks,
+                routes,
+                scale_to_zero: m.scale_to_zero,
+            };
             t.models.insert(m.name, model);
         }
         Ok(t)
