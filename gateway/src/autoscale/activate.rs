@@ -28,6 +28,8 @@ pub struct Activation {
     tables: watch::Sender<u64>,
     held: Mutex<HashMap<String, usize>>,
     first: Mutex<HashMap<String, Instant>>,
+    /// When this replica raised each model from zero (for the leader's cold-start figure).
+    activated: Mutex<HashMap<String, Instant>>,
     writer: OnceLock<mpsc::UnboundedSender<String>>,
 }
 
@@ -37,6 +39,7 @@ impl Default for Activation {
             tables: watch::Sender::new(0),
             held: Mutex::new(HashMap::new()),
             first: Mutex::new(HashMap::new()),
+            activated: Mutex::new(HashMap::new()),
             writer: OnceLock::new(),
         }
     }
@@ -51,6 +54,16 @@ impl Activation {
     /// Send activations to `tx` (control-cluster mode); without it requests are held only.
     pub fn connect(&self, tx: mpsc::UnboundedSender<String>) {
         let _ = self.writer.set(tx);
+    }
+
+    /// This replica raised `model` from zero just now.
+    pub fn activated(&self, model: &str) {
+        lock(&self.activated).insert(model.to_string(), Instant::now());
+    }
+
+    /// When this replica raised `model` from zero, once (`None`: another replica did).
+    pub fn take_activated(&self, model: &str) -> Option<Instant> {
+        lock(&self.activated).remove(model)
     }
 
     /// Requests held now for `model` on this replica.

@@ -157,7 +157,9 @@ async fn step(
     let routed = table.resolve(&model).is_some_and(|m| m.routes.iter().any(|r| r.ready));
     let by_other = t.seen.is_some_and(|s| s != current) && t.wrote != Some(current);
     if t.seen == Some(0) && current > 0 {
-        t.activated_at = Some(now);
+        // Raised from zero: by this replica's activation writer (its time is known), or by
+        // another replica or a person (then first seen now, up to an interval late).
+        t.activated_at = Some(st.autoscale.activation.take_activated(&model).unwrap_or(now));
     }
     if let Some(at) = t.activated_at
         && routed
@@ -292,6 +294,7 @@ pub async fn activations(
         match api.replace_scale(&d.name_any(), &pp, &up).await {
             Ok(_) => {
                 st.metrics.autoscale.scale_write(WriteResult::ok);
+                st.autoscale.activation.activated(&model);
                 tracing::info!(model = %model, deployment = %d.name_any(), "activated from zero for a held request");
                 event(
                     &rec,
