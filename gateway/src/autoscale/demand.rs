@@ -57,10 +57,13 @@ pub fn parse(text: &str) -> HashMap<String, Sample> {
     out
 }
 
+/// One cluster's last page: when it was read, and its samples by model.
+type Page = (Instant, HashMap<String, Sample>);
+
 /// The last page of every scraped cluster, by model.
 #[derive(Debug, Default)]
 pub struct DemandBook {
-    pages: Mutex<HashMap<String, (Instant, HashMap<String, Sample>)>>,
+    pages: Mutex<HashMap<String, Page>>,
 }
 
 impl DemandBook {
