@@ -54,6 +54,10 @@ pub struct ModelDeploymentSpec {
     /// `maxUnavailable: 1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption_budget: Option<DisruptionBudget>,
+    /// Replicas follow fleet-wide demand (the gateway writes `replicas` through the scale
+    /// subresource); absent: `replicas` is only what you, an HPA or KEDA set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::autoscaling::Autoscaling>,
 }
 
 /// The model and where its weights come from.
@@ -435,6 +439,9 @@ pub struct ModelDeploymentStatus {
     /// Replicas with no place, and why each cluster refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unplaced: Option<Unplaced>,
+    /// What the autoscaler decided last and why (written by the elected gateway replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::autoscaling::AutoscalingStatus>,
 }
 
 /// Replicas on one cluster.

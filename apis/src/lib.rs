@@ -7,6 +7,7 @@
 // duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod autoscaling;
 pub mod cache;
 pub mod cel;
 mod cel_rules;

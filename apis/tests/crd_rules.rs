@@ -301,3 +301,54 @@ fn disruption_budget_reads_counts_and_percentages() {
     assert_eq!(serde_json::to_value(&b).unwrap(), json!({"minAvailable": 2}), "written back as given");
     assert_eq!(DisruptionBudget::budget(None), Budget::MaxUnavailable(ReplicaCount::Count(1)), "the default");
 }
+
+#[test]
+fn autoscaling_needs_a_range_and_a_target() {
+    let mut d = deployment();
+    let ok = json!({"minReplicas": 0, "maxReplicas": 4, "target": {"queuedPerReplica": 4},
+        "idleWindowSeconds": 600, "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
+        "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}, {"type": "Replicas", "value": 4, "periodSeconds": 15}]},
+        "scaleDown": {"selectPolicy": "Disabled"}}});
+    d["spec"]["autoscaling"] = ok.clone();
+    assert_eq!(problems(Kind::ModelDeployment, &d), vec![], "{ok}");
+    d["spec"]["autoscaling"] = json!({"minReplicas": 5, "maxReplicas": 4, "target": {"runningPerReplica": 8}});
+    assert_refused(Kind::ModelDeployment, &d, "spec.autoscaling", "minReplicas must be at most maxReplicas");
+    d["spec"]["autoscaling"] = json!({"minReplicas": 0, "maxReplicas": 4, "target": {}});
+    assert_refused(Kind::ModelDeployment, &d, "spec.autoscaling.target", "give at least one target");
+    for (bad, field, message) in [
+        (
+            json!({"minReplicas": 0, "maxReplicas": 0, "target": {"queuedPerReplica": 1}}),
+            "spec.autoscaling.maxReplicas",
+            "must be at least 1",
+        ),
+        (
+            json!({"minReplicas": -1, "maxReplicas": 2, "target": {"queuedPerReplica": 1}}),
+            "spec.autoscaling.minReplicas",
+            "must be at least 0",
+        ),
+        (
+            json!({"minReplicas": 0, "maxReplicas": 2, "target": {"kvCachePercent": 120}}),
+            "spec.autoscaling.target.kvCachePercent",
+            "must be at most 100",
+        ),
+        (
+            json!({"minReplicas": 0, "maxReplicas": 2, "target": {"queuedPerReplica": 1},
+                "behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 15}]}}}),
+            "spec.autoscaling.behavior.scaleUp.policies[0].type",
+            "",
+        ),
+        (
+            json!({"minReplicas": 0, "maxReplicas": 2, "target": {"queuedPerReplica": 1},
+                "behavior": {"scaleDown": {"policies": [{"type": "Percent", "value": 10, "periodSeconds": 3600}]}}}),
+            "spec.autoscaling.behavior.scaleDown.policies[0].periodSeconds",
+            "must be at most 1800",
+        ),
+    ] {
+        d["spec"]["autoscaling"] = bad.clone();
+        let p = problems(Kind::ModelDeployment, &d);
+        assert!(
+            p.iter().any(|(f, m)| f == field && m.contains(message)),
+            "{bad}: expected {message:?} at {field}, got {p:?}"
+        );
+    }
+}

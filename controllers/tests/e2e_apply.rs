@@ -66,6 +66,9 @@ async fn api_server_accepts_the_example_fleet_and_refuses_schema_level_fixtures(
         "25-bad-duration",
         "34-disruption-budget-both",
         "35-disruption-budget-percent",
+        "36-routing-weight-out-of-range",
+        "37-autoscaling-no-target",
+        "38-autoscaling-min-above-max",
     ];
     let mut agreed = Vec::new();
     for name in schema_level {

@@ -6,10 +6,13 @@
 //! then a stopped member move traffic with zero failed requests while `Serving` says what
 //! happened; deleting the deployment drops the model; a quiet fleet makes no writes. Two
 //! deployments of one model name split its traffic by `spec.routing.weight`
-//! (`e2e_gateway/weighted.rs`). Run by `scripts/test-e2e.sh`.
+//! (`e2e_gateway/weighted.rs`). Then on the same fleet, autoscaling and scale to zero
+//! (`e2e_gateway/autoscale.rs`). Run by `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "e2e_gateway/autoscale.rs"]
+mod autoscale;
 mod harness;
 #[path = "e2e_gateway/weighted.rs"]
 mod weighted;
@@ -36,7 +39,9 @@ const MODELS: [&str; 3] = ["chat-eu", "chat-us", "chat-any"];
 async fn sim(name: &str) -> SimHandle {
     let c = SimConfig {
         name: name.into(),
-        models: MODELS.iter().chain([&weighted::MODEL]).map(|m| m.to_string()).collect(),
+        // The weighted model of `e2e_gateway/weighted.rs` and the autoscaled ones of
+        // `e2e_gateway/autoscale.rs` too.
+        models: MODELS.iter().chain([&weighted::MODEL, &"chat-auto", &"chat-zero"]).map(|m| m.to_string()).collect(),
         ttft_ms: 2,
         itl_ms: 1,
         ..SimConfig::default()
@@ -104,6 +109,10 @@ struct Gw {
 }
 
 async fn gateway(fleet: &Fleet) -> Gw {
+    gateway_with(fleet, |_| {}).await
+}
+
+async fn gateway_with(fleet: &Fleet, tweak: impl FnOnce(&mut GatewayConfig)) -> Gw {
     let mut cfg = GatewayConfig::with_table("unused");
     cfg.config = None;
     cfg.control_cluster = true;
@@ -117,6 +126,8 @@ async fn gateway(fleet: &Fleet) -> Gw {
     cfg.backoff_base_ms = 20;
     cfg.breaker_failures = 3;
     cfg.breaker_open_ms = 2000;
+    cfg.autoscale_interval_ms = 1000;
+    tweak(&mut cfg);
     let state = AppState::load(cfg).unwrap();
     let client = feed::client(&state).await.unwrap();
     let control = feed::start_control(state.clone(), client).await.unwrap();
@@ -396,6 +407,8 @@ async fn gateway_fed_by_the_control_cluster() {
     assert!(w0 > 0.0, "the gateway did write Serving before");
     assert_eq!(w0, w1, "no Serving writes in 60 s of quiet");
     assert_eq!(v0, v1, "no ModelDeployment changed in 60 s of quiet");
+
+    autoscale::scenario(&fleet, &control, &sims, &gw).await;
 
     gw.server.abort();
     if let Some(c) = gw.control.take() {

@@ -67,6 +67,8 @@ pub struct SimState {
     pub(crate) ttft: Mutex<metrics::Histogram>,
     pub(crate) outages: models::Outages,
     pub(crate) streams: streams::Registry,
+    /// Load reported in `/metrics` per model beyond what is really running (`set_reported_load`).
+    pub(crate) reported: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,6 +92,7 @@ impl SimState {
             cancelled: AtomicU64::new(0),
             unauthorized: AtomicU64::new(0),
             ttft: Mutex::new(metrics::Histogram::default()),
+            reported: Mutex::new(std::collections::BTreeMap::new()),
             outages: models::Outages::new(&config.model_faults, &config.model_down),
             streams: streams::Registry::new(&config.streams),
             config,
@@ -155,6 +158,13 @@ impl SimState {
     /// Sequences running now.
     pub fn running(&self) -> u64 {
         self.running.load(Ordering::Relaxed)
+    }
+
+    /// Report `waiting` queued and `running` running requests of `model` in `/metrics` on top
+    /// of the real ones, as a busy engine would (an autoscaler's load without the traffic); a
+    /// model other than the first gets samples of its own from then on (`(0, 0)`: an idle one).
+    pub fn set_reported_load(&self, model: &str, waiting: u64, running: u64) {
+        lock(&self.reported).insert(model.to_string(), (waiting, running));
     }
 }
 

@@ -43,8 +43,25 @@ pub fn render(state: &SimState) -> String {
         ("vllm:num_requests_waiting", state.waiting.load(Ordering::Relaxed) as f64),
         ("vllm:kv_cache_usage_perc", usage),
     ];
+    // Reported load (`set_reported_load`): added to the first model's samples, or samples of
+    // their own for other models.
+    let reported = lock(&state.reported).clone();
+    let (extra_waiting, extra_running) = reported.get(&model).copied().unwrap_or_default();
     for (name, v) in gauges {
-        let _ = writeln!(out, "# TYPE {name} gauge\n{name}{{{l}}} {v}");
+        let extra = match name {
+            "vllm:num_requests_running" => extra_running,
+            "vllm:num_requests_waiting" => extra_waiting,
+            _ => 0,
+        };
+        let _ = writeln!(out, "# TYPE {name} gauge\n{name}{{{l}}} {}", v + extra as f64);
+        for (other, (waiting, running)) in reported.iter().filter(|(m, _)| **m != model) {
+            let n = match name {
+                "vllm:num_requests_running" => *running,
+                "vllm:num_requests_waiting" => *waiting,
+                _ => continue,
+            };
+            let _ = writeln!(out, "{name}{{model_name=\"{other}\"}} {n}");
+        }
     }
     let counters = [
         ("vllm:prefix_cache_queries", state.prefix_queries.load(Ordering::Relaxed)),
@@ -63,4 +80,28 @@ pub fn render(state: &SimState) -> String {
     let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {}", h.count);
     let _ = writeln!(out, "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}", h.sum, h.count);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_load_is_added_to_the_first_model_and_given_its_own_samples_for_others() {
+        let config = crate::SimConfig { models: vec!["a".into(), "b".into()], ..Default::default() };
+        let st = crate::SimState::new(config);
+        st.set_reported_load("a", 2, 3);
+        st.set_reported_load("c", 5, 1);
+        let text = render(&st);
+        assert!(text.contains("vllm:num_requests_waiting{model_name=\"a\"} 2\n"), "{text}");
+        assert!(text.contains("vllm:num_requests_running{model_name=\"a\"} 3\n"), "{text}");
+        assert!(text.contains("vllm:num_requests_waiting{model_name=\"c\"} 5\n"), "{text}");
+        assert!(text.contains("vllm:num_requests_running{model_name=\"c\"} 1\n"), "{text}");
+        st.set_reported_load("c", 0, 0);
+        st.set_reported_load("a", 0, 0);
+        let quiet = render(&st);
+        assert!(quiet.contains("vllm:num_requests_waiting{model_name=\"c\"} 0\n"), "an idle engine of c: {quiet}");
+        assert!(quiet.contains("vllm:num_requests_waiting{model_name=\"a\"} 0\n"), "{quiet}");
+        assert!(!quiet.contains("\"b\""), "b was never reported: {quiet}");
+    }
 }

@@ -194,6 +194,20 @@ pub struct GatewayConfig {
     /// `Retry-After` seconds sent with 503 when no allowed cluster can serve.
     #[arg(long, default_value_t = 1)]
     pub unavailable_retry_after_s: u64,
+    /// How often the elected replica decides the replica count of every ModelDeployment with
+    /// `spec.autoscaling`, in milliseconds (0: never; KEDA or an HPA may then scale them).
+    #[arg(long, env = "FLOTILLA_GATEWAY_AUTOSCALE_INTERVAL_MS", default_value_t = 15_000)]
+    pub autoscale_interval_ms: u64,
+    /// How long a request for a model scaled to zero is held for a replica to become Ready,
+    /// in milliseconds; then 503 with `Retry-After`.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_TIMEOUT_MS", default_value_t = 300_000)]
+    pub activation_timeout_ms: u64,
+    /// Requests held at once per model scaled to zero, on each replica; more get 503 at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE", default_value_t = 256)]
+    pub activation_queue: usize,
+    /// `Retry-After` seconds of the 503 for a held request that expired or found the queue full.
+    #[arg(long, default_value_t = 30)]
+    pub activation_retry_after_s: u64,
     /// How long shutdown waits for in-flight requests, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub drain_ms: u64,

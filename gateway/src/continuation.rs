@@ -266,6 +266,7 @@ mod tests {
             fallbacks: vec![],
             routes: vec![],
             deployments: vec![],
+            scale_to_zero: false,
         };
         let mut splice = Splice::new(true);
         let chunk = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"the fleet \"}}]}\n\n");

@@ -123,6 +123,19 @@ pub enum GatewayError {
         /// Seconds to wait.
         retry_after: u64,
     },
+    /// The model is scaled to zero and its held request could not wait longer (or the hold
+    /// queue is full).
+    #[error(
+        "model `{model}` is starting from zero replicas and cannot take this request now: {why}; retry after {retry_after} s"
+    )]
+    Activating {
+        /// Requested model.
+        model: String,
+        /// Why the request was not held further.
+        why: String,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
     /// The gateway is at its concurrency limit.
     #[error("the gateway is at its concurrency limit ({0} requests): retry shortly")]
     Overloaded(usize),
@@ -173,6 +186,7 @@ impl GatewayError {
             GatewayError::UnknownModel(_) | GatewayError::NoRoute(_) => StatusCode::NOT_FOUND,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::NoHealthyCluster { .. }
+            | GatewayError::Activating { .. }
             | GatewayError::Overloaded(_)
             | GatewayError::LimitsStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream { .. } | GatewayError::UpstreamMisconfigured { .. } => StatusCode::BAD_GATEWAY,
@@ -200,6 +214,7 @@ impl GatewayError {
             GatewayError::NoRoute(_) => ("invalid_request_error", "unknown_url"),
             GatewayError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             GatewayError::NoHealthyCluster { .. } => ("service_unavailable_error", "no_healthy_cluster"),
+            GatewayError::Activating { .. } => ("service_unavailable_error", "model_activating"),
             GatewayError::Overloaded(_) => ("service_unavailable_error", "gateway_overloaded"),
             GatewayError::LimitsStoreUnavailable { .. } => ("service_unavailable_error", "limits_store_unavailable"),
             GatewayError::Upstream { .. } => ("upstream_error", "upstream_failed"),
@@ -217,6 +232,7 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited { retry_after, .. }
             | GatewayError::NoHealthyCluster { retry_after, .. }
+            | GatewayError::Activating { retry_after, .. }
             | GatewayError::KeyRateLimited { retry_after, .. }
             | GatewayError::LimitsStoreUnavailable { retry_after, .. } => Some(*retry_after),
             GatewayError::Overloaded(_) => Some(1),

@@ -4,7 +4,8 @@
 //! and the keys likewise. With `--upstream-secrets-namespace`, the Secrets there are watched
 //! too, for the tokens and certificates InferenceClusters' `spec.endpointAuth` names. A failing watch leaves the last good table serving and marks the
 //! feed stale for `/readyz` and the `feed_stale` metric. The elected replica then writes each
-//! ModelDeployment's `Serving` condition (decided by `feedback::serving`) on change only.
+//! ModelDeployment's `Serving` condition (decided by `feedback::serving`) on change only, and
+//! (`autoscale::writer`) the replica count of those with `spec.autoscaling`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -86,7 +87,7 @@ impl FeedStatus {
         }
     }
 
-    fn owner(&self, ns: &str, name: &str) -> Option<String> {
+    pub(crate) fn owner(&self, ns: &str, name: &str) -> Option<String> {
         lock(&self.state).owners.get(&(ns.to_string(), name.to_string())).cloned()
     }
 }
@@ -437,6 +438,11 @@ pub struct ControlTasks {
 pub async fn start_control(st: Arc<AppState>, client: Client) -> Result<ControlTasks, GatewayError> {
     let (deployments, task) = start(st.clone(), client.clone());
     let mut out = ControlTasks { tasks: vec![task], lease: None };
+    // Every replica raises a model at zero replicas for the requests it holds.
+    let (asked, activations) = tokio::sync::mpsc::unbounded_channel();
+    st.autoscale.activation.connect(asked);
+    let writer = crate::autoscale::writer::activations(st.clone(), client.clone(), deployments.clone(), activations);
+    out.tasks.push(tokio::spawn(writer));
     if st.cfg.feedback_interval_ms == 0 {
         return Ok(out);
     }
@@ -453,7 +459,9 @@ pub async fn start_control(st: Arc<AppState>, client: Client) -> Result<ControlT
         .map_err(|e| GatewayError::Control(format!("setting up the feedback lease: {e}")))?;
     let (leader, lease) = manager.watch().await;
     tracing::info!(identity = %id, lease = %st.cfg.lease_name, "competing to write Serving conditions");
-    out.tasks.push(tokio::spawn(write_serving(st, client, deployments, leader)));
+    out.tasks.push(tokio::spawn(write_serving(st.clone(), client.clone(), deployments.clone(), leader.clone())));
+    // The same elected replica decides replica counts (`autoscale::writer`).
+    out.tasks.push(tokio::spawn(crate::autoscale::writer::run(st, client, deployments, leader)));
     out.lease = Some(lease);
     Ok(out)
 }

@@ -133,6 +133,7 @@ pub fn table_file(
                     fallbacks: Vec::new(),
                     routes: Vec::new(),
                     deployments: Vec::new(),
+                    scale_to_zero: false,
                 });
                 index.insert(model.name.clone(), file.models.len() - 1);
                 file.models.len() - 1
@@ -163,6 +164,8 @@ pub fn table_file(
                 }
             }
         }
+        // Held while a replica starts when any deployment of the name may scale to zero.
+        spec.scale_to_zero |= d.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0);
         for f in d.spec.routing.iter().flat_map(|r| &r.fallback_models) {
             if !spec.fallbacks.contains(f) {
                 spec.fallbacks.push(f.clone());
@@ -399,6 +402,24 @@ mod tests {
         let (file, _, _) = table_file(&clusters, std::slice::from_ref(&d), &no_secrets);
         let routes: Vec<(&str, u32)> = file.models[0].routes.iter().map(|r| (r.cluster.as_str(), r.weight)).collect();
         assert_eq!(routes, [("eu1", 2)]);
+    }
+
+    #[test]
+    fn a_deployment_that_may_scale_to_zero_stays_in_the_table_at_zero_and_says_so() {
+        let clusters = [cluster("eu1", "EU", true, Some("http://10.0.0.1:8000"))];
+        let mut d = deployment("a", "llama", "llama", "2026-01-01T00:00:00Z", &[]);
+        d.spec.replicas = 0;
+        let (file, _, _) = table_file(&clusters, std::slice::from_ref(&d), &no_secrets);
+        assert_eq!((file.models[0].routes.len(), file.models[0].scale_to_zero), (0, false), "listed, not held");
+        d.spec.autoscaling = serde_json::from_value(
+            serde_json::json!({"minReplicas": 0, "maxReplicas": 2, "target": {"queuedPerReplica": 4}}),
+        )
+        .unwrap();
+        let (file, _, _) = table_file(&clusters, std::slice::from_ref(&d), &no_secrets);
+        assert_eq!((file.models[0].name.as_str(), file.models[0].scale_to_zero), ("llama", true));
+        assert!(file.models[0].routes.is_empty());
+        let table = RoutingTable::from_file("fleet", file).unwrap();
+        assert!(table.resolve("llama").unwrap().scale_to_zero);
     }
 
     #[test]

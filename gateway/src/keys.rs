@@ -325,6 +325,7 @@ mod tests {
             fallbacks: vec![],
             routes: vec![],
             deployments: vec![],
+            scale_to_zero: false,
         }
     }
 

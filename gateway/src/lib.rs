@@ -6,8 +6,10 @@
 //! loop or from the control cluster by `feed` (built by `fleet`). API `keys` are checked in
 //! `http` and their budgets in `limits` (this process, or a Redis server shared by every
 //! replica); what the gateway sees is kept by `feedback` and written back by `feed`; `probe`
-//! brings ejected routes back without spending user requests on them.
+//! brings ejected routes back without spending user requests on them. `autoscale` holds
+//! requests for models scaled to zero and, on the elected replica, decides replica counts.
 
+pub mod autoscale;
 pub mod breaker;
 pub mod config;
 pub mod continuation;
@@ -78,6 +80,8 @@ pub struct AppState {
     pub shares: Stats,
     /// The control-cluster feed's state (`/readyz`).
     pub feed: FeedStatus,
+    /// Fleet demand per model and the requests held for models scaled to zero.
+    pub autoscale: autoscale::Autoscale,
     keys_text: Mutex<Option<String>>,
     rr: AtomicU64,
     jitter: Mutex<u64>,
@@ -116,6 +120,7 @@ impl AppState {
             stats: Stats::default(),
             shares: Stats::default(),
             feed: FeedStatus::new(cfg.control_cluster),
+            autoscale: autoscale::Autoscale::default(),
             keys_text: Mutex::new(None),
             metrics,
             cfg,
@@ -210,6 +215,7 @@ impl AppState {
         }
         self.health.bind(&mut t);
         self.table.store(Arc::new(t));
+        self.autoscale.activation.table_changed();
     }
 
     /// The client for `cluster`: the shared plain one, or the cluster's own TLS one.

@@ -295,6 +295,8 @@ pub struct Metrics {
     store_errors: Family<StoreFaultLabels, Counter>,
     store_unavailable: Family<StoreOutcomeLabels, Counter>,
     store_up: Family<StoreLabels, Gauge>,
+    /// Held requests, cold starts and scale writes (`autoscale::metrics`).
+    pub autoscale: crate::autoscale::metrics::AutoscaleMetrics,
 }
 
 impl Default for Metrics {
@@ -323,6 +325,7 @@ impl Default for Metrics {
             store_errors: Family::default(),
             store_unavailable: Family::default(),
             store_up: Family::default(),
+            autoscale: Default::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Client requests by model, endpoint and outcome", m.requests.clone());
@@ -395,6 +398,7 @@ impl Default for Metrics {
             "1 while the shared limits store answers within its timeout, 0 while it does not (no sample without one)",
             m.store_up.clone(),
         );
+        m.autoscale.register(&mut registry);
         Metrics { registry, ..m }
     }
 }

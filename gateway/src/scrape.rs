@@ -117,6 +117,8 @@ async fn scrape_once(st: &AppState, c: &Cluster) -> Scraped {
             return Some(None);
         }
         let text = String::from_utf8_lossy(&body).into_owned();
+        // Per-model demand for the autoscaler, from the same page.
+        st.autoscale.demand.record(&c.name, &text, Instant::now());
         Some(Some((waiting_from_metrics(&text), kv_cache_from_metrics(&text))))
     };
     match tokio::time::timeout(Duration::from_secs(1), fetch).await {
@@ -154,6 +156,7 @@ pub async fn scrape_loop(st: Arc<AppState>) {
         let table = st.table.load_full();
         let now = Instant::now();
         schedules.retain(|name, _| table.clusters().any(|cl| &cl.name == name));
+        st.autoscale.demand.retain(|name| table.clusters().any(|cl| cl.name == name));
         let due: Vec<Arc<Cluster>> =
             table.clusters().filter(|cl| schedules.get(&cl.name).is_none_or(|s| s.at <= now)).cloned().collect();
         let found = futures_util::future::join_all(due.iter().map(|c| scrape_once(&st, c))).await;

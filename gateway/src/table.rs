@@ -78,6 +78,10 @@ pub struct ModelSpec {
     /// then names its deployment (`docs/gateway.md`, weighted traffic).
     #[serde(default)]
     pub deployments: Vec<Deployment>,
+    /// The model may be scaled to zero: a request finding no Ready route is held while a
+    /// replica starts (`--activation-timeout-ms`), not refused.
+    #[serde(default)]
+    pub scale_to_zero: bool,
 }
 
 /// One deployment of a model whose traffic is split by weight.
@@ -221,6 +225,8 @@ pub struct Model {
     pub routes: Vec<Route>,
     /// Deployments the traffic is split between by weight (empty: no split).
     pub deployments: Vec<Deployment>,
+    /// Requests wait for a Ready route when there is none (`ModelSpec::scale_to_zero`).
+    pub scale_to_zero: bool,
 }
 
 /// The validated table the gateway routes by.
@@ -303,6 +309,7 @@ impl RoutingTable {
                 fallbacks,
                 routes,
                 deployments: m.deployments,
+                scale_to_zero: m.scale_to_zero,
             };
             t.models.insert(m.name, model);
         }

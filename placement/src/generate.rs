@@ -518,6 +518,7 @@ fn deployment(seed: u64, index: usize, classes: &[&str]) -> ModelDeployment {
         placement: p,
         routing: None,
         disruption_budget: None,
+        autoscaling: None,
     };
     let short = model_name.split('-').take(3).collect::<Vec<_>>().join("-").replace('.', "-");
     let mut d = ModelDeployment::new(&format!("{short}-{index:05}"), spec);

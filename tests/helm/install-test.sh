@@ -213,6 +213,8 @@ for r in modeldeployments inferenceclusters; do
   for v in get list watch; do can "$G" yes "$v" "$r.flotilla.dev" -A; done
 done
 can "$G" yes patch modeldeployments.flotilla.dev --subresource=status -n ml
+for v in get update patch; do can "$G" yes "$v" modeldeployments.flotilla.dev --subresource=scale -n ml; done
+can "$G" yes create events.events.k8s.io -n ml
 can "$G" yes create leases.coordination.k8s.io -n "${NS}"
 can "$G" yes get lease/flotilla-gateway -n "${NS}"
 can "$G" yes patch lease/flotilla-gateway -n "${NS}"
@@ -235,7 +237,7 @@ can "$G" no list inferenceclasses.flotilla.dev
 can "$G" no update lease/flotilla-gateway -n "${NS}"
 can "$G" no delete lease/flotilla-gateway -n "${NS}"
 can "$G" no patch lease/flotilla-controller -n "${NS}"
-can "$G" no create events.events.k8s.io -n ml
+can "$G" no create events -n ml  # core/v1 events: it uses events.k8s.io only
 
 # ---- 3. the real controller under the chart's ServiceAccount --------------------------------
 if [[ ! -x "${CONTROLLER_BIN}" ]]; then

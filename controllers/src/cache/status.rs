@@ -66,9 +66,19 @@ pub fn targets(
             && cache.spec.targets.deployments.iter().any(|t| t == name)
         {
             out.extend(placed_in(d));
+            // Scaled to zero by its autoscaler: the weights stay where they are staged, so
+            // the next start from zero does not download them again.
+            if parked_at_zero(d) {
+                out.extend(cache.status.iter().flat_map(|s| &s.clusters).map(|c| c.cluster.clone()));
+            }
         }
     }
     out
+}
+
+/// At zero replicas with `spec.autoscaling.minReplicas: 0`: idle, and started again on demand.
+fn parked_at_zero(d: &ModelDeployment) -> bool {
+    d.spec.replicas == 0 && d.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0)
 }
 
 fn placed_in(d: &ModelDeployment) -> BTreeSet<String> {

@@ -173,6 +173,27 @@ fn deployment(name: &str, cache_ref: Option<&str>, placed: &[(&str, i32)]) -> Mo
 }
 
 #[test]
+fn a_deployment_scaled_to_zero_keeps_its_weights_staged() {
+    let (a, b) = (cluster("a", "premium"), cluster("b", "basic"));
+    let mut staged = cache(None);
+    staged.status = Some(ModelCacheStatus {
+        clusters: vec![ClusterCacheStatus { cluster: "b".into(), phase: CachePhase::Ready, ..Default::default() }],
+        ..Default::default()
+    });
+    let mut chat = deployment("chat", None, &[]);
+    chat.spec.replicas = 0;
+    // At zero by hand (no autoscaling): the cluster is no longer a target, as before.
+    assert_eq!(targets(&staged, &[&a, &b], &[&chat]), BTreeSet::from(["a".to_string()]));
+    chat.spec.autoscaling =
+        serde_json::from_value(json!({"minReplicas": 0, "maxReplicas": 2, "target": {"runningPerReplica": 4}}))
+            .unwrap();
+    assert_eq!(targets(&staged, &[&a, &b], &[&chat]), BTreeSet::from(["a".to_string(), "b".to_string()]));
+    // Started again: its placements say where, as usual.
+    chat.spec.replicas = 1;
+    assert_eq!(targets(&staged, &[&a, &b], &[&chat]), BTreeSet::from(["a".to_string()]));
+}
+
+#[test]
 fn targets_are_selected_clusters_and_where_named_deployments_are_placed() {
     let (a, b, c) = (cluster("a", "premium"), cluster("b", "basic"), cluster("c", "basic"));
     let chat = deployment("chat", None, &[("b", 2), ("c", 0)]);

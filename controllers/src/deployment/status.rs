@@ -261,6 +261,8 @@ pub fn desired(
         clusters: (!clusters.is_empty()).then_some(clusters),
         placements,
         unplaced,
+        // Written by the elected gateway replica (the autoscaler): kept, never cleared here.
+        autoscaling: old.autoscaling.clone(),
     }
 }
 
@@ -436,6 +438,23 @@ mod tests {
         let s = desired(Some(&s), Some(2), &plan(8, 8), &o, &now());
         assert_eq!(s.ready_replicas, 4);
         assert!(s.conditions.is_true("Degraded"));
+    }
+
+    #[test]
+    fn the_autoscalers_status_is_kept_by_the_controllers_write() {
+        use flotilla_apis::autoscaling::{AutoscalingReason, AutoscalingStatus};
+        let mut before = desired(None, Some(1), &plan(2, 2), &observed(2), &now());
+        before.autoscaling = Some(AutoscalingStatus {
+            recommendation: 2,
+            reason: Some(AutoscalingReason::Steady),
+            ..Default::default()
+        });
+        let next = desired(Some(&before), Some(1), &plan(2, 2), &observed(2), &now());
+        assert_eq!(next.autoscaling, before.autoscaling);
+        // And so the status patch neither nulls nor rewrites it.
+        let patch = crate::status_patch::status_patch(Some(&before), &next).unwrap();
+        assert_eq!(patch["status"]["autoscaling"]["reason"], "Steady");
+        assert_eq!(next, before, "nothing else changed: no write at all");
     }
 
     #[test]

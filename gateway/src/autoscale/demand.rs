@@ -1,0 +1,160 @@
+//! Fleet-wide demand per model, from the pages the scrape loop already reads. Each cluster's
+//! `/metrics` page is split by vLLM's `model_name` label into queued requests
+//! (`vllm:num_requests_waiting`), running requests (`vllm:num_requests_running`) and KV-cache
+//! use (`vllm:kv_cache_usage_perc`, or the older `vllm:gpu_cache_usage_perc`) and kept with the
+//! time it was read; [`DemandBook::signal`] sums a model over every cluster whose page is fresh.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::autoscale::recommend::Signal;
+use crate::health::lock;
+
+/// One model's figures on one cluster's page.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sample {
+    /// Requests waiting.
+    pub queued: f64,
+    /// Requests running.
+    pub running: f64,
+    /// KV-cache use, 0 to 1 (the highest engine's).
+    pub kv_cache: Option<f64>,
+}
+
+/// The `model_name` label's value in a sample's label set, if any.
+fn model_label(labels: &str) -> Option<&str> {
+    let start = labels.find("model_name=\"")? + "model_name=\"".len();
+    let rest = &labels[start..];
+    rest.find('"').map(|end| &rest[..end])
+}
+
+/// Per model (`model_name`; samples without it under `""`), what a Prometheus text page says.
+pub fn parse(text: &str) -> HashMap<String, Sample> {
+    let mut out: HashMap<String, Sample> = HashMap::new();
+    for line in text.lines() {
+        let (name, rest) = match line.find(['{', ' ']) {
+            Some(i) => line.split_at(i),
+            None => continue,
+        };
+        let kind = match name {
+            "vllm:num_requests_waiting" => 0,
+            "vllm:num_requests_running" => 1,
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => 2,
+            _ => continue,
+        };
+        let labels = if rest.starts_with('{') { rest.split_once('}').map_or("", |(l, _)| l) } else { "" };
+        let Some(value) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) else {
+            continue;
+        };
+        let s = out.entry(model_label(labels).unwrap_or_default().to_string()).or_default();
+        match kind {
+            0 => s.queued += value.max(0.0),
+            1 => s.running += value.max(0.0),
+            _ => s.kv_cache = Some(s.kv_cache.unwrap_or(0.0).max(value.clamp(0.0, 1.0))),
+        }
+    }
+    out
+}
+
+/// One cluster's last page: when it was read, and its samples by model.
+type Page = (Instant, HashMap<String, Sample>);
+
+/// The last page of every scraped cluster, by model.
+#[derive(Debug, Default)]
+pub struct DemandBook {
+    pages: Mutex<HashMap<String, Page>>,
+}
+
+impl DemandBook {
+    /// Keep what `cluster`'s page said at `at`.
+    pub fn record(&self, cluster: &str, text: &str, at: Instant) {
+        let parsed = parse(text);
+        lock(&self.pages).insert(cluster.to_string(), (at, parsed));
+    }
+
+    /// Forget clusters that are no longer in the table.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.pages).retain(|c, _| keep(c));
+    }
+
+    /// `model`'s demand summed over the clusters whose page is younger than `fresh`, and how
+    /// many reported it; `None` when none did. A page whose samples carry no `model_name`
+    /// counts for `model` when `model` is the only model `only` says that cluster serves.
+    pub fn signal(
+        &self,
+        model: &str,
+        fresh: Duration,
+        now: Instant,
+        only: impl Fn(&str) -> bool,
+    ) -> Option<(Signal, i32)> {
+        let pages = lock(&self.pages);
+        let mut total = Signal::default();
+        let (mut kv_sum, mut kv_n, mut clusters) = (0.0, 0u32, 0i32);
+        for (cluster, (at, models)) in pages.iter() {
+            if now.saturating_duration_since(*at) > fresh {
+                continue;
+            }
+            let sample = models.get(model).or_else(|| models.get("").filter(|_| only(cluster)));
+            let Some(s) = sample else { continue };
+            total.queued += s.queued;
+            total.running += s.running;
+            if let Some(k) = s.kv_cache {
+                kv_sum += k;
+                kv_n += 1;
+            }
+            clusters += 1;
+        }
+        if clusters == 0 {
+            return None;
+        }
+        total.kv_cache = (kv_n > 0).then(|| kv_sum / f64::from(kv_n));
+        Some((total, clusters))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = "# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{engine=\"0\",model_name=\"llama\"} 3.0\n\
+vllm:num_requests_waiting{engine=\"1\",model_name=\"llama\"} 2\n\
+vllm:num_requests_running{engine=\"0\",model_name=\"llama\"} 7\n\
+vllm:num_requests_running{model_name=\"qwen\"} 1\n\
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"llama\"} 0.25\n\
+vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"llama\"} 0.5\n\
+vllm:num_requests_waiting_other{model_name=\"llama\"} 99\n\
+vllm:num_requests_running NaN\n";
+
+    #[test]
+    fn a_page_is_split_by_model() {
+        let p = parse(PAGE);
+        assert_eq!(p["llama"], Sample { queued: 5.0, running: 7.0, kv_cache: Some(0.5) });
+        assert_eq!(p["qwen"], Sample { queued: 0.0, running: 1.0, kv_cache: None });
+        assert!(!p.contains_key(""), "a NaN is no sample");
+        let bare = parse("vllm:num_requests_running 4\nvllm:gpu_cache_usage_perc 0.3\n");
+        assert_eq!(bare[""], Sample { queued: 0.0, running: 4.0, kv_cache: Some(0.3) });
+    }
+
+    #[test]
+    fn demand_sums_fresh_pages_over_the_fleet() {
+        let book = DemandBook::default();
+        let t = Instant::now();
+        book.record("eu1", PAGE, t);
+        book.record("eu2", "vllm:num_requests_waiting{model_name=\"llama\"} 4\n", t + Duration::from_secs(5));
+        book.record("us1", "vllm:num_requests_running 6\n", t + Duration::from_secs(5));
+        let fresh = Duration::from_secs(10);
+        let (s, n) = book.signal("llama", fresh, t + Duration::from_secs(6), |_| false).unwrap();
+        assert_eq!((s.queued, s.running, s.kv_cache, n), (9.0, 7.0, Some(0.5), 2));
+        // An unlabelled page counts only where the cluster serves that model alone.
+        let (s, n) = book.signal("llama", fresh, t + Duration::from_secs(6), |c| c == "us1").unwrap();
+        assert_eq!((s.running, n), (13.0, 3));
+        // eu1's page is too old now.
+        let (s, n) = book.signal("llama", fresh, t + Duration::from_secs(12), |_| false).unwrap();
+        assert_eq!((s.queued, n), (4.0, 1));
+        assert_eq!(book.signal("mistral", fresh, t, |_| false), None);
+        book.retain(|c| c != "eu2");
+        assert_eq!(book.signal("llama", fresh, t + Duration::from_secs(12), |_| false), None);
+    }
+}
