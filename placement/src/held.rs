@@ -132,13 +132,7 @@ impl Ctx<'_, '_> {
         let policy = &d.spec.placement;
         let cap_types = policy.capacity_types_or_default();
         let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
-        let class_matches: Vec<Vec<_>> = d
-            .spec
-            .devices
-            .alternatives
-            .iter()
-            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
-            .collect();
+        let class_matches = self.class_matches(d);
         let own_claim = format!("{}.{}", d.namespace, d.name);
         let mut out = Vec::new();
         for (ci, cluster) in self.snapshot.clusters.iter().enumerate() {

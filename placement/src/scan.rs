@@ -39,6 +39,17 @@ impl Scan {
 }
 
 impl Ctx<'_, '_> {
+    /// Which classes each of `d`'s alternatives accepts: a handful of classes, matched once,
+    /// looked up by the pools' class indexes.
+    pub(super) fn class_matches(&mut self, d: &DeploymentView) -> Vec<Vec<ClassMatch>> {
+        d.spec
+            .devices
+            .alternatives
+            .iter()
+            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
+            .collect()
+    }
+
     /// Every cluster and (pool, alternative) of `d` evaluated once: the candidates and the
     /// refusals.
     pub(super) fn scan(
@@ -56,14 +67,7 @@ impl Ctx<'_, '_> {
         let mut pool_blocks: Blocks = PerCluster::with_len(clusters.len());
         let mut pool_block_at: PerCluster<(usize, usize)> = PerCluster::with_len(clusters.len());
         let mut candidates: Vec<Candidate> = Vec::new();
-        // Which classes each alternative accepts: a handful of classes, matched once, looked up
-        // by the pools' class indexes.
-        let class_matches: Vec<Vec<ClassMatch>> = spec
-            .devices
-            .alternatives
-            .iter()
-            .map(|alt| self.snapshot.classes.keys().map(|c| self.matcher.matches(alt, c)).collect())
-            .collect();
+        let class_matches = self.class_matches(d);
         let own_claim = format!("{}.{}", d.namespace, d.name);
         for (ci, cluster) in clusters.iter().enumerate() {
             let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
