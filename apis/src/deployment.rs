@@ -3,7 +3,7 @@
 //! policy: selector, sovereignty, spread, capacity types, cost ceiling. Status reports where
 //! replicas are, how many are ready, and why the rest are not placed.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -442,6 +442,35 @@ pub struct ModelDeploymentStatus {
     /// What the autoscaler decided last and why (written by the elected gateway replica).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<crate::autoscaling::AutoscalingStatus>,
+    /// Pools whose member scheduler refused this deployment's pods past the grace, backed off:
+    /// until `retryAfter` no new replica of this deployment goes there (replicas running there
+    /// stay), so a replica moved away does not come straight back to a pool that refused it.
+    /// Written by the controller, dropped when the back-off ends (`--unschedulable-backoff-seconds`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub refused_pools: Vec<RefusedPool>,
+}
+
+/// A pool backed off after its member's scheduler refused a deployment's pods.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedPool {
+    /// The InferenceCluster.
+    pub cluster: String,
+    /// The pool.
+    pub pool: String,
+    /// When the pool may take new replicas of this deployment again.
+    pub retry_after: Time,
+    /// The scheduler said devices were short (`Insufficient ...`, claims that cannot be
+    /// allocated): no node of the pool had room for one of this deployment's pods. Until
+    /// `retryAfter`, no new replica of any deployment whose pods need as many devices on one
+    /// node goes to the pool either; replicas running there stay. False for refusals of other
+    /// kinds (a taint, a node selector), which concern this deployment only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub devices_short: bool,
+    /// The scheduler's message.
+    #[serde(default)]
+    pub message: String,
 }
 
 /// Replicas on one cluster.

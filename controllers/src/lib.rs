@@ -84,6 +84,9 @@ pub struct ControllerConfig {
     /// A replica whose pod the member's scheduler refuses for longer than this is placed
     /// elsewhere (`--unschedulable-seconds`).
     pub unschedulable_after: Duration,
+    /// A pool that refused a deployment's pods takes no new replica of it for this long after
+    /// (`status.refusedPools`, `--unschedulable-backoff-seconds`); zero: no back-off.
+    pub unschedulable_backoff: Duration,
     /// At most this many ModelDeployment reconciles run at once (`--deployment-concurrency`):
     /// a burst of a thousand applies queues instead of holding a thousand reconciles' memory
     /// and member requests in flight on the runtime's workers.
@@ -133,6 +136,7 @@ impl Default for ControllerConfig {
             poll: Duration::from_secs(10),
             heartbeat_every: Duration::ZERO,
             unschedulable_after: Duration::from_secs(120),
+            unschedulable_backoff: Duration::from_secs(600),
             deployment_concurrency: 32,
             timeouts: member::Timeouts::default(),
             field_manager: "flotilla-controller".into(),

@@ -55,7 +55,7 @@ impl Reason {
             }
             Self::NoPrice => "`maxCostPerHour` is set and the pool's class has no price for its capacity type.",
             Self::InsufficientDevices => {
-                "Not enough free devices on few enough nodes, or fewer nodes than a `MultiNode` replica spans; the message gives the numbers."
+                "Not enough free devices on few enough nodes, or fewer nodes than a `MultiNode` replica spans, or the member's scheduler recently found no node with room for a pod this large (another deployment's `devicesShort` refusal, until its `retryAfter`); the message gives the numbers."
             }
             Self::CostCeilingExceeded => {
                 "One more replica here would take the deployment above `spec.placement.maxCostPerHour`."
@@ -66,7 +66,7 @@ impl Reason {
                 "The solver's evaluation budget ran out before this deployment; its current placements are kept."
             }
             Self::ReplicasUnschedulable => {
-                "The member's scheduler refused this deployment's pods in the pool for longer than the controller's `--unschedulable-seconds` (status `placements[].unschedulable`; devices split across nodes, a taint or a quota Flotilla does not see): those replicas are placed elsewhere and no more come to the pool while any are refused; replicas running there stay."
+                "The member's scheduler refused this deployment's pods in the pool for longer than the controller's `--unschedulable-seconds` (status `placements[].unschedulable`; devices split across nodes, a taint or a quota Flotilla does not see): those replicas are placed elsewhere and no more come to the pool while any are refused, nor until the pool's back-off in `status.refusedPools` ends (`--unschedulable-backoff-seconds`); replicas running there stay."
             }
         }
     }
@@ -114,7 +114,7 @@ impl Reason {
                 "Nothing: the next solve tries again. If it repeats, the fleet is larger than the solver's budget (`SolveOptions::max_evaluations`, 200,000,000 evaluations): report it."
             }
             Self::ReplicasUnschedulable => {
-                "Nothing for the replica: it moves by itself. To use the pool again, find why the member's scheduler refuses (`kubectl describe pod` there; the controller's `ReplicasUnschedulable` event quotes it); the pool takes replicas again once the refused ones are gone."
+                "Nothing for the replica: it moves by itself. To use the pool again, find why the member's scheduler refuses (`kubectl describe pod` there; the controller's `ReplicasUnschedulable` event quotes it); the pool takes new replicas again once the refused ones are gone and its back-off (`status.refusedPools[].retryAfter`) has ended."
             }
         }
     }

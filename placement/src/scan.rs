@@ -249,7 +249,12 @@ impl Ctx<'_, '_> {
             .sum();
         let refused: u32 = here().map(|p| p.unschedulable.max(0) as u32).sum();
         let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
-        let sticky_only = refused > 0 || first_refusal(&d.spec.placement, cluster, false).is_some();
+        // A pool backed off for this deployment, or whose scheduler found no node with room
+        // for a pod this size (any deployment's refusal), takes no new replica of it.
+        let backed_off = d.refused_pools.iter().any(|r| r.cluster == cluster.name && r.pool == pool.name);
+        let short = pool.refused_block.is_some_and(|b| shape.largest_pod() >= b);
+        let sticky_only =
+            refused > 0 || backed_off || short || first_refusal(&d.spec.placement, cluster, false).is_some();
         Ok(Candidate {
             cluster: ci,
             pool: pi,

@@ -11,7 +11,7 @@ use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::cluster::{NodeDevices, node_devices_problems};
 use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
 use flotilla_apis::constants::condition;
-use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPool};
 use flotilla_apis::{CapacityType, FleetObject, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 
 /// Everything the solver looks at.
@@ -73,6 +73,12 @@ pub struct PoolView {
     /// namespace and name (the claim's owner) is placed here. A pool with claimed nodes appears
     /// once for its shared nodes and once per claim.
     pub reserved_for: Option<String>,
+    /// The member's scheduler found no node here with this many devices free for a pod (a
+    /// deployment's `status.refusedPools` entry with `devicesShort`, still backed off): no new
+    /// replica whose pods need this many or more on one node is placed here, whatever the
+    /// per-node figures say (they count Flotilla's own replicas as movable, while the
+    /// scheduler packs them where it likes). Replicas running here stay.
+    pub refused_block: Option<u32>,
 }
 
 /// A class as the solver sees it.
@@ -107,6 +113,9 @@ pub struct DeploymentView {
     pub spec: ModelDeploymentSpec,
     /// Where its replicas run now.
     pub current: Vec<ClusterPlacement>,
+    /// Pools backed off after their member's scheduler refused its pods (`status.refusedPools`):
+    /// no new replica of it goes there.
+    pub refused_pools: Vec<RefusedPool>,
 }
 
 impl DeploymentView {
@@ -177,6 +186,7 @@ impl FleetSnapshot {
                         created,
                         spec: d.spec.clone(),
                         current: d.status.as_ref().map(|s| s.placements.clone()).unwrap_or_default(),
+                        refused_pools: d.status.as_ref().map(|s| s.refused_pools.clone()).unwrap_or_default(),
                     });
                 }
                 FleetObject::Cache(c) => {
@@ -198,6 +208,7 @@ impl FleetSnapshot {
             snap.clusters.push(view);
         }
         snap.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        refused_blocks(&mut snap);
         snap
     }
 }
@@ -253,6 +264,30 @@ pub fn cluster_labels(c: &InferenceCluster) -> BTreeMap<String, String> {
     labels
 }
 
+/// Sets [`PoolView::refused_block`]: per pool, the smallest pod (devices on one node) that a
+/// member's scheduler found no room for, over every deployment's backed-off `devicesShort`
+/// refusal there. Every pool view of that name in the cluster (shared and reserved) gets it.
+fn refused_blocks(snap: &mut FleetSnapshot) {
+    let mut blocks: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+    for d in &snap.deployments {
+        let pod = crate::devices::ReplicaShape::of(&d.spec.topology).largest_pod();
+        for r in d.refused_pools.iter().filter(|r| r.devices_short && pod > 0) {
+            let b = blocks.entry((r.cluster.as_str(), r.pool.as_str())).or_insert(pod);
+            *b = (*b).min(pod);
+        }
+    }
+    if blocks.is_empty() {
+        return;
+    }
+    let blocks: BTreeMap<(String, String), u32> =
+        blocks.into_iter().map(|((c, p), b)| ((c.to_string(), p.to_string()), b)).collect();
+    for c in &mut snap.clusters {
+        for p in &mut c.pools {
+            p.refused_block = blocks.get(&(c.name.clone(), p.name.clone())).copied();
+        }
+    }
+}
+
 /// What a cluster without a status is taken to be.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Evidence {
@@ -306,6 +341,7 @@ fn cluster_view(c: &InferenceCluster, classes: &BTreeMap<String, ClassView>, evi
                 capacity_type: p.capacity_types.first().copied(),
                 free_per_node: shared_free,
                 reserved_for: None,
+                refused_block: None,
             };
             let reserved: Vec<PoolView> = observed
                 .into_iter()
@@ -424,6 +460,51 @@ mod tests {
         // Twin: the same object read from files is assumed up, as `fleetctl plan -f` documents.
         let files = super::FleetSnapshot::from_objects([&FleetObject::Cluster(cluster)]);
         assert!(files.clusters[0].ready);
+    }
+
+    #[test]
+    fn a_devices_short_refusal_caps_the_pool_for_pods_as_large() {
+        let objects: Vec<FleetObject> = vec![
+            FleetObject::Class(serde_json::from_value(serde_json::json!({
+                "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass", "metadata": {"name": "h100"},
+                "spec": {"device": {"driver": "gpu.nvidia.com"}, "devicesPerNode": 8}}))
+            .unwrap()),
+            FleetObject::Cluster(serde_json::from_value(serde_json::json!({
+                "apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": "eu1"},
+                "spec": {"provider": {"sim": {"cloud": "x"}}, "region": "eu-west-3", "jurisdiction": "EU",
+                         "pools": [{"name": "h100", "class": "h100", "nodes": 2, "maxNodes": 2, "capacityTypes": ["on-demand"]},
+                                   {"name": "other", "class": "h100", "nodes": 2, "maxNodes": 2, "capacityTypes": ["on-demand"]}]}}))
+            .unwrap()),
+        ];
+        let refusing = |name: &str, per_replica: u32, short: bool| {
+            let mut md = deployment("ml", name, false);
+            md.spec.topology =
+                serde_json::from_value(serde_json::json!({"type": "TensorParallel", "devicesPerReplica": per_replica}))
+                    .unwrap();
+            md.status = Some(flotilla_apis::ModelDeploymentStatus {
+                refused_pools: vec![flotilla_apis::deployment::RefusedPool {
+                    cluster: "eu1".into(),
+                    pool: "h100".into(),
+                    retry_after: Time(Default::default()),
+                    devices_short: short,
+                    message: String::new(),
+                }],
+                ..Default::default()
+            });
+            FleetObject::Deployment(md)
+        };
+        let block = |deps: Vec<FleetObject>| {
+            let all: Vec<FleetObject> = objects.iter().cloned().chain(deps).collect();
+            let snap = super::FleetSnapshot::from_objects(all.iter());
+            snap.clusters[0].pools.iter().map(|p| p.refused_block).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            block(vec![refusing("a", 4, true), refusing("b", 2, true)]),
+            [Some(2), None],
+            "the smallest pod refused"
+        );
+        assert_eq!(block(vec![refusing("a", 4, false)]), [None, None], "a taint or selector concerns one deployment");
+        assert_eq!(block(vec![]), [None, None]);
     }
 
     #[test]

@@ -412,6 +412,36 @@ impl Ctx<'_, '_> {
                 );
                 continue;
             }
+            let pool = &cluster.pools[c.pool];
+            if let Some(r) = d.refused_pools.iter().find(|r| r.cluster == cluster.name && r.pool == pool.name) {
+                pool_blocks.insert(
+                    c.cluster,
+                    (
+                        Reason::ReplicasUnschedulable,
+                        format!(
+                            "pool {}: the member's scheduler refused this deployment's pods there ({}); no new \
+                             replica goes there before {}",
+                            pool.name, r.message, r.retry_after.0
+                        ),
+                    ),
+                );
+                continue;
+            }
+            if let Some(b) = pool.refused_block.filter(|b| shape.largest_pod() >= *b) {
+                pool_blocks.insert(
+                    c.cluster,
+                    (
+                        Reason::InsufficientDevices,
+                        format!(
+                            "pool {}: the member's scheduler found no node with {b} devices free for a pod (another \
+                             deployment's refusal, backed off); this deployment's pods need {}",
+                            pool.name,
+                            shape.largest_pod()
+                        ),
+                    ),
+                );
+                continue;
+            }
             if let Some(v) = static_verdicts(policy, cluster, false, true).into_iter().find(|v| !v.pass) {
                 pool_blocks.insert(
                     c.cluster,

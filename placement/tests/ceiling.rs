@@ -36,6 +36,7 @@ fn cluster(name: &str, class: &str, cap: CapacityType, nodes: u32) -> ClusterVie
             capacity_type: Some(cap),
             free_per_node: free_per_node(nodes, 8, 0),
             reserved_for: None,
+            refused_block: None,
         }],
         ..Default::default()
     }
@@ -69,6 +70,7 @@ fn fleet(replicas: i32, ceiling: Option<&str>) -> FleetSnapshot {
             created: 0,
             spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
             current: vec![],
+            refused_pools: vec![],
         }],
     }
 }

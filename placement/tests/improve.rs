@@ -36,6 +36,7 @@ fn cluster(name: &str, class: &str) -> ClusterView {
             capacity_type: Some(CapacityType::OnDemand),
             free_per_node: free_per_node(1, 8, 0),
             reserved_for: None,
+            refused_block: None,
         }],
         ..Default::default()
     }
@@ -56,6 +57,7 @@ fn deployment(name: &str, created: i64, priority: i32, alternatives: serde_json:
         created,
         spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
         current: vec![],
+        refused_pools: vec![],
     }
 }
 

@@ -6,7 +6,7 @@
 
 use flotilla_apis::CapacityType;
 use flotilla_apis::class::InferenceClassSpec;
-use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPool};
 use flotilla_placement::plan::{DeploymentPlan, Reason};
 use flotilla_placement::snapshot::free_per_node;
 use flotilla_placement::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, SolveOptions, solve};
@@ -33,6 +33,7 @@ fn pool(name: &str, class: &str, nodes: u32, per_node: u32, cap: CapacityType) -
         capacity_type: Some(cap),
         free_per_node: free_per_node(nodes, per_node, 0),
         reserved_for: None,
+        refused_block: None,
     }
 }
 
@@ -69,6 +70,7 @@ fn deployment(name: &str, replicas: i32, extra: Value) -> DeploymentView {
         created: 0,
         spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
         current: vec![],
+        refused_pools: vec![],
     }
 }
 
@@ -213,6 +215,58 @@ fn replicas_the_member_refused_are_placed_elsewhere() {
     assert_eq!((on(&plan, "eu-1"), plan.unplaced), (1, 1), "{plan:?}");
     assert_eq!(reason(&plan, "eu-1"), Some(Reason::ReplicasUnschedulable));
     assert!(plan.rejections[0].message.contains("refused 1 replica"), "{:?}", plan.rejections);
+}
+
+fn backed_off(cluster: &str, pool: &str, devices_short: bool) -> RefusedPool {
+    RefusedPool {
+        cluster: cluster.into(),
+        pool: pool.into(),
+        retry_after: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+        ),
+        devices_short,
+        message: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.".into(),
+    }
+}
+
+#[test]
+fn a_pool_that_refused_a_replica_stays_backed_off_after_it_moved() {
+    // The replica was refused on eu-1 and moved to us-1, which refuses it too. Without the
+    // back-off it goes straight back to eu-1 (the twin): the ping-pong of the scale benchmark.
+    let mut snap = fleet(vec![deployment("m", 1, json!({}))]);
+    snap.deployments[0].current = vec![ClusterPlacement { unschedulable: 1, ..placement("us-1", "h100", 1, 1) }];
+    assert_eq!(on(&solve1(&snap), "eu-1"), 1, "twin: eu-1 takes it when nothing says it refused");
+    snap.deployments[0].refused_pools = vec![backed_off("eu-1", "h100", true)];
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1"), plan.unplaced), (0, 0, 1), "{plan:?}");
+    assert_eq!(reason(&plan, "eu-1"), Some(Reason::ReplicasUnschedulable));
+    let eu1 = &plan.rejections.iter().find(|r| r.cluster == "eu-1").unwrap().message;
+    assert!(eu1.contains("Insufficient") && eu1.contains("before 2027-01-15"), "{eu1}");
+    // Replicas running in a backed-off pool stay: the back-off stops new ones only.
+    snap.deployments[0].current = vec![placement("eu-1", "h100", 1, 1)];
+    snap.deployments[0].spec.replicas = 2;
+    let plan = solve1(&snap);
+    assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (1, 1), "{plan:?}");
+}
+
+#[test]
+fn a_pool_short_of_devices_for_one_deployment_takes_no_new_pod_as_large_from_any() {
+    // The member's scheduler found no node with 4 free on eu-1 (another deployment's refusal):
+    // a new TP4 replica of `b` goes to us-1 instead, a TP2 replica of `c` still fits eu-1.
+    let tp2 = json!({"topology": {"type": "TensorParallel", "devicesPerReplica": 2}});
+    let run = |block: Option<u32>| {
+        let mut snap = fleet(vec![deployment("b", 1, json!({})), deployment("c", 1, tp2.clone())]);
+        snap.clusters[0].pools[0].refused_block = block;
+        let plan = solve(&snap, &SolveOptions::default());
+        let b = plan.deployments.iter().find(|d| d.name == "b").unwrap().clone();
+        let c = plan.deployments.iter().find(|d| d.name == "c").unwrap().clone();
+        (b, c)
+    };
+    let (b, c) = run(None);
+    assert_eq!((on(&b, "eu-1"), on(&c, "eu-1")), (1, 1), "twin: eu-1 ranks first for both");
+    let (b, c) = run(Some(4));
+    assert_eq!((on(&b, "eu-1"), on(&b, "us-1")), (0, 1), "{b:?}");
+    assert_eq!(on(&c, "eu-1"), 1, "a smaller pod still goes where it fits");
 }
 
 #[test]

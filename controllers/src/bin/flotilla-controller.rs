@@ -81,6 +81,12 @@ struct Args {
     /// solver does not see).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     unschedulable_seconds: u64,
+    /// A pool whose member's scheduler refused a deployment's pods takes no new replica of that
+    /// deployment for this many seconds after (`status.refusedPools`), so a replica moved away
+    /// does not come straight back; when the scheduler said devices were short, no new replica
+    /// of any deployment with pods as large either. 0: no back-off.
+    #[arg(long, default_value_t = 600)]
+    unschedulable_backoff_seconds: u64,
     /// At most this many ModelDeployment reconciles run at once; the others wait their turn in
     /// the queue (each deployment at most once in it).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
@@ -246,6 +252,7 @@ async fn main() -> anyhow::Result<()> {
         sweep_every: Duration::from_secs(args.sweep_seconds),
         heartbeat_every: Duration::from_secs(args.heartbeat_seconds),
         unschedulable_after: Duration::from_secs(args.unschedulable_seconds),
+        unschedulable_backoff: Duration::from_secs(args.unschedulable_backoff_seconds),
         deployment_concurrency: args.deployment_concurrency,
         secret_namespace: args.member_secret_namespace.clone(),
         cluster_profile_providers: profile_providers,

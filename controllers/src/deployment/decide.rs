@@ -80,6 +80,8 @@ pub struct Input<'a> {
     pub dra: &'a BTreeSet<String>,
     /// Now, to the second (what the API server keeps of condition times).
     pub now: &'a Time,
+    /// How long a pool that refused the deployment's pods is backed off (`status.refusedPools`).
+    pub backoff: std::time::Duration,
 }
 
 /// When to look again.
@@ -238,7 +240,9 @@ fn write_ahead(input: &Input<'_>, step: &BTreeMap<Key, i32>, observed: &Observed
         md.status.iter().flat_map(|s| s.placements.iter()).map(|p| p.cluster.as_str()).collect();
     let fresh =
         step.iter().any(|(k, r)| *r > 0 && input.seen.answered.contains(&k.0) && !recorded.contains(k.0.as_str()));
-    fresh.then(|| status::desired(md.status.as_ref(), md.metadata.generation, input.plan, observed, input.now))
+    fresh.then(|| {
+        status::desired(md.status.as_ref(), md.metadata.generation, input.plan, observed, input.now, input.backoff)
+    })
 }
 
 /// The rendered objects one member should hold for this step.
@@ -297,7 +301,7 @@ fn conclude(
 ) -> Outcome {
     let md = input.md;
     let base = write_ahead.or(md.status.as_ref());
-    let status = status::desired(base, md.metadata.generation, input.plan, observed, input.now);
+    let status = status::desired(base, md.metadata.generation, input.plan, observed, input.now, input.backoff);
     let changed = base != Some(&status);
     let mut events = Vec::new();
     // Compared with the status the reconcile started from, so a write-ahead does not hide the
@@ -326,8 +330,15 @@ fn conclude(
                 action: "Replace",
                 message: format!(
                     "{}/{}: the member's scheduler refused {} replica(s) past the grace ({word}); placing them \
-                     elsewhere, no more go to this pool while any are refused",
-                    p.cluster, p.pool, p.unschedulable
+                     elsewhere, no more go to this pool while any are refused{}",
+                    p.cluster,
+                    p.pool,
+                    p.unschedulable,
+                    status
+                        .refused_pools
+                        .iter()
+                        .find(|r| r.cluster == p.cluster && r.pool == p.pool)
+                        .map_or(String::new(), |r| format!(" and not before {}", r.retry_after.0))
                 ),
                 warning: true,
             });

@@ -115,6 +115,7 @@ impl Case {
             classes: &self.classes,
             dra: &self.dra,
             now: &self.now,
+            backoff: std::time::Duration::from_secs(600),
         }
     }
 

@@ -163,7 +163,7 @@ impl DeploymentContext {
 /// each one's uid, whether it is being deleted and its version as the solver reads it — the
 /// `resourceVersion` of classes, clusters and caches; for a deployment its spec's `generation`
 /// and the placements its status records (cluster, pool, class, capacity type, rank, desired,
-/// unschedulable), not its `resourceVersion`: ready counts, conditions and events written to a
+/// unschedulable) and its backed-off pools, not its `resourceVersion`: ready counts, conditions and events written to a
 /// deployment's status during convergence do not move the plan, so they do not solve it again.
 fn fingerprint<'a>(
     classes: impl Iterator<Item = &'a kube::api::ObjectMeta>,
@@ -184,6 +184,9 @@ fn fingerprint<'a>(
         for p in d.status.iter().flat_map(|s| &s.placements) {
             (&p.cluster, &p.pool, &p.class, p.capacity_type.as_str(), p.fallback_rank, p.desired, p.unschedulable)
                 .hash(&mut h);
+        }
+        for r in d.status.iter().flat_map(|s| &s.refused_pools) {
+            (&r.cluster, &r.pool, r.devices_short).hash(&mut h);
         }
         let version = format!("{}/{:x}", d.metadata.generation.unwrap_or(0), h.finish());
         (d.metadata.uid.clone().unwrap_or_default(), version, d.metadata.deletion_timestamp.is_some())
@@ -265,6 +268,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         classes: &classes,
         dra: &dra,
         now: &now,
+        backoff: ctx.config.unschedulable_backoff,
     };
     let decision = decide::decide(&input);
 
@@ -306,11 +310,23 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         if changed { Outcome::Changed } else { Outcome::Unchanged },
         started.elapsed(),
     );
-    Ok(match outcome.pace {
-        Pace::AwaitChange => Action::await_change(),
-        Pace::Settled => Action::requeue(ctx.config.poll * SETTLED_POLLS),
-        Pace::WaitingForCache => Action::requeue(ctx.config.poll),
-        Pace::Converging => Action::requeue(Duration::from_secs(2).min(ctx.config.poll)),
+    let next = match outcome.pace {
+        Pace::AwaitChange => None,
+        Pace::Settled => Some(ctx.config.poll * SETTLED_POLLS),
+        Pace::WaitingForCache => Some(ctx.config.poll),
+        Pace::Converging => Some(Duration::from_secs(2).min(ctx.config.poll)),
+    };
+    // A back-off that ends brings the pool back to the solver: look again then (the status
+    // written drops it, which solves the fleet anew).
+    let backoff_ends = outcome
+        .status
+        .refused_pools
+        .iter()
+        .map(|r| Duration::from_secs((r.retry_after.0.as_second() - now.0.as_second()).max(0) as u64 + 1))
+        .min();
+    Ok(match next.into_iter().chain(backoff_ends).min() {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
     })
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use flotilla_apis::conditions::{Desired, Status, merge};
 use flotilla_apis::constants::{condition, reason};
-use flotilla_apis::deployment::{ClusterPlacement, ClusterRejection, ModelDeploymentStatus, Unplaced};
+use flotilla_apis::deployment::{ClusterPlacement, ClusterRejection, ModelDeploymentStatus, RefusedPool, Unplaced};
 use flotilla_placement::plan::{DeploymentPlan, InvalidSpec, Reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -92,6 +92,7 @@ pub fn desired(
     plan: &DeploymentPlan,
     observed: &Observed,
     now: &Time,
+    backoff: std::time::Duration,
 ) -> ModelDeploymentStatus {
     let old = previous.cloned().unwrap_or_default();
     let mut placements: Vec<ClusterPlacement> = plan
@@ -263,7 +264,72 @@ pub fn desired(
         unplaced,
         // Written by the elected gateway replica (the autoscaler): kept, never cleared here.
         autoscaling: old.autoscaling.clone(),
+        refused_pools: refused_pools(&old, observed, now, backoff),
     }
+}
+
+/// How many pools `status.refusedPools` holds at most (the CRD's `maxItems`).
+pub const MAX_REFUSED_POOLS: usize = 64;
+
+/// The scheduler's message is kept to this many bytes in `status.refusedPools`.
+const REFUSAL_MESSAGE_MAX: usize = 256;
+
+/// The pools backed off after refusing this deployment's pods: the previous entries whose
+/// back-off has not ended (also those of members not observed now), and a new entry for each
+/// pool whose pods are refused now and has none, backed off until `now + backoff`. An entry
+/// that ends while its pods are still refused starts again at once. At most
+/// [`MAX_REFUSED_POOLS`], those that end last.
+fn refused_pools(
+    old: &ModelDeploymentStatus,
+    observed: &Observed,
+    now: &Time,
+    backoff: std::time::Duration,
+) -> Vec<RefusedPool> {
+    let mut pools: BTreeMap<Key, RefusedPool> =
+        unexpired(&old.refused_pools, now).map(|r| ((r.cluster.clone(), r.pool.clone()), r.clone())).collect();
+    let until = now.0.as_second().saturating_add(backoff.as_secs().min(i64::MAX as u64) as i64);
+    let until = Time(k8s_openapi::jiff::Timestamp::from_second(until).unwrap_or(now.0));
+    if until.0 > now.0 {
+        for ((cluster, pool), r) in observed.refused.iter().filter(|(_, r)| r.replicas > 0) {
+            pools.entry((cluster.clone(), pool.clone())).or_insert_with(|| RefusedPool {
+                cluster: cluster.clone(),
+                pool: pool.clone(),
+                retry_after: until.clone(),
+                devices_short: devices_short(&r.message),
+                message: clip(&r.message, REFUSAL_MESSAGE_MAX),
+            });
+        }
+    }
+    let mut pools: Vec<RefusedPool> = pools.into_values().collect();
+    if pools.len() > MAX_REFUSED_POOLS {
+        pools.sort_by(|a, b| {
+            b.retry_after.0.cmp(&a.retry_after.0).then(a.cluster.cmp(&b.cluster)).then(a.pool.cmp(&b.pool))
+        });
+        pools.truncate(MAX_REFUSED_POOLS);
+        pools.sort_by(|a, b| a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)));
+    }
+    pools
+}
+
+/// The entries whose back-off has not ended at `now`.
+fn unexpired<'a>(pools: &'a [RefusedPool], now: &'a Time) -> impl Iterator<Item = &'a RefusedPool> {
+    pools.iter().filter(|r| r.retry_after.0 > now.0)
+}
+
+/// Whether a scheduler's message says devices were short (`Insufficient nvidia.com/gpu`, a
+/// DRA claim that cannot be allocated), rather than a taint, a selector or an affinity that
+/// concerns this deployment's pods only.
+fn devices_short(message: &str) -> bool {
+    message.contains("Insufficient") || message.contains("cannot allocate all claims")
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 /// The status of a deployment whose spec cannot be used (a selector that does not compile,
@@ -283,9 +349,12 @@ pub fn invalid(
         reason::INVALID_SPEC,
         format!("{}: {}; what already runs is left as it is until the spec is fixed", invalid.field, invalid.message),
     );
+    // Back-offs still end: an invalid spec must not keep a pool closed to others forever.
+    let refused_pools = unexpired(&old.refused_pools, now).cloned().collect();
     ModelDeploymentStatus {
         observed_generation: generation,
         conditions: flotilla_apis::Conditions(merge(&old.conditions.0, &[placed], generation, now)),
+        refused_pools,
         ..old
     }
 }
@@ -335,48 +404,104 @@ mod tests {
         Time(Timestamp::from_second(1_000).unwrap())
     }
 
+    const BACKOFF: std::time::Duration = std::time::Duration::from_secs(600);
+
+    #[test]
+    fn a_refused_pool_stays_backed_off_after_its_pods_are_gone_then_is_dropped() {
+        let at = |s: i64| Time(Timestamp::from_second(s).unwrap());
+        let refused = |message: &str| super::super::decide::Refusal { replicas: 1, message: message.into() };
+        let mut o = observed(7);
+        o.refused
+            .insert(("eu1".into(), "h100".into()), refused("0/2 nodes are available: 2 Insufficient nvidia.com/gpu."));
+        let s = desired(None, Some(1), &plan(8, 7), &o, &at(1_000), BACKOFF);
+        assert_eq!(s.refused_pools.len(), 1);
+        let r = &s.refused_pools[0];
+        assert_eq!(
+            (r.cluster.as_str(), r.pool.as_str(), r.retry_after.0.as_second(), r.devices_short),
+            ("eu1", "h100", 1_600, true)
+        );
+        // The refused pod is gone (the replica moved): the pool stays backed off until 1,600...
+        let later = desired(Some(&s), Some(1), &plan(8, 7), &observed(7), &at(1_300), BACKOFF);
+        assert_eq!(later.refused_pools, s.refused_pools, "not renewed, not dropped");
+        // ... and is dropped when that time comes (the solver may try the pool again).
+        let ended = desired(Some(&later), Some(1), &plan(8, 7), &observed(7), &at(1_600), BACKOFF);
+        assert!(ended.refused_pools.is_empty());
+        // Still refused when it ends: backed off again from then.
+        let again = desired(Some(&later), Some(1), &plan(8, 7), &o, &at(1_600), BACKOFF);
+        assert_eq!(again.refused_pools[0].retry_after.0.as_second(), 2_200);
+        // A taint is this deployment's business only: not `devicesShort`.
+        let mut t = observed(7);
+        t.refused.insert(
+            ("eu1".into(), "h100".into()),
+            refused("0/2 nodes are available: 2 node(s) had untolerated taint {x: y}."),
+        );
+        assert!(!desired(None, Some(1), &plan(8, 7), &t, &at(1_000), BACKOFF).refused_pools[0].devices_short);
+        // No back-off configured: nothing kept.
+        assert!(
+            desired(None, Some(1), &plan(8, 7), &o, &at(1_000), std::time::Duration::ZERO).refused_pools.is_empty()
+        );
+        // Bounded: at most MAX_REFUSED_POOLS entries, those that end last.
+        let mut many = observed(7);
+        for i in 0..MAX_REFUSED_POOLS + 5 {
+            many.refused.insert((format!("c{i:03}"), "h100".into()), refused("x"));
+        }
+        let old = ModelDeploymentStatus {
+            refused_pools: vec![RefusedPool {
+                cluster: "old".into(),
+                pool: "p".into(),
+                retry_after: at(1_100),
+                devices_short: false,
+                message: String::new(),
+            }],
+            ..Default::default()
+        };
+        let s = desired(Some(&old), Some(1), &plan(8, 7), &many, &at(1_000), BACKOFF);
+        assert_eq!(s.refused_pools.len(), MAX_REFUSED_POOLS);
+        assert!(!s.refused_pools.iter().any(|r| r.cluster == "old"), "the one ending first is left out");
+    }
+
     #[test]
     fn refused_replicas_are_counted_once_and_not_those_a_scale_down_removes() {
         let refused = |replicas| super::super::decide::Refusal { replicas, message: "0/2 nodes".into() };
         // 8 asked for and wanted, 2 refused: the placement says 2.
         let mut o = observed(6);
         o.refused.insert(("eu1".into(), "h100".into()), refused(2));
-        let s = desired(None, Some(1), &plan(8, 8), &o, &now());
+        let s = desired(None, Some(1), &plan(8, 8), &o, &now(), BACKOFF);
         assert_eq!(s.placements[0].unschedulable, 2);
         // The plan now wants 7 there (one moved away): the scale-down 8 → 7 removes one of the
         // refused pods first, so one is left to say.
-        let s = desired(None, Some(1), &plan(8, 7), &o, &now());
+        let s = desired(None, Some(1), &plan(8, 7), &o, &now(), BACKOFF);
         assert_eq!(s.placements[0].unschedulable, 1);
         // Wants 6: both go with the scale-down, none is said (the running 6 stay where they are).
-        let s = desired(None, Some(1), &plan(8, 6), &o, &now());
+        let s = desired(None, Some(1), &plan(8, 6), &o, &now(), BACKOFF);
         assert_eq!(s.placements[0].unschedulable, 0);
         // Twin: nothing refused, nothing said (and left out of the serialised status).
-        let s = desired(None, Some(1), &plan(8, 8), &observed(6), &now());
+        let s = desired(None, Some(1), &plan(8, 8), &observed(6), &now(), BACKOFF);
         assert_eq!(s.placements[0].unschedulable, 0);
         assert!(serde_json::to_value(&s.placements[0]).unwrap().get("unschedulable").is_none());
     }
 
     #[test]
     fn one_of_eight_is_degraded_never_ready() {
-        let s = desired(None, Some(1), &plan(8, 8), &observed(1), &now());
+        let s = desired(None, Some(1), &plan(8, 8), &observed(1), &now(), BACKOFF);
         assert_eq!(s.ready_replicas, 1);
         assert_eq!(s.conditions.get("Ready").unwrap().status, "False");
         assert_eq!(s.conditions.get("Degraded").unwrap().status, "True");
         // Twin: all eight ready.
-        let s = desired(None, Some(1), &plan(8, 8), &observed(8), &now());
+        let s = desired(None, Some(1), &plan(8, 8), &observed(8), &now(), BACKOFF);
         assert!(s.conditions.is_true("Ready"));
         assert_eq!(s.conditions.get("Degraded").unwrap().status, "False");
     }
 
     #[test]
     fn nothing_observed_is_not_ready() {
-        let s = desired(None, Some(1), &plan(2, 2), &Observed::default(), &now());
+        let s = desired(None, Some(1), &plan(2, 2), &Observed::default(), &now(), BACKOFF);
         assert_eq!(s.conditions.get("Ready").unwrap().reason, "NoReplicasReady");
     }
 
     #[test]
     fn unplaced_is_reported_with_bounded_reasons() {
-        let s = desired(None, Some(1), &plan(6, 4), &observed(4), &now());
+        let s = desired(None, Some(1), &plan(6, 4), &observed(4), &now(), BACKOFF);
         let placed = s.conditions.get("Placed").unwrap();
         assert_eq!(placed.status, "False");
         assert!(placed.message.starts_with("4 of 6 replicas placed"), "{}", placed.message);
@@ -396,32 +521,32 @@ mod tests {
                 ("eu2".into(), "Failed (DigestMismatch)".into()),
             ]),
         });
-        let s = desired(None, Some(1), &plan(2, 2), &o, &now());
+        let s = desired(None, Some(1), &plan(2, 2), &o, &now(), BACKOFF);
         let c = s.conditions.get("WaitingForCache").unwrap();
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "CacheNotReady"));
         assert!(c.message.contains("eu1 (Downloading), eu2 (Failed (DigestMismatch))"), "{}", c.message);
         // Twins: Ready everywhere is False; no cacheRef writes no such condition at all.
         o.cache = Some(CacheWait { cache: "ml/llama".into(), waiting: BTreeMap::new() });
-        let s = desired(Some(&s), Some(1), &plan(2, 2), &o, &now());
+        let s = desired(Some(&s), Some(1), &plan(2, 2), &o, &now(), BACKOFF);
         assert_eq!(s.conditions.get("WaitingForCache").unwrap().status, "False");
-        let s = desired(None, Some(1), &plan(2, 2), &observed(0), &now());
+        let s = desired(None, Some(1), &plan(2, 2), &observed(0), &now(), BACKOFF);
         assert!(s.conditions.get("WaitingForCache").is_none());
     }
 
     #[test]
     fn an_unobserved_member_keeps_its_placement_until_its_cluster_is_gone() {
-        let running = desired(None, Some(1), &plan(2, 2), &observed(2), &now());
+        let running = desired(None, Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
         assert_eq!(running.placements.len(), 1);
         let cluster = running.placements[0].cluster.clone();
         // The plan no longer wants it (the member is down) and it cannot be observed.
         let mut down = Observed::default();
         down.unreachable.insert(cluster.clone(), "connection failed".into());
         let nowhere = DeploymentPlan { assignments: vec![], ..plan(2, 0) };
-        let kept = desired(Some(&running), Some(1), &nowhere, &down, &now());
+        let kept = desired(Some(&running), Some(1), &nowhere, &down, &now(), BACKOFF);
         assert_eq!(kept.placements.len(), 1, "still where the objects may be");
         assert_eq!((kept.placements[0].desired, kept.placements[0].ready), (0, 0), "no stale evidence");
         down.vanished.insert(cluster);
-        assert!(desired(Some(&kept), Some(1), &nowhere, &down, &now()).placements.is_empty());
+        assert!(desired(Some(&kept), Some(1), &nowhere, &down, &now(), BACKOFF).placements.is_empty());
     }
 
     #[test]
@@ -429,13 +554,13 @@ mod tests {
         // 8 replicas ready on the previous spec, none on the current one yet.
         let mut o = Observed::default();
         o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready: 8, current: 0 });
-        let s = desired(None, Some(2), &plan(8, 8), &o, &now());
+        let s = desired(None, Some(2), &plan(8, 8), &o, &now(), BACKOFF);
         assert_eq!(s.ready_replicas, 0);
         assert_eq!(s.conditions.get("Ready").unwrap().reason, "NoReplicasReady");
         assert_eq!((s.placements[0].ready, s.placements[0].serving), (0, 8), "they serve: the gateway routes");
         // Half way: 4 on the current spec.
         o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready: 8, current: 4 });
-        let s = desired(Some(&s), Some(2), &plan(8, 8), &o, &now());
+        let s = desired(Some(&s), Some(2), &plan(8, 8), &o, &now(), BACKOFF);
         assert_eq!(s.ready_replicas, 4);
         assert!(s.conditions.is_true("Degraded"));
     }
@@ -443,13 +568,13 @@ mod tests {
     #[test]
     fn the_autoscalers_status_is_kept_by_the_controllers_write() {
         use flotilla_apis::autoscaling::{AutoscalingReason, AutoscalingStatus};
-        let mut before = desired(None, Some(1), &plan(2, 2), &observed(2), &now());
+        let mut before = desired(None, Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
         before.autoscaling = Some(AutoscalingStatus {
             recommendation: 2,
             reason: Some(AutoscalingReason::Steady),
             ..Default::default()
         });
-        let next = desired(Some(&before), Some(1), &plan(2, 2), &observed(2), &now());
+        let next = desired(Some(&before), Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
         assert_eq!(next.autoscaling, before.autoscaling);
         // And so the status patch neither nulls nor rewrites it.
         let patch = crate::status_patch::status_patch(Some(&before), &next).unwrap();
@@ -459,15 +584,15 @@ mod tests {
 
     #[test]
     fn same_inputs_same_status_so_no_write() {
-        let a = desired(None, Some(1), &plan(2, 2), &observed(2), &now());
+        let a = desired(None, Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
         let later = Time(Timestamp::from_second(2_000).unwrap());
-        let b = desired(Some(&a), Some(1), &plan(2, 2), &observed(2), &later);
+        let b = desired(Some(&a), Some(1), &plan(2, 2), &observed(2), &later, BACKOFF);
         assert_eq!(a, b);
     }
 
     #[test]
     fn invalid_spec_says_so_naming_the_field_and_keeps_the_rest() {
-        let before = desired(None, Some(1), &plan(4, 4), &observed(4), &now());
+        let before = desired(None, Some(1), &plan(4, 4), &observed(4), &now(), BACKOFF);
         let bad = InvalidSpec { field: "spec.devices.alternatives[0].selectors[0]".into(), message: "too deep".into() };
         let after = invalid(Some(&before), Some(2), &bad, &now());
         let placed = after.conditions.0.iter().find(|c| c.type_ == condition::PLACED).expect("Placed");

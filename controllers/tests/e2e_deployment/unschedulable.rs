@@ -3,7 +3,8 @@
 //! devices split across nodes), then a one-replica model that prefers eu1 is applied: after
 //! the controller's `--unschedulable-seconds` it says so in one `ReplicasUnschedulable` Warning
 //! naming the pool and the scheduler's word, runs on another member, and nothing of it is left
-//! in eu1; the replicas another model runs on eu1 are untouched. The taint and the model are
+//! in eu1, whose pool stays backed off for it (`status.refusedPools`); the replicas another
+//! model runs on eu1 are untouched. The taint and the model are
 //! removed at the end.
 
 use k8s_openapi::api::core::v1::Node;
@@ -62,6 +63,14 @@ pub async fn refused_replica_moves(control: &Client, api: &Api<ModelDeployment>,
         })
         .await;
     assert_eq!(placed.len(), 1, "one replica, one member: {placed:?}");
+    // eu1's pool stays backed off for the model (the harness runs the default 600 s): its pods
+    // are gone, but nothing sends the replica back while the taint may still be there. A taint
+    // concerns this model only: not `devicesShort`, which would close the pool to others too.
+    let s = status_of(api, "refused-model").await;
+    let backed: Vec<_> =
+        s.refused_pools.iter().map(|r| (r.cluster.as_str(), r.pool.as_str(), r.devices_short)).collect();
+    assert_eq!(backed, [("eu1", "h100", false)], "{:?}", s.refused_pools);
+    assert!(s.refused_pools[0].message.contains("untolerated taint"), "{:?}", s.refused_pools);
     assert_eq!(
         member_deployments(&members[placed[0].as_str()], "refused-model").await,
         BTreeMap::from([("refused-model-h100".into(), 1)])
