@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (at %d s)\n' "$*" "$SECONDS"; }
 
 # Property tests draw new random cases on every run (set PROPTEST_RNG_SEED to repeat one); a
 # failure names its fleet (`GenSpec`). A deep run:
