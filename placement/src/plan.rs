@@ -182,15 +182,16 @@ pub struct Preemption {
 }
 
 /// Replicas moved by the improvement phase after the greedy pass: `replicas` of `moved` went
-/// from `from` to `to`, and `madeRoomFor` got replicas on `from` in their place.
+/// from `from` to `to`, and `madeRoomFor` got replicas on `from` in their place (or, for a
+/// lower-priority deployment solved again after a preemption, the room it left).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Move {
     /// The deployment whose replica moved (`namespace/name`).
     pub moved: String,
-    /// Where it ran in the greedy plan: `cluster/pool`.
+    /// Where it was before this step (the greedy plan, or an earlier step): `cluster/pool`.
     pub from: String,
-    /// Where it runs now: `cluster/pool`.
+    /// Where this step put it: `cluster/pool`.
     pub to: String,
     /// The deployment (`namespace/name`) that got replicas on `from` because of the move.
     pub made_room_for: String,
