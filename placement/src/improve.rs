@@ -106,15 +106,21 @@ impl Ctx<'_, '_> {
             explain: options.explain.clone(),
         };
         let mut changed = vec![false; order.len()];
+        // Moves first, for every deployment; preemption only with the budget they leave, so
+        // attempts that gain nothing never cost a deployment a move.
         for di in 0..order.len() {
-            if !ph.movable[di] || plans[di].unplaced == 0 {
-                continue;
-            }
-            while plans[di].unplaced > 0 && ph.work < ph.budget {
-                if let Some(t) = self.one_more(&mut ph, plans, &held, di) {
-                    self.apply(&mut ph, plans, &mut held, &mut changed, t, di);
-                } else if !self.preempt(&mut ph, plans, &mut held, &mut changed, di) {
-                    break;
+            self.moves(&mut ph, plans, &mut held, &mut changed, di);
+        }
+        for di in 0..order.len() {
+            while ph.movable[di]
+                && plans[di].unplaced > 0
+                && ph.work < ph.budget
+                && self.preempt(&mut ph, plans, &mut held, &mut changed, di)
+            {
+                // The lower tiers were solved again: their moves are looked for again too.
+                let below = ph.prios.partition_point(|&p| p >= ph.prios[di]);
+                for i in std::iter::once(di).chain(below..order.len()) {
+                    self.moves(&mut ph, plans, &mut held, &mut changed, i);
                 }
             }
         }
@@ -122,6 +128,21 @@ impl Ctx<'_, '_> {
             if changed[i] {
                 self.refresh(d, &mut plans[i], &held[i]);
             }
+        }
+    }
+
+    /// Places what moves can of deployment `di`'s missing replicas, within the budget.
+    fn moves(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &mut [DeploymentPlan],
+        held: &mut [Vec<Held>],
+        changed: &mut [bool],
+        di: usize,
+    ) {
+        while ph.movable[di] && plans[di].unplaced > 0 && ph.work < ph.budget {
+            let Some(t) = self.one_more(ph, plans, held, di) else { break };
+            self.apply(ph, plans, held, changed, t, di);
         }
     }
 
