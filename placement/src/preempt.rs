@@ -1,5 +1,7 @@
-//! Preemption, the improvement phase's last resort for a deployment still short of replicas:
-//! replicas of strictly lower-priority deployments that do not run yet are taken out (the
+//! Preemption, the improvement phase's last resort for a deployment still short of replicas
+//! once the move search has run for every deployment (and only where a lower tier holds
+//! replicas on a pool that search looks at): replicas of strictly lower-priority deployments
+//! that do not run yet are taken out (the
 //! lower tiers keep only what they run), the move search tries again for the deployment, and
 //! only if it then places strictly more are the lower tiers solved again, by the greedy pass
 //! itself, on the room left — spread, ceilings, `maxReplicas` and minimums judged anew, a
@@ -10,7 +12,7 @@
 //! a higher tier moves. Deterministic, and bounded by the phase's budget: a re-solve starts
 //! only when what the greedy spent on those tiers fits in what is left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::super::held::{Held, Tentative, movable, name, record, repack, users_of, watched};
 use super::super::{Ctx, SolveOptions};
@@ -41,7 +43,7 @@ impl Ctx<'_, '_> {
         }
         let pools: u64 = self.free.iter().map(|c| c.len() as u64).sum();
         let resolve: u64 = ph.cost[below..].iter().sum();
-        if ph.work + resolve + pools + n as u64 >= ph.budget {
+        if ph.work + resolve + pools + n as u64 >= ph.budget || !self.lower_in_reach(ph, held, di, below) {
             return false;
         }
         ph.work += pools + n as u64;
@@ -159,6 +161,33 @@ impl Ctx<'_, '_> {
         ph.users = users_of(held);
         ph.watched = watched(ph.order, plans);
         true
+    }
+
+    /// Whether a lower tier (from `below`) holds replicas that do not run on a pool the move
+    /// search for `di` would look at: one of its own, or one of a deployment it may move off
+    /// them (deeper chains aside). Without any, taking them out could not help.
+    fn lower_in_reach(&mut self, ph: &mut Phase<'_, '_>, held: &[Vec<Held>], di: usize, below: usize) -> bool {
+        let pools_of = |ph: &Phase<'_, '_>, i: usize| -> Vec<(usize, usize)> {
+            ph.deps[i].as_ref().map_or_else(Vec::new, |d| d.cands.iter().map(|c| (c.cluster, c.pool)).collect())
+        };
+        self.dep(ph, di);
+        let mine = pools_of(ph, di);
+        let mut reach: BTreeSet<(usize, usize)> = mine.iter().copied().collect();
+        for q in mine {
+            for i in ph.users.get(&q).cloned().unwrap_or_default() {
+                ph.work += 1;
+                if i != di && i < below && ph.movable[i] && ph.prios[i] <= ph.prios[di] {
+                    self.dep(ph, i);
+                    reach.extend(pools_of(ph, i));
+                }
+            }
+        }
+        ph.work += reach.len() as u64;
+        reach.iter().any(|q| {
+            ph.users.get(q).is_some_and(|u| {
+                u.iter().any(|&i| i >= below && held[i].iter().any(|h| (h.cluster, h.pool) == *q && h.count > h.kept))
+            })
+        })
     }
 
     /// What changed between a deployment's placements before and after a re-solve, per pool:

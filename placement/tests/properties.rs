@@ -913,7 +913,7 @@ fn replan_with_spread_settles_after_one_replan() {
     assert_eq!(key_of(&second), key_of(&third), "{spec:?}: the re-plan of the re-plan differs");
 }
 
-/// Preemption happens in generated fleets, if rarely (12 replicas in 6 of 2,000 fleets of the
+/// Preemption happens in generated fleets, if rarely (16 replicas in 6 of 2,000 fleets of the
 /// spec pattern above): two of them pass the checker, and the checker catches a preemption
 /// recorded on one side only and one where the lower priority preempted the higher.
 #[test]
