@@ -218,6 +218,22 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
             };
         }
     }
+    if !d.preemptions.is_empty() {
+        out.push_str("\nPREEMPTED AFTER THE GREEDY PASS\n");
+        let me = format!("{}/{}", d.namespace, d.name);
+        for p in &d.preemptions {
+            let n = p.replicas;
+            let _ = if p.preempted == me {
+                writeln!(out, "  {n} replica(s) on {} preempted by {} (higher priority)", p.from, p.by)
+            } else {
+                writeln!(
+                    out,
+                    "  placed after preempting {n} replica(s) of {} on {} (lower priority)",
+                    p.preempted, p.from
+                )
+            };
+        }
+    }
     if d.unplaced > 0 {
         out.push('\n');
         out.push_str(&unplaced_section(d));
@@ -227,7 +243,7 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
 
 #[cfg(test)]
 mod tests {
-    use flotilla_placement::{DeploymentPlan, Move};
+    use flotilla_placement::{DeploymentPlan, Move, Preemption};
 
     #[test]
     fn explain_says_which_replicas_a_move_placed_and_which_it_moved() {
@@ -253,5 +269,30 @@ mod tests {
         // Absence: no moves, no section.
         let quiet = super::explain_text(&DeploymentPlan { moves: vec![], ..plan("other") });
         assert!(!quiet.contains("MOVED"), "{quiet}");
+        assert!(!moved.contains("PREEMPTED"), "{moved}");
+    }
+
+    #[test]
+    fn explain_says_who_preempted_whom() {
+        let p =
+            Preemption { preempted: "ml/low".into(), from: "b/h200".into(), by: "ml/h100-only".into(), replicas: 1 };
+        let plan = |name: &str| DeploymentPlan {
+            namespace: "ml".into(),
+            name: name.into(),
+            desired: 1,
+            preemptions: vec![p.clone()],
+            ..Default::default()
+        };
+        let lost = super::explain_text(&plan("low"));
+        assert!(lost.contains("PREEMPTED AFTER THE GREEDY PASS"), "{lost}");
+        assert!(lost.contains("1 replica(s) on b/h200 preempted by ml/h100-only (higher priority)"), "{lost}");
+        let gained = super::explain_text(&plan("h100-only"));
+        assert!(
+            gained.contains("placed after preempting 1 replica(s) of ml/low on b/h200 (lower priority)"),
+            "{gained}"
+        );
+        // Absence: no preemptions, no section.
+        let quiet = super::explain_text(&DeploymentPlan { preemptions: vec![], ..plan("other") });
+        assert!(!quiet.contains("PREEMPTED"), "{quiet}");
     }
 }

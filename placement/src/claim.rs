@@ -159,6 +159,7 @@ mod tests {
             explanation: None,
             invalid: None,
             moves: Vec::new(),
+            preemptions: Vec::new(),
         }
     }
 

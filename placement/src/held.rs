@@ -11,7 +11,7 @@ use super::place::unmet_minimums;
 use super::{Candidate, Ctx};
 use crate::devices::ReplicaShape;
 use crate::filters::first_refusal;
-use crate::plan::DeploymentPlan;
+use crate::plan::{DeploymentPlan, Move};
 use crate::snapshot::DeploymentView;
 
 /// Replicas of one deployment on one (cluster, pool, alternative).
@@ -222,4 +222,38 @@ pub(super) fn repack(
         }
     }
     Some(free)
+}
+
+/// `namespace/name`, as moves name deployments.
+pub(super) fn name(d: &DeploymentView) -> String {
+    format!("{}/{}", d.namespace, d.name)
+}
+
+/// Adds `m` to `moves`, merged with an equal record.
+pub(super) fn record(moves: &mut Vec<Move>, m: Move) {
+    let same =
+        |x: &&mut Move| (&x.moved, &x.from, &x.to, &x.made_room_for) == (&m.moved, &m.from, &m.to, &m.made_room_for);
+    match moves.iter_mut().find(same) {
+        Some(x) => x.replicas += m.replicas,
+        None => moves.push(m),
+    }
+}
+
+/// Per pool, the deployments (solve-order indexes, ascending) with replicas on it.
+pub(super) fn users_of(held: &[Vec<Held>]) -> BTreeMap<(usize, usize), Vec<usize>> {
+    let mut users: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
+    for (i, hs) in held.iter().enumerate() {
+        for h in hs {
+            let u = users.entry((h.cluster, h.pool)).or_default();
+            if u.last() != Some(&i) {
+                u.push(i);
+            }
+        }
+    }
+    users
+}
+
+/// Deployments whose spread or unplaced replicas make room a move frees matter.
+pub(super) fn watched(order: &[&DeploymentView], plans: &[DeploymentPlan]) -> Vec<usize> {
+    (0..order.len()).filter(|&i| order[i].spec.placement.spread.is_some() || plans[i].unplaced > 0).collect()
 }

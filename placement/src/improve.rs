@@ -9,19 +9,26 @@
 //! `minReplicas`, cost ceilings, and spread as each deployment saw it when it was solved (also
 //! for deployments the moves did not touch but whose pools gained room).
 //! A replica kept where it already runs is never moved, nor one of a higher-priority
-//! deployment; no deployment loses a replica. Deterministic (fixed orders, no clock) and
-//! bounded by a work budget. The placements it works on are in `held.rs`.
+//! deployment; no deployment loses a replica to a move. When no move makes room, strictly
+//! lower-priority replicas that do not run may be preempted and the lower tiers solved again
+//! (`preempt.rs`). Deterministic (fixed orders, no clock) and bounded by a work budget. The
+//! placements it works on are in `held.rs`.
 
 use std::collections::BTreeMap;
 
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SpreadDomain;
 
-use super::held::{Held, Tentative, add, cost, held_of, movable, no_more_room, per_rank, repack};
-use super::{Candidate, Ctx};
+use super::held::{
+    Held, Tentative, add, cost, held_of, movable, name, no_more_room, per_rank, record, repack, users_of, watched,
+};
+use super::{Candidate, Ctx, SolveOptions, Solved};
 use crate::devices::ReplicaShape;
 use crate::plan::{DeploymentPlan, Move};
 use crate::snapshot::DeploymentView;
+
+#[path = "preempt.rs"]
+mod preempt;
 
 /// Victims moved for one more replica, at most (chains included).
 const MAX_MOVES: usize = 8;
@@ -65,6 +72,13 @@ struct Phase<'o, 's> {
     watched: Vec<usize>,
     work: u64,
     budget: u64,
+    /// While a tier tries preemption: the lowest priority whose placements count. Lower tiers
+    /// hold only what they run, and are re-solved afterwards (`preempt.rs`).
+    floor: Option<i32>,
+    /// Per deployment, the evaluations its last greedy solve cost (what re-solving it costs).
+    cost: Vec<u64>,
+    /// The deployment to explain, when a re-solve reaches it.
+    explain: Option<(String, String)>,
 }
 
 impl Ctx<'_, '_> {
@@ -73,70 +87,41 @@ impl Ctx<'_, '_> {
         &mut self,
         order: &[&DeploymentView],
         plans: &mut [DeploymentPlan],
-        held: &mut [Vec<Held>],
-        budget: u64,
+        solved: Solved,
+        options: &SolveOptions,
     ) {
-        let mut users: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
-        for (i, hs) in held.iter().enumerate() {
-            for h in hs {
-                let u = users.entry((h.cluster, h.pool)).or_default();
-                if u.last() != Some(&i) {
-                    u.push(i);
-                }
-            }
-        }
+        let Solved { mut held, cost, .. } = solved;
         let mut ph = Phase {
             order,
             shapes: order.iter().map(|d| ReplicaShape::of(&d.spec.topology)).collect(),
             prios: order.iter().map(|d| d.priority()).collect(),
             deps: (0..order.len()).map(|_| None).collect(),
-            users,
+            users: users_of(&held),
             movable: plans.iter().map(movable).collect(),
-            watched: (0..order.len())
-                .filter(|&i| order[i].spec.placement.spread.is_some() || plans[i].unplaced > 0)
-                .collect(),
+            watched: watched(order, plans),
             work: 0,
-            budget,
+            budget: options.max_improvement,
+            floor: None,
+            cost,
+            explain: options.explain.clone(),
         };
         let mut changed = vec![false; order.len()];
+        // Moves first, for every deployment; preemption only with the budget they leave, so
+        // attempts that gain nothing never cost a deployment a move.
         for di in 0..order.len() {
-            if !ph.movable[di] || plans[di].unplaced == 0 {
-                continue;
-            }
-            while plans[di].unplaced > 0 && ph.work < ph.budget {
-                let Some(t) = self.one_more(&mut ph, plans, held, di) else { break };
-                for (&i, h) in &t.held {
-                    held[i] = h.clone();
-                    changed[i] = true;
+            self.moves(&mut ph, plans, &mut held, &mut changed, di);
+        }
+        for di in 0..order.len() {
+            while ph.movable[di]
+                && plans[di].unplaced > 0
+                && ph.work < ph.budget
+                && self.preempt(&mut ph, plans, &mut held, &mut changed, di)
+            {
+                // The lower tiers were solved again: their moves are looked for again too.
+                let below = ph.prios.partition_point(|&p| p >= ph.prios[di]);
+                for i in std::iter::once(di).chain(below..order.len()) {
+                    self.moves(&mut ph, plans, &mut held, &mut changed, i);
                 }
-                for (&(ci, pi), f) in &t.free {
-                    self.free[ci][pi] = f.clone();
-                    let mut u: Vec<usize> = ph.users.remove(&(ci, pi)).unwrap_or_default();
-                    u.extend(t.held.keys().copied());
-                    u.sort_unstable();
-                    u.dedup();
-                    u.retain(|&i| held[i].iter().any(|h| (h.cluster, h.pool) == (ci, pi)));
-                    ph.users.insert((ci, pi), u);
-                }
-                for &(ei, from, to) in &t.moves {
-                    let name = |i: usize| format!("{}/{}", order[i].namespace, order[i].name);
-                    let at = |(ci, pi): (usize, usize)| {
-                        let c = &self.snapshot.clusters[ci];
-                        format!("{}/{}", c.name, c.pools[pi].name)
-                    };
-                    let m = Move { moved: name(ei), from: at(from), to: at(to), made_room_for: name(di), replicas: 1 };
-                    for i in [ei, di] {
-                        let same = |x: &&mut Move| {
-                            (&x.moved, &x.from, &x.to, &x.made_room_for) == (&m.moved, &m.from, &m.to, &m.made_room_for)
-                        };
-                        match plans[i].moves.iter_mut().find(|x| same(x)) {
-                            Some(x) => x.replicas += 1,
-                            None => plans[i].moves.push(m.clone()),
-                        }
-                    }
-                }
-                let placed: u32 = held[di].iter().map(|h| h.count).sum();
-                plans[di].unplaced = plans[di].desired.saturating_sub(placed);
             }
         }
         for (i, d) in order.iter().enumerate() {
@@ -144,6 +129,68 @@ impl Ctx<'_, '_> {
                 self.refresh(d, &mut plans[i], &held[i]);
             }
         }
+    }
+
+    /// Places what moves can of deployment `di`'s missing replicas, within the budget.
+    fn moves(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &mut [DeploymentPlan],
+        held: &mut [Vec<Held>],
+        changed: &mut [bool],
+        di: usize,
+    ) {
+        while ph.movable[di] && plans[di].unplaced > 0 && ph.work < ph.budget {
+            let Some(t) = self.one_more(ph, plans, held, di) else { break };
+            self.apply(ph, plans, held, changed, t, di);
+        }
+    }
+
+    /// Takes the moves `t` found for deployment `di`: placements, pools, their users, and the
+    /// moves recorded in both plans.
+    fn apply(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &mut [DeploymentPlan],
+        held: &mut [Vec<Held>],
+        changed: &mut [bool],
+        t: Tentative,
+        di: usize,
+    ) {
+        let order = ph.order;
+        for (&i, h) in &t.held {
+            held[i] = h.clone();
+            changed[i] = true;
+        }
+        for (&(ci, pi), f) in &t.free {
+            self.free[ci][pi] = f.clone();
+            let mut u: Vec<usize> = ph.users.remove(&(ci, pi)).unwrap_or_default();
+            u.extend(t.held.keys().copied());
+            u.sort_unstable();
+            u.dedup();
+            u.retain(|&i| held[i].iter().any(|h| (h.cluster, h.pool) == (ci, pi)));
+            ph.users.insert((ci, pi), u);
+        }
+        for &(ei, from, to) in &t.moves {
+            let m = Move {
+                moved: name(order[ei]),
+                from: self.pool_name(from),
+                to: self.pool_name(to),
+                made_room_for: name(order[di]),
+                replicas: 1,
+            };
+            for i in [ei, di] {
+                record(&mut plans[i].moves, m.clone());
+            }
+        }
+        let placed: u32 = held[di].iter().map(|h| h.count).sum();
+        plans[di].unplaced = plans[di].desired.saturating_sub(placed);
+    }
+
+    /// A pool as the plan names it: `cluster/pool`.
+    fn pool_name(&self, (ci, pi): (usize, usize)) -> String {
+        let c = &self.snapshot.clusters[ci];
+        format!("{}/{}", c.name, c.pools[pi].name)
     }
 
     /// Builds the deployment's phase data on first use.
@@ -427,7 +474,8 @@ impl Ctx<'_, '_> {
             for w in from..ph.watched.len() {
                 let x = ph.watched[w];
                 ph.work += 1;
-                if !ph.movable[x] {
+                // Below a tier trying preemption, everything is re-solved afterwards.
+                if !ph.movable[x] || ph.floor.is_some_and(|f| ph.prios[x] < f) {
                     continue;
                 }
                 // A deployment the moves changed has its spread checked below; one still

@@ -11,6 +11,6 @@ mod reason_doc;
 pub mod snapshot;
 mod solve;
 
-pub use plan::{Assignment, DeploymentPlan, InvalidSpec, Move, Plan, Reason, Rejection};
+pub use plan::{Assignment, DeploymentPlan, InvalidSpec, Move, Plan, Preemption, Reason, Rejection};
 pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, cache_key};
 pub use solve::{SolveOptions, problem, solve};

@@ -372,6 +372,7 @@ impl Ctx<'_, '_> {
             explanation,
             invalid: None,
             moves: Vec::new(),
+            preemptions: Vec::new(),
         }
     }
 }

@@ -46,6 +46,9 @@ pub enum Reason {
     /// The member's scheduler refused this deployment's pods in the pool (status
     /// `placements[].unschedulable`): those replicas go elsewhere, no more come here.
     ReplicasUnschedulable,
+    /// A replica placed here was preempted by a higher-priority deployment that needed the
+    /// room (the improvement phase; never a replica that runs).
+    Preempted,
 }
 
 impl Reason {
@@ -70,6 +73,7 @@ impl Reason {
             Self::AlternativeMaxReached => "AlternativeMaxReached",
             Self::BudgetExhausted => "BudgetExhausted",
             Self::ReplicasUnschedulable => "ReplicasUnschedulable",
+            Self::Preempted => "Preempted",
         }
     }
 }
@@ -154,18 +158,40 @@ pub struct DeploymentPlan {
     /// this deployment got thanks to such a move (what `fleetctl explain` says about them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub moves: Vec<Move>,
+    /// Replicas of this deployment the improvement phase preempted (unplaced) for a
+    /// higher-priority one, and those this deployment preempted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preemptions: Vec<Preemption>,
+}
+
+/// Replicas of a lower-priority deployment that did not run yet, unplaced by the improvement
+/// phase so that a strictly higher-priority deployment could place more: `replicas` of
+/// `preempted` lost their place on `from` to `by`. The preempted deployment was then solved
+/// again on what was left (it may have got them back elsewhere: see its `moves`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preemption {
+    /// The deployment that lost replicas (`namespace/name`).
+    pub preempted: String,
+    /// Where they were in the plan before: `cluster/pool`.
+    pub from: String,
+    /// The higher-priority deployment (`namespace/name`) that placed more because of it.
+    pub by: String,
+    /// Replicas lost.
+    pub replicas: u32,
 }
 
 /// Replicas moved by the improvement phase after the greedy pass: `replicas` of `moved` went
-/// from `from` to `to`, and `madeRoomFor` got replicas on `from` in their place.
+/// from `from` to `to`, and `madeRoomFor` got replicas on `from` in their place (or, for a
+/// lower-priority deployment solved again after a preemption, the room it left).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Move {
     /// The deployment whose replica moved (`namespace/name`).
     pub moved: String,
-    /// Where it ran in the greedy plan: `cluster/pool`.
+    /// Where it was before this step (the greedy plan, or an earlier step): `cluster/pool`.
     pub from: String,
-    /// Where it runs now: `cluster/pool`.
+    /// Where this step put it: `cluster/pool`.
     pub to: String,
     /// The deployment (`namespace/name`) that got replicas on `from` because of the move.
     pub made_room_for: String,

@@ -6,7 +6,7 @@ use crate::plan::Reason;
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Self::ClusterSelectorMismatch,
         Self::JurisdictionNotAllowed,
         Self::RegionNotAllowed,
@@ -25,6 +25,7 @@ impl Reason {
         Self::AlternativeMaxReached,
         Self::BudgetExhausted,
         Self::ReplicasUnschedulable,
+        Self::Preempted,
     ];
 
     /// What the reason means, in one sentence.
@@ -67,6 +68,9 @@ impl Reason {
             }
             Self::ReplicasUnschedulable => {
                 "The member's scheduler refused this deployment's pods in the pool for longer than the controller's `--unschedulable-seconds` (status `placements[].unschedulable`; devices split across nodes, a taint or a quota Flotilla does not see): those replicas are placed elsewhere and no more come to the pool while any are refused, nor until the pool's back-off in `status.refusedPools` ends (`--unschedulable-backoff-seconds`); replicas running there stay."
+            }
+            Self::Preempted => {
+                "A replica the plan had here, not running yet, was preempted by a deployment of strictly higher `spec.placement.priority` that could place more with the room (the message names it), and no other allowed pool had room for it. Running replicas and equal priorities are never preempted."
             }
         }
     }
@@ -116,6 +120,9 @@ impl Reason {
             Self::ReplicasUnschedulable => {
                 "Nothing for the replica: it moves by itself. To use the pool again, find why the member's scheduler refuses (`kubectl describe pod` there; the controller's `ReplicasUnschedulable` event quotes it); the pool takes new replicas again once the refused ones are gone and its back-off (`status.refusedPools[].retryAfter`) has ended."
             }
+            Self::Preempted => {
+                "Add capacity the deployment may use, or raise its `placement.priority` if it matters as much as the one named; otherwise nothing: it takes room again when some frees."
+            }
         }
     }
 }
@@ -132,6 +139,6 @@ mod tests {
             assert!(!r.meaning().contains('|') && !r.action().contains('|'));
         }
         // A variant added after the last one must be added to ALL too.
-        assert_eq!(Reason::ReplicasUnschedulable as usize + 1, Reason::ALL.len());
+        assert_eq!(Reason::Preempted as usize + 1, Reason::ALL.len());
     }
 }

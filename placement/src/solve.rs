@@ -8,7 +8,8 @@
 //! each one consuming the pool's free devices, within spread, `maxReplicas` and the cost
 //! ceiling (held back for the most replicas it can pay for, `ceiling.rs`). Then a bounded
 //! improvement phase moves equal- or lower-priority replicas to place what the greedy pass
-//! left out (`improve.rs`).
+//! left out, and as a last resort preempts strictly lower-priority replicas that do not run
+//! and solves the lower tiers again (`improve.rs`, `preempt.rs`).
 
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
@@ -86,77 +87,109 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
         .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
         .collect();
     let domains = place::DomainIndex::new(&snapshot.clusters);
-    let cluster_ix: std::collections::HashMap<&str, usize> =
-        snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
     let mut evaluations = 0u64;
-    let mut plan = Plan::default();
-    let mut held: Vec<Vec<held::Held>> = Vec::with_capacity(order.len());
-    macro_rules! ctx {
-        ($d:expr, $open:expr) => {
-            Ctx {
-                snapshot,
-                free: &mut free,
-                matcher: &mut matcher,
-                evaluations: &mut evaluations,
-                explain: options.explain.as_ref().is_some_and(|(ns, n)| *ns == $d.namespace && *n == $d.name),
-                name_rank: &name_rank,
-                pool_class: &pool_class,
-                domains: &domains,
-                cache: $d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&$d.namespace, c)),
-                open: $open,
-            }
-        };
-    }
-    // One priority tier at a time: first every deployment of the tier keeps what it runs (in
-    // solve order), then each places the rest. So an earlier deployment never grows into room
-    // a later one of its tier runs in: a re-plan of an unchanged fleet keeps every replica.
-    let mut start = 0;
-    while start < order.len() {
-        let tier = order[start].priority();
-        let end = start + order[start..].iter().take_while(|d| d.priority() == tier).count();
-        let open = kept_ahead(snapshot, &free, &cluster_ix, &order[start..end]);
-        let mut pending: Vec<Pending> = Vec::with_capacity(end - start);
-        for &d in &order[start..end] {
-            pending.push(if evaluations > options.max_evaluations {
-                Pending::Exhausted
-            } else if d.current.iter().any(|p| p.desired > 0) {
-                ctx!(d, open.as_deref()).keep(d).map_or(Pending::Fresh, Pending::Kept)
-            } else {
-                Pending::Fresh
-            });
-        }
-        for (&d, pending) in order[start..end].iter().zip(pending) {
-            let kept = match pending {
-                Pending::Kept(k) => Some(k),
-                Pending::Fresh if evaluations <= options.max_evaluations => None,
-                Pending::Fresh | Pending::Exhausted => {
-                    plan.deployments.push(budget_exhausted(d));
-                    held.push(Vec::new());
-                    continue;
-                }
-            };
-            let (p, h) = ctx!(d, None).solve_one(d, kept);
-            plan.deployments.push(p);
-            held.push(h);
-        }
-        start = end;
-    }
+    let mut ctx = Ctx {
+        snapshot,
+        free: &mut free,
+        matcher: &mut matcher,
+        evaluations: &mut evaluations,
+        explain: false,
+        name_rank: &name_rank,
+        pool_class: &pool_class,
+        domains: &domains,
+        cache: None,
+        open: None,
+    };
+    let mut solved = ctx.solve_tiers(&order, options);
+    let mut plan = Plan { deployments: std::mem::take(&mut solved.plans) };
     if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
-        let mut ctx = Ctx {
-            snapshot,
-            free: &mut free,
-            matcher: &mut matcher,
-            evaluations: &mut evaluations,
-            explain: false,
-            name_rank: &name_rank,
-            pool_class: &pool_class,
-            domains: &domains,
-            cache: None,
-            open: None,
-        };
-        ctx.improve(&order, &mut plan.deployments, &mut held, options.max_improvement);
+        ctx.improve(&order, &mut plan.deployments, solved, options);
     }
     plan
+}
+
+/// What the greedy pass gives a run of deployments (in solve order): their plans, where their
+/// replicas went (for `improve`), and the evaluations each cost.
+struct Solved {
+    plans: Vec<DeploymentPlan>,
+    held: Vec<Vec<held::Held>>,
+    cost: Vec<u64>,
+}
+
+impl<'s> Ctx<'_, 's> {
+    /// This context for deployment `d`: explained when `explain` names it, with its cache,
+    /// judging spread on `open` (while a tier keeps its current placements).
+    fn with<'b>(
+        &'b mut self,
+        d: &DeploymentView,
+        explain: &Option<(String, String)>,
+        open: Option<&'b [Vec<Vec<u32>>]>,
+    ) -> Ctx<'b, 's> {
+        Ctx {
+            snapshot: self.snapshot,
+            free: &mut *self.free,
+            matcher: &mut *self.matcher,
+            evaluations: &mut *self.evaluations,
+            explain: explain.as_ref().is_some_and(|(ns, n)| *ns == d.namespace && *n == d.name),
+            name_rank: self.name_rank,
+            pool_class: self.pool_class,
+            domains: self.domains,
+            cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
+            open,
+        }
+    }
+
+    /// The greedy pass over `order` (whole priority tiers, highest first) on the free capacity
+    /// as it is. One priority tier at a time: first every deployment of the tier keeps what it
+    /// runs (in solve order), then each places the rest. So an earlier deployment never grows
+    /// into room a later one of its tier runs in: a re-plan of an unchanged fleet keeps every
+    /// replica. Also re-solves the tiers below one that preempted (`preempt.rs`).
+    fn solve_tiers(&mut self, order: &[&DeploymentView], options: &SolveOptions) -> Solved {
+        let snapshot = self.snapshot;
+        let cluster_ix: std::collections::HashMap<&str, usize> =
+            snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+        let mut out = Solved {
+            plans: Vec::with_capacity(order.len()),
+            held: Vec::with_capacity(order.len()),
+            cost: vec![0; order.len()],
+        };
+        let mut start = 0;
+        while start < order.len() {
+            let tier = order[start].priority();
+            let end = start + order[start..].iter().take_while(|d| d.priority() == tier).count();
+            let open = kept_ahead(snapshot, self.free, &cluster_ix, &order[start..end]);
+            let mut pending: Vec<Pending> = Vec::with_capacity(end - start);
+            for (i, &d) in order.iter().enumerate().take(end).skip(start) {
+                let before = *self.evaluations;
+                pending.push(if *self.evaluations > options.max_evaluations {
+                    Pending::Exhausted
+                } else if d.current.iter().any(|p| p.desired > 0) {
+                    self.with(d, &options.explain, open.as_deref()).keep(d).map_or(Pending::Fresh, Pending::Kept)
+                } else {
+                    Pending::Fresh
+                });
+                out.cost[i] += *self.evaluations - before;
+            }
+            for ((i, &d), pending) in order.iter().enumerate().take(end).skip(start).zip(pending) {
+                let kept = match pending {
+                    Pending::Kept(k) => Some(k),
+                    Pending::Fresh if *self.evaluations <= options.max_evaluations => None,
+                    Pending::Fresh | Pending::Exhausted => {
+                        out.plans.push(budget_exhausted(d));
+                        out.held.push(Vec::new());
+                        continue;
+                    }
+                };
+                let before = *self.evaluations;
+                let (p, h) = self.with(d, &options.explain, None).solve_one(d, kept);
+                out.cost[i] += *self.evaluations - before;
+                out.plans.push(p);
+                out.held.push(h);
+            }
+            start = end;
+        }
+        out
+    }
 }
 
 /// The pools once every deployment of `tier` kept what it runs where its cluster still allows

@@ -1,7 +1,9 @@
 //! The improvement phase: a replica the greedy pass left unplaced because an earlier deployment
 //! took the only pool it could use is placed once that deployment's replica moves to its other
 //! option, also when that option is full and its own occupant has to move on first (a chain);
-//! never at the cost of a higher-priority deployment or of a replica already running.
+//! never at the cost of a higher-priority deployment or of a replica already running. When no
+//! move makes room, a replica of a strictly lower priority that does not run yet is preempted,
+//! and both plans say so; never a running one, never an equal priority, never for nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
 
@@ -10,7 +12,9 @@ use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
 use flotilla_placement::plan::DeploymentPlan;
 use flotilla_placement::snapshot::free_per_node;
-use flotilla_placement::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, SolveOptions, solve};
+use flotilla_placement::{
+    ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, Reason, SolveOptions, solve,
+};
 use serde_json::json;
 
 fn class(name: &str, on_demand: &str) -> (String, ClassView) {
@@ -271,4 +275,114 @@ fn a_tier_keeps_what_it_runs_before_any_of_it_grows() {
     // Twin: a lower-priority replica that runs there gives way; tiers are placed in turn.
     let lower = plans(&running_fleet(-1, true), true);
     assert_eq!((on(&lower[0]), lower[1].unplaced), (vec!["a"], 1), "{lower:?}");
+}
+
+/// One H100 node ($10) and one H200 node ($20). Tier 0: `flexible` (either, solved first,
+/// takes the cheaper H100) and `h100-only`; tier `low_priority`: `low` (H200 only), placed
+/// after tier 0 on the H200. `h100-only` is left out: `flexible` could make room by moving to
+/// the H200, which only `low` holds and `low` has nowhere else to go.
+fn preempt_fleet(low_priority: i32) -> FleetSnapshot {
+    FleetSnapshot {
+        classes: [class("h100", "10.00"), class("h200", "20.00")].into_iter().collect(),
+        clusters: vec![cluster("a", "h100"), cluster("b", "h200")],
+        deployments: vec![
+            deployment("flexible", 1, 0, json!([{"class": "h100"}, {"class": "h200"}])),
+            deployment("h100-only", 2, 0, json!([{"class": "h100"}])),
+            deployment("low", 3, low_priority, json!([{"class": "h200"}])),
+        ],
+    }
+}
+
+fn runs_on(cluster: &str, pool: &str) -> Vec<ClusterPlacement> {
+    vec![ClusterPlacement {
+        cluster: cluster.into(),
+        pool: pool.into(),
+        class: pool.into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: 1,
+        ready: 1,
+        serving: 1,
+        unschedulable: 0,
+    }]
+}
+
+/// Where each of `flexible`, `h100-only` and `low` is, and how many of each are unplaced.
+fn layout(plans: &[DeploymentPlan]) -> Vec<(Vec<&str>, u32)> {
+    ["flexible", "h100-only", "low"]
+        .iter()
+        .map(|n| {
+            let p = by_name(plans, n);
+            (on(p), p.unplaced)
+        })
+        .collect()
+}
+
+#[test]
+fn a_lower_priority_replica_that_does_not_run_is_preempted() {
+    let snap = preempt_fleet(-100);
+    // The greedy pass: tier 0 leaves `h100-only` out although tier -100 holds the room it needs.
+    let greedy = plans(&snap, false);
+    assert_eq!(layout(&greedy), vec![(vec!["a"], 0), (vec![], 1), (vec!["b"], 0)]);
+    let improved = plans(&snap, true);
+    assert_eq!(layout(&improved), vec![(vec!["b"], 0), (vec!["a"], 0), (vec![], 1)]);
+    let (flexible, gained, low) =
+        (by_name(&improved, "flexible"), by_name(&improved, "h100-only"), by_name(&improved, "low"));
+    // The move that made room, in both plans, as before.
+    let moved: Vec<(&str, &str, &str, &str)> = gained
+        .moves
+        .iter()
+        .map(|m| (m.moved.as_str(), m.from.as_str(), m.to.as_str(), m.made_room_for.as_str()))
+        .collect();
+    assert_eq!(moved, vec![("ml/flexible", "a/h100", "b/h200", "ml/h100-only")]);
+    assert_eq!(flexible.moves, gained.moves);
+    // The preemption, in both plans: who lost a replica, where, to whom.
+    let p: Vec<(&str, &str, &str, u32)> =
+        low.preemptions.iter().map(|p| (p.preempted.as_str(), p.from.as_str(), p.by.as_str(), p.replicas)).collect();
+    assert_eq!(p, vec![("ml/low", "b/h200", "ml/h100-only", 1)]);
+    assert_eq!(gained.preemptions, low.preemptions);
+    // Absence: the deployment only moved records no preemption; `low` moved nowhere.
+    assert!(flexible.preemptions.is_empty() && low.moves.is_empty(), "{flexible:?} {low:?}");
+    // The preempted deployment says why on the cluster it lost, and nothing else changed there.
+    let r = low.rejections.iter().find(|r| r.cluster == "b").expect("a rejection on b");
+    assert_eq!(r.reason, Reason::Preempted);
+    assert!(
+        r.message.contains("preempted by ml/h100-only (priority 0, above this deployment's -100)"),
+        "{}",
+        r.message
+    );
+    assert!(gained.rejections.is_empty(), "{:?}", gained.rejections);
+    // Byte for byte the same on every run.
+    let a = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+    assert_eq!(a, serde_json::to_string(&solve(&preempt_fleet(-100), &SolveOptions::default())).unwrap());
+}
+
+#[test]
+fn a_running_lower_priority_replica_is_never_preempted() {
+    // Twin: `low` already runs on the H200.
+    let mut snap = preempt_fleet(-100);
+    snap.deployments[2].current = runs_on("b", "h200");
+    let improved = plans(&snap, true);
+    assert_eq!(layout(&improved), vec![(vec!["a"], 0), (vec![], 1), (vec!["b"], 0)]);
+    assert!(improved.iter().all(|p| p.moves.is_empty() && p.preemptions.is_empty()), "{improved:?}");
+    assert!(improved.iter().flat_map(|p| &p.rejections).all(|r| r.reason != Reason::Preempted));
+}
+
+#[test]
+fn an_equal_priority_replica_is_never_preempted() {
+    // Twin: `low` has the same priority as the one left out.
+    let improved = plans(&preempt_fleet(0), true);
+    assert_eq!(layout(&improved), vec![(vec!["a"], 0), (vec![], 1), (vec!["b"], 0)]);
+    assert!(improved.iter().all(|p| p.moves.is_empty() && p.preemptions.is_empty()), "{improved:?}");
+}
+
+#[test]
+fn nothing_is_preempted_when_it_would_not_place_more() {
+    // Twin: `flexible` runs on the H100, so freeing the H200 would not place `h100-only`.
+    let mut snap = preempt_fleet(-100);
+    snap.deployments[0].current = runs_on("a", "h100");
+    let improved = plans(&snap, true);
+    assert_eq!(layout(&improved), vec![(vec!["a"], 0), (vec![], 1), (vec!["b"], 0)]);
+    assert!(improved.iter().all(|p| p.moves.is_empty() && p.preemptions.is_empty()), "{improved:?}");
+    assert!(improved.iter().flat_map(|p| &p.rejections).all(|r| r.reason != Reason::Preempted));
 }
