@@ -3,7 +3,9 @@
 //! not hold an async worker that also drives watches), one at a time; callers that arrive while
 //! it runs wait for it and then share its result when their key is the same. A panic in the
 //! computation is an error for the callers, not a dead worker. Each computed value gets the
-//! next sequence number, so callers can tell which of two values is newer.
+//! next sequence number, so callers can tell which of two values is newer. Besides its key, a
+//! value may say itself whether it still holds (`still`): the fleet plan does while
+//! deployments only record what it decided.
 
 use std::sync::Arc;
 
@@ -21,7 +23,8 @@ impl<V> Default for SolveOnce<V> {
 
 impl<V: Send + Sync + 'static> SolveOnce<V> {
     /// The value for the key `key()` returns (read under the lock, so a caller that waited sees
-    /// the newest key): the cached one when the key is unchanged, else `input()` handed to
+    /// the newest key): the cached one when the key is unchanged and `still` accepts it, else
+    /// `input()` handed to
     /// `compute` on a blocking thread. `key` runs before `input`: a change landing between them
     /// leaves a key older than the value, so the next call computes again rather than keep a
     /// value older than its key. Returns the value with its sequence number (1 for the first
@@ -29,6 +32,7 @@ impl<V: Send + Sync + 'static> SolveOnce<V> {
     pub async fn get<I: Send + 'static>(
         &self,
         key: impl FnOnce() -> u64,
+        still: impl FnOnce(&V) -> bool,
         input: impl FnOnce() -> I,
         compute: impl FnOnce(I) -> V + Send + 'static,
     ) -> Result<(u64, Arc<V>), String> {
@@ -36,6 +40,7 @@ impl<V: Send + Sync + 'static> SolveOnce<V> {
         let key = key();
         if let Some((k, seq, v)) = last.as_ref()
             && *k == key
+            && still(v)
         {
             return Ok((*seq, v.clone()));
         }
@@ -62,6 +67,7 @@ mod tests {
             tokio::spawn(async move {
                 once.get(
                     || 7,
+                    |_| true,
                     || (),
                     move |()| {
                         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -75,17 +81,20 @@ mod tests {
             futures_util::future::join_all(calls).await.into_iter().map(|r| *r.unwrap().unwrap().1).collect();
         assert_eq!(runs.load(Ordering::SeqCst), 1, "eight reconciles, one solve");
         assert!(values.iter().all(|v| *v == 100));
-        assert_eq!(once.get(|| 7, || (), |()| 0).await.unwrap().0, 1, "the first value is number 1");
+        assert_eq!(once.get(|| 7, |_| true, || (), |()| 0).await.unwrap().0, 1, "the first value is number 1");
         // A new key computes again, and its value is newer.
-        let (seq, v) = once.get(|| 8, || (), |()| 5).await.unwrap();
+        let (seq, v) = once.get(|| 8, |_| true, || (), |()| 5).await.unwrap();
         assert_eq!((seq, *v), (2, 5));
+        // The same key, but the value says it no longer holds: computed again.
+        assert_eq!(*once.get(|| 8, |v| *v != 5, || (), |()| 6).await.unwrap().1, 6);
+        assert_eq!(*once.get(|| 8, |v| *v != 5, || (), |()| 7).await.unwrap().1, 6, "6 still holds");
     }
 
     #[tokio::test]
     async fn a_panicking_computation_is_an_error_and_the_next_call_computes_again() {
         let once = SolveOnce::<u32>::default();
-        let err = once.get(|| 1, || (), |()| -> u32 { panic!("solver bug") }).await.unwrap_err();
+        let err = once.get(|| 1, |_| true, || (), |()| -> u32 { panic!("solver bug") }).await.unwrap_err();
         assert!(err.contains("panic"), "{err}");
-        assert_eq!(*once.get(|| 1, || (), |()| 3).await.unwrap().1, 3);
+        assert_eq!(*once.get(|| 1, |_| true, || (), |()| 3).await.unwrap().1, 3);
     }
 }

@@ -19,12 +19,13 @@ mod tenant;
 pub mod trigger;
 pub mod wake;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::FINALIZER_MEMBER_CLEANUP;
+use flotilla_apis::deployment::ClusterPlacement;
 use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache};
 use flotilla_placement::{FleetSnapshot, Plan, SolveOptions, solve};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -81,7 +82,7 @@ pub struct DeploymentContext {
     /// The last plan and the fingerprint of the objects it was solved from: every deployment
     /// reconciled against an unchanged fleet reuses one solve, and reconciles arriving during a
     /// solve wait for it.
-    plans: crate::solve_once::SolveOnce<Plan>,
+    plans: crate::solve_once::SolveOnce<Solved>,
     /// The plan each deployment's last reconcile acted on (`wake.rs`).
     pub(crate) acted: wake::Acted,
 }
@@ -116,6 +117,13 @@ impl DeploymentContext {
     /// The fleet's plan and its sequence number: solved again only when an object the
     /// snapshot reads changed (the solver is deterministic, so the same objects give the same
     /// plan), on a blocking thread, one solve at a time (`SolveOnce`).
+    ///
+    /// A deployment writing to its status the placements the plan gave it does not solve again:
+    /// the plan stays what the solver decided, and once every deployment records it a solve of
+    /// the fleet gives the same plan (a re-plan of an unchanged fleet keeps every replica). So
+    /// during a burst of a thousand deployments converging, their write-aheads and status writes
+    /// do not each queue a solve of the whole fleet; anything else they record (a refusal, a
+    /// replica draining, a placement the plan did not give) does.
     async fn solve(&self) -> Result<(u64, Arc<Plan>), Error> {
         let key = || {
             fingerprint(
@@ -125,10 +133,17 @@ impl DeploymentContext {
                 self.deployments.state().iter().map(|o| o.as_ref()),
             )
         };
-        self.plans
-            .get(key, || self.snapshot(), |snapshot| solve(&snapshot, &SolveOptions::default()))
-            .await
-            .map_err(Error::Solve)
+        let still = |solved: &Solved| solved.holds(self.deployments.state().iter().map(|d| d.as_ref()));
+        let input = || {
+            let inputs: HashMap<String, u64> =
+                self.deployments.state().iter().map(|d| (deployment_name(d), recorded_of(d))).collect();
+            (self.snapshot(), inputs)
+        };
+        let compute = |(snapshot, inputs): (FleetSnapshot, HashMap<String, u64>)| {
+            Solved::new(solve(&snapshot, &SolveOptions::default()), inputs)
+        };
+        let (seq, solved) = self.plans.get(key, still, input, compute).await.map_err(Error::Solve)?;
+        Ok((seq, solved.plan.clone()))
     }
 
     /// The plan a reconcile of `namespace/name` acts on, recorded as such (`wake::Acted`).
@@ -159,12 +174,77 @@ impl DeploymentContext {
     }
 }
 
+/// A fleet plan with what each deployment's status recorded when it was solved and what the
+/// plan gives it, both as [`recorded`] hashes them, by `namespace/name`: the plan still holds
+/// while every deployment records one or the other (`DeploymentContext::solve`).
+pub(crate) struct Solved {
+    plan: Arc<Plan>,
+    recorded: HashMap<String, (u64, u64)>,
+}
+
+impl Solved {
+    /// `plan`, solved from deployments whose placements were `inputs` (by `namespace/name`).
+    fn new(plan: Plan, inputs: HashMap<String, u64>) -> Self {
+        let planned: HashMap<String, u64> = plan
+            .deployments
+            .iter()
+            .map(|p| {
+                let placements: Vec<ClusterPlacement> = p.assignments.iter().map(|a| a.to_placement(0)).collect();
+                (format!("{}/{}", p.namespace, p.name), recorded(placements.iter().map(recorded_placement)))
+            })
+            .collect();
+        let recorded = inputs
+            .into_iter()
+            .map(|(name, input)| {
+                let planned = planned.get(&name).copied().unwrap_or(input);
+                (name, (input, planned))
+            })
+            .collect();
+        Self { plan: Arc::new(plan), recorded }
+    }
+
+    /// Whether the plan still holds for these deployments (the fingerprint aside): each records
+    /// the placements it had when the plan was solved, or those the plan gives it.
+    fn holds<'a>(&self, deployments: impl IntoIterator<Item = &'a ModelDeployment>) -> bool {
+        deployments.into_iter().all(|d| {
+            let now = recorded_of(d);
+            self.recorded.get(&deployment_name(d)).is_some_and(|(input, planned)| now == *input || now == *planned)
+        })
+    }
+}
+
+fn recorded_of(d: &ModelDeployment) -> u64 {
+    recorded(d.status.iter().flat_map(|s| &s.placements).map(recorded_placement))
+}
+
+fn deployment_name(d: &ModelDeployment) -> String {
+    format!("{}/{}", d.namespace().unwrap_or_else(|| "default".into()), d.name_any())
+}
+
+/// A status placement as the solver reads it: cluster, pool, class, capacity type, rank,
+/// desired and unschedulable (not ready counts).
+type Recorded<'a> = (&'a str, &'a str, &'a str, &'static str, i32, i32, i32);
+
+fn recorded_placement(p: &ClusterPlacement) -> Recorded<'_> {
+    (&p.cluster, &p.pool, &p.class, p.capacity_type.as_str(), p.fallback_rank, p.desired, p.unschedulable)
+}
+
+/// A hash of a deployment's placements as the solver reads them, in any order.
+fn recorded<'a>(placements: impl Iterator<Item = Recorded<'a>>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut items: Vec<Recorded<'a>> = placements.collect();
+    items.sort_unstable();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    items.hash(&mut h);
+    h.finish()
+}
+
 /// A fingerprint of the objects a fleet snapshot is built from: per kind, in a fixed order,
 /// each one's uid, whether it is being deleted and its version as the solver reads it — the
 /// `resourceVersion` of classes, clusters and caches; for a deployment its spec's `generation`
-/// and the placements its status records (cluster, pool, class, capacity type, rank, desired,
-/// unschedulable) and its backed-off pools, not its `resourceVersion`: ready counts, conditions and events written to a
-/// deployment's status during convergence do not move the plan, so they do not solve it again.
+/// and its backed-off pools, not its `resourceVersion`: ready counts, conditions and events
+/// written to a deployment's status during convergence do not move the plan, so they do not
+/// solve it again. The placements its status records are compared apart (`Solved`).
 fn fingerprint<'a>(
     classes: impl Iterator<Item = &'a kube::api::ObjectMeta>,
     clusters: impl Iterator<Item = &'a kube::api::ObjectMeta>,
@@ -181,10 +261,6 @@ fn fingerprint<'a>(
     };
     let deployment_key = |d: &ModelDeployment| {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        for p in d.status.iter().flat_map(|s| &s.placements) {
-            (&p.cluster, &p.pool, &p.class, p.capacity_type.as_str(), p.fallback_rank, p.desired, p.unschedulable)
-                .hash(&mut h);
-        }
         for r in d.status.iter().flat_map(|s| &s.refused_pools) {
             (&r.cluster, &r.pool, r.devices_short).hash(&mut h);
         }
@@ -403,7 +479,7 @@ pub(crate) async fn write_status(
 
 #[cfg(test)]
 mod plan_cache_tests {
-    use super::fingerprint;
+    use super::{Solved, deployment_name, fingerprint, recorded_of};
     use flotilla_apis::ModelDeployment;
     use kube::api::ObjectMeta;
 
@@ -443,12 +519,18 @@ mod plan_cache_tests {
         deleting[1].metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
         assert_ne!(key(&clusters, &deleting), base, "a deployment is being deleted");
-        // What the solver reads of a deployment: its spec (generation) and its placements.
+        // What the solver reads of a deployment: its spec (generation), its backed-off pools;
+        // its placements are compared apart (the next test).
         assert_ne!(key(&clusters, &[dep("d1", "11", 2, 2, 0), deps[1].clone()]), base, "a spec changed");
-        assert_ne!(key(&clusters, &[dep("d1", "11", 1, 1, 0), deps[1].clone()]), base, "a placement moved");
-        let mut refused = deps.clone();
-        refused[0].status.as_mut().unwrap().placements[0].unschedulable = 1;
-        assert_ne!(key(&clusters, &refused), base, "a replica was refused");
+        let mut backed_off = deps.clone();
+        backed_off[0].status.as_mut().unwrap().refused_pools = vec![flotilla_apis::deployment::RefusedPool {
+            cluster: "eu1".into(),
+            pool: "h100".into(),
+            retry_after: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+            devices_short: true,
+            message: String::new(),
+        }];
+        assert_ne!(key(&clusters, &backed_off), base, "a pool was backed off");
         // Not what it does not read: a status write of ready counts (a new resourceVersion).
         assert_eq!(key(&clusters, &[dep("d1", "12", 1, 2, 2), deps[1].clone()]), base, "ready counts moved only");
         // The same uid under another kind is another input.
@@ -456,5 +538,47 @@ mod plan_cache_tests {
             fingerprint([].iter(), classes.iter(), [].iter(), [].iter()),
             fingerprint(classes.iter(), [].iter(), [].iter(), [].iter())
         );
+    }
+
+    #[test]
+    fn a_plan_holds_while_deployments_record_what_it_gave_them_and_no_longer_otherwise() {
+        use flotilla_placement::plan::{Assignment, DeploymentPlan, Plan};
+        // Solved when d1 recorded nothing yet and d2 ran 2 on eu1; the plan gives d1 2 on eu1.
+        let mut fresh = dep("d1", "9", 1, 2, 0);
+        fresh.status.as_mut().unwrap().placements.clear();
+        let d2 = dep("d2", "10", 1, 2, 2);
+        let assignment = |replicas: u32| Assignment {
+            cluster: "eu1".into(),
+            pool: "h100".into(),
+            class: "h100".into(),
+            capacity_type: flotilla_apis::CapacityType::OnDemand,
+            fallback_rank: 1,
+            replicas,
+            cost_micros_per_hour: 0,
+        };
+        let entry = |name: &str, replicas: u32| DeploymentPlan {
+            namespace: "ml".into(),
+            name: name.into(),
+            assignments: vec![assignment(replicas)],
+            ..Default::default()
+        };
+        let plan = Plan { deployments: vec![entry("d1", 2), entry("d2", 2)] };
+        let inputs = [&fresh, &d2].iter().map(|d| (deployment_name(d), recorded_of(d))).collect();
+        let solved = Solved::new(plan, inputs);
+        assert!(solved.holds([&fresh, &d2]), "nothing changed");
+        // d1 writes ahead what the plan gave it (ready 0, then 2): still the same plan.
+        assert!(solved.holds([&dep("d1", "11", 1, 2, 0), &d2]));
+        assert!(solved.holds([&dep("d1", "12", 1, 2, 2), &d2]), "ready counts are not read");
+        // Twins: anything else the status records solves again.
+        assert!(!solved.holds([&dep("d1", "11", 1, 1, 0), &d2]), "a placement the plan did not give");
+        let mut refused = dep("d1", "11", 1, 2, 0);
+        refused.status.as_mut().unwrap().placements[0].unschedulable = 1;
+        assert!(!solved.holds([&refused, &d2]), "a replica was refused");
+        let mut draining = dep("d1", "11", 1, 2, 0);
+        let mut old = draining.status.as_ref().unwrap().placements[0].clone();
+        (old.cluster, old.desired) = ("us1".into(), 0);
+        draining.status.as_mut().unwrap().placements.push(old);
+        assert!(!solved.holds([&draining, &d2]), "a replica draining elsewhere");
+        assert!(!solved.holds([&fresh, &d2, &dep("d3", "13", 1, 2, 0)]), "a deployment the plan has not seen");
     }
 }
