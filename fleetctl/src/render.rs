@@ -211,7 +211,21 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
         let me = format!("{}/{}", d.namespace, d.name);
         for m in &d.moves {
             let n = m.replicas;
-            let _ = if m.moved == me {
+            let _ = if m.closes_spread_domain && m.moved == me {
+                writeln!(
+                    out,
+                    "  {n} replica(s) moved from {} to {} so that its spread domain can take no further replica of {}, \
+                     which may then grow elsewhere",
+                    m.from, m.to, m.made_room_for
+                )
+            } else if m.closes_spread_domain {
+                writeln!(
+                    out,
+                    "  {n} replica(s) of {} moved from {} to {}: that spread domain can take no further replica of \
+                     this one, so it may grow in others",
+                    m.moved, m.from, m.to
+                )
+            } else if m.moved == me {
                 writeln!(out, "  {n} replica(s) moved from {} to {} to make room for {}", m.from, m.to, m.made_room_for)
             } else {
                 writeln!(out, "  placed on {} after {n} replica(s) of {} moved to {}", m.from, m.moved, m.to)
@@ -253,6 +267,7 @@ mod tests {
             to: "b/h200".into(),
             made_room_for: "ml/h100-only".into(),
             replicas: 2,
+            closes_spread_domain: false,
         };
         let plan = |name: &str| DeploymentPlan {
             namespace: "ml".into(),
@@ -270,6 +285,20 @@ mod tests {
         let quiet = super::explain_text(&DeploymentPlan { moves: vec![], ..plan("other") });
         assert!(!quiet.contains("MOVED"), "{quiet}");
         assert!(!moved.contains("PREEMPTED"), "{moved}");
+        assert!(!moved.contains("spread domain") && !gained.contains("spread domain"), "{moved}{gained}");
+        // A move that closes a spread domain says so, and does not claim the room it left.
+        let closing =
+            |name: &str| DeploymentPlan { moves: vec![Move { closes_spread_domain: true, ..m.clone() }], ..plan(name) };
+        let moved = super::explain_text(&closing("flexible"));
+        assert!(
+            moved.contains(
+                "moved from a/h100 to b/h200 so that its spread domain can take no further replica of ml/h100-only"
+            ),
+            "{moved}"
+        );
+        let gained = super::explain_text(&closing("h100-only"));
+        assert!(gained.contains("of ml/flexible moved from a/h100 to b/h200: that spread domain"), "{gained}");
+        assert!(!gained.contains("placed on a/h100"), "{gained}");
     }
 
     #[test]

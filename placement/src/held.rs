@@ -54,6 +54,8 @@ pub(super) struct Tentative {
     pub free: BTreeMap<(usize, usize), Vec<u32>>,
     /// (moved deployment, from pool, to pool), pools as (cluster, pool) indexes.
     pub moves: Vec<MoveStep>,
+    /// How many of the first `moves` close a spread domain (`close.rs`).
+    pub closing: usize,
 }
 
 pub(super) fn held_of<'a>(t: &'a Tentative, held: &'a [Vec<Held>], i: usize) -> &'a [Held] {
@@ -231,8 +233,10 @@ pub(super) fn name(d: &DeploymentView) -> String {
 
 /// Adds `m` to `moves`, merged with an equal record.
 pub(super) fn record(moves: &mut Vec<Move>, m: Move) {
-    let same =
-        |x: &&mut Move| (&x.moved, &x.from, &x.to, &x.made_room_for) == (&m.moved, &m.from, &m.to, &m.made_room_for);
+    let same = |x: &&mut Move| {
+        (&x.moved, &x.from, &x.to, &x.made_room_for, x.closes_spread_domain)
+            == (&m.moved, &m.from, &m.to, &m.made_room_for, m.closes_spread_domain)
+    };
     match moves.iter_mut().find(same) {
         Some(x) => x.replicas += m.replicas,
         None => moves.push(m),

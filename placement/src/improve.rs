@@ -9,7 +9,9 @@
 //! `minReplicas`, cost ceilings, and spread as each deployment saw it when it was solved (also
 //! for deployments the moves did not touch but whose pools gained room).
 //! A replica kept where it already runs is never moved, nor one of a higher-priority
-//! deployment; no deployment loses a replica to a move. When no move makes room, strictly
+//! deployment; no deployment loses a replica to a move. When spread holds a deployment back,
+//! earlier replicas of its tier may be moved into the domains that hold it back until they
+//! can take no further replica of it (`close.rs`). When no move makes room, strictly
 //! lower-priority replicas that do not run may be preempted and the lower tiers solved again
 //! (`preempt.rs`). Deterministic (fixed orders, no clock) and bounded by a work budget. The
 //! placements it works on are in `held.rs`.
@@ -27,6 +29,8 @@ use crate::devices::ReplicaShape;
 use crate::plan::{DeploymentPlan, Move};
 use crate::snapshot::DeploymentView;
 
+#[path = "close.rs"]
+mod close;
 #[path = "preempt.rs"]
 mod preempt;
 
@@ -46,6 +50,8 @@ struct Mover {
     prio: i32,
     /// Further victims a move may displace to find room.
     depth: u32,
+    /// The only pool the moved replica may go to (closing a spread domain, `close.rs`).
+    to: Option<(usize, usize)>,
 }
 
 /// What the phase knows of one deployment.
@@ -141,7 +147,13 @@ impl Ctx<'_, '_> {
         di: usize,
     ) {
         while ph.movable[di] && plans[di].unplaced > 0 && ph.work < ph.budget {
-            let Some(t) = self.one_more(ph, plans, held, di) else { break };
+            // When no move makes room, a domain that holds the deployment's spread back may be
+            // closed (`close.rs`).
+            let Some(t) =
+                self.one_more(ph, plans, held, di, &Tentative::default()).or_else(|| self.close(ph, plans, held, di))
+            else {
+                break;
+            };
             self.apply(ph, plans, held, changed, t, di);
         }
     }
@@ -171,13 +183,14 @@ impl Ctx<'_, '_> {
             u.retain(|&i| held[i].iter().any(|h| (h.cluster, h.pool) == (ci, pi)));
             ph.users.insert((ci, pi), u);
         }
-        for &(ei, from, to) in &t.moves {
+        for (n, &(ei, from, to)) in t.moves.iter().enumerate() {
             let m = Move {
                 moved: name(order[ei]),
                 from: self.pool_name(from),
                 to: self.pool_name(to),
                 made_room_for: name(order[di]),
                 replicas: 1,
+                closes_spread_domain: n < t.closing,
             };
             for i in [ei, di] {
                 record(&mut plans[i].moves, m.clone());
@@ -209,13 +222,15 @@ impl Ctx<'_, '_> {
         }
     }
 
-    /// Moves (at most [`MAX_MOVES`]) that let deployment `di` take one more replica, or `None`.
+    /// Moves (at most [`MAX_MOVES`], with those already in `base`) that let deployment `di`
+    /// take one more replica, on top of `base`, or `None`.
     fn one_more(
         &mut self,
         ph: &mut Phase<'_, '_>,
         plans: &[DeploymentPlan],
         held: &[Vec<Held>],
         di: usize,
+        base: &Tentative,
     ) -> Option<Tentative> {
         let d = ph.order[di];
         let prio = d.priority();
@@ -231,17 +246,18 @@ impl Ctx<'_, '_> {
                 continue;
             }
             let alt = &d.spec.devices.alternatives[(c.rank - 1) as usize];
-            if alt.max_replicas.is_some_and(|m| per_rank(&held[di], c.rank) >= m.max(0) as u32)
-                || dep.max_cost.is_some_and(|m| cost(&held[di]) + c.replica_price > m)
+            let before = held_of(base, held, di);
+            if alt.max_replicas.is_some_and(|m| per_rank(before, c.rank) >= m.max(0) as u32)
+                || dep.max_cost.is_some_and(|m| cost(before) + c.replica_price > m)
             {
                 continue;
             }
             let p = (c.cluster, c.pool);
-            let mut t = Tentative::default();
-            let mut mine = held[di].clone();
+            let mut t = base.clone();
+            let mut mine = before.to_vec();
             add(&mut mine, c);
             t.held.insert(di, mine);
-            if dep.shape.fits(&self.free[p.0][p.1])
+            if dep.shape.fits(base.free.get(&p).unwrap_or(&self.free[p.0][p.1]))
                 && let Some(done) = self.settle(ph, plans, held, t.clone(), (di, k))
             {
                 return Some(done);
@@ -249,11 +265,15 @@ impl Ctx<'_, '_> {
             // Victims: equal- or lower-priority replicas on the pool not kept where they ran,
             // lowest priority first, then the last solved first.
             let mut victims: Vec<(usize, u32)> = Vec::new();
-            for &i in ph.users.get(&p).map_or(&[][..], Vec::as_slice) {
+            let mut ids: Vec<usize> = ph.users.get(&p).cloned().unwrap_or_default();
+            ids.extend(base.held.keys().copied());
+            ids.sort_unstable();
+            ids.dedup();
+            for i in ids {
                 if i == di || !ph.movable[i] || ph.order[i].priority() > prio {
                     continue;
                 }
-                for h in held[i].iter().filter(|h| (h.cluster, h.pool) == p && h.count > h.kept) {
+                for h in held_of(base, held, i).iter().filter(|h| (h.cluster, h.pool) == p && h.count > h.kept) {
                     victims.push((i, h.rank));
                 }
             }
@@ -263,7 +283,8 @@ impl Ctx<'_, '_> {
                     if t.moves.len() >= MAX_MOVES || ph.work >= ph.budget {
                         break;
                     }
-                    let Some(next) = self.move_out(ph, held, &t, Mover { di, prio, depth: CHAIN_DEPTH }, ei, rank, p)
+                    let Some(next) =
+                        self.move_out(ph, held, &t, Mover { di, prio, depth: CHAIN_DEPTH, to: None }, ei, rank, p)
                     else {
                         break;
                     };
@@ -302,7 +323,7 @@ impl Ctx<'_, '_> {
                 .iter()
                 .filter(|dest| {
                     let q = (dest.cluster, dest.pool);
-                    if dest.sticky_only || q == p {
+                    if dest.sticky_only || q == p || mover.to.is_some_and(|to| to != q) {
                         return false;
                     }
                     if dest.rank != from.rank {
@@ -392,7 +413,7 @@ impl Ctx<'_, '_> {
             }
         }
         victims.sort_by_key(|&(i, rank)| (ph.order[i].priority(), std::cmp::Reverse(i), rank));
-        let deeper = Mover { depth: mover.depth - 1, ..mover };
+        let deeper = Mover { depth: mover.depth - 1, to: None, ..mover };
         for (vi, rank) in victims {
             loop {
                 // Leave room in the move count for `ei`'s own move and the gaining one's.

@@ -197,6 +197,11 @@ pub struct Move {
     pub made_room_for: String,
     /// Replicas of `moved` that went this way.
     pub replicas: u32,
+    /// The move filled `to` so that its spread domain can take no further replica of
+    /// `madeRoomFor`, which could then grow in another domain (`madeRoomFor` got nothing on
+    /// `from`). Left out of the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub closes_spread_domain: bool,
 }
 
 /// What makes a deployment's spec invalid: the field and why.

@@ -89,7 +89,11 @@ impl Ctx<'_, '_> {
         ph.floor = Some(prio);
         let short = plans[di].unplaced;
         while plans[di].unplaced > 0 && ph.work < ph.budget {
-            let Some(t) = self.one_more(ph, plans, held, di) else { break };
+            let Some(t) =
+                self.one_more(ph, plans, held, di, &Tentative::default()).or_else(|| self.close(ph, plans, held, di))
+            else {
+                break;
+            };
             self.apply(ph, plans, held, changed, t, di);
         }
         ph.floor = None;
@@ -139,7 +143,14 @@ impl Ctx<'_, '_> {
             let (moves, lost) = self.differences(&saved_held[i], &h);
             let y = name(ph.order[i]);
             for (from, to, r) in moves {
-                let m = Move { moved: y.clone(), from, to, made_room_for: by.clone(), replicas: r };
+                let m = Move {
+                    moved: y.clone(),
+                    from,
+                    to,
+                    made_room_for: by.clone(),
+                    replicas: r,
+                    closes_spread_domain: false,
+                };
                 record(&mut plan.moves, m.clone());
                 record(&mut plans[di].moves, m);
             }

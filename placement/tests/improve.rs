@@ -386,3 +386,89 @@ fn nothing_is_preempted_when_it_would_not_place_more() {
     assert!(improved.iter().all(|p| p.moves.is_empty() && p.preemptions.is_empty()), "{improved:?}");
     assert!(improved.iter().flat_map(|p| &p.rejections).all(|r| r.reason != Reason::Preempted));
 }
+
+/// A deployment of `devices` per replica, spread by cluster with `maxSkew` 1 when `spread`.
+fn sized(
+    name: &str,
+    created: i64,
+    priority: i32,
+    replicas: i32,
+    devices: u32,
+    alts: serde_json::Value,
+) -> DeploymentView {
+    let mut d = deployment(name, created, priority, alts);
+    d.spec.replicas = replicas;
+    d.spec.topology = serde_json::from_value(json!({"type": "TensorParallel", "devicesPerReplica": devices})).unwrap();
+    d
+}
+
+/// Cluster `a`: two H100 nodes; `b`: one H200 node; `c`: one A100 node (the cheapest).
+/// `spready` (4 replicas of 4 devices, spread by cluster, skew 1) may use the H100s, and the
+/// H200 for one replica at most. `filler` (one replica of 4, any class) takes the A100. The
+/// greedy places `spready` 2 in `a` and 1 in `b`: a third in `a` would be 2 above `b`, whose
+/// H200 can still take a replica (spread does not ask whether this deployment may use it).
+fn close_fleet(filler_created: i64, filler_priority: i32) -> FleetSnapshot {
+    let mut a = cluster("a", "h100");
+    a.pools[0].free_per_node = free_per_node(2, 8, 0);
+    let mut spready = sized("spready", 2, 0, 4, 4, json!([{"class": "h100"}, {"class": "h200", "maxReplicas": 1}]));
+    spready.spec.placement.spread = serde_json::from_value(json!({"by": "cluster", "maxSkew": 1})).unwrap();
+    FleetSnapshot {
+        classes: [class("h100", "10.00"), class("h200", "20.00"), class("a100", "5.00")].into_iter().collect(),
+        clusters: vec![a, cluster("b", "h200"), cluster("c", "a100")],
+        deployments: vec![
+            sized(
+                "filler",
+                filler_created,
+                filler_priority,
+                1,
+                4,
+                json!([{"selectors": ["device.driver == \"gpu.nvidia.com\""]}]),
+            ),
+            spready,
+        ],
+    }
+}
+
+/// Per cluster, the replicas of `name` there.
+fn replicas_of<'p>(plans: &'p [DeploymentPlan], name: &str) -> Vec<(&'p str, u32)> {
+    by_name(plans, name).assignments.iter().map(|a| (a.cluster.as_str(), a.replicas)).collect()
+}
+
+#[test]
+fn closing_a_spread_domain_lets_the_deployment_grow_elsewhere() {
+    let snap = close_fleet(1, 0);
+    let greedy = plans(&snap, false);
+    assert_eq!(replicas_of(&greedy, "spready"), vec![("a", 2), ("b", 1)]);
+    assert_eq!((replicas_of(&greedy, "filler"), by_name(&greedy, "spready").unplaced), (vec![("c", 1)], 1));
+    // `filler`, solved before `spready`, moves into the H200's last room: `b` can take no
+    // further replica of `spready` once the deployments before it are placed, so `a` may grow.
+    let improved = plans(&snap, true);
+    assert_eq!(replicas_of(&improved, "spready"), vec![("a", 3), ("b", 1)]);
+    assert_eq!((replicas_of(&improved, "filler"), by_name(&improved, "spready").unplaced), (vec![("b", 1)], 0));
+    let m = &by_name(&improved, "filler").moves;
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(
+        (m[0].moved.as_str(), m[0].from.as_str(), m[0].to.as_str(), m[0].made_room_for.as_str()),
+        ("ml/filler", "c/a100", "b/h200", "ml/spready")
+    );
+    assert!(m[0].closes_spread_domain);
+    assert_eq!(by_name(&improved, "spready").moves, *m);
+    assert!(by_name(&improved, "spready").rejections.is_empty());
+    let a = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+    assert_eq!(a, serde_json::to_string(&solve(&close_fleet(1, 0), &SolveOptions::default())).unwrap());
+}
+
+#[test]
+fn a_domain_is_closed_only_by_earlier_deployments_of_the_tier() {
+    // Twins: `filler` solved after `spready` (its replicas do not count for `spready`'s
+    // spread), or of a higher priority (never moved): nothing moves, `spready` stays short.
+    for (created, priority) in [(3, 0), (1, 10)] {
+        let improved = plans(&close_fleet(created, priority), true);
+        assert_eq!(replicas_of(&improved, "spready"), vec![("a", 2), ("b", 1)], "{created} {priority}");
+        assert_eq!(replicas_of(&improved, "filler"), vec![("c", 1)]);
+        assert_eq!(by_name(&improved, "spready").unplaced, 1);
+        assert!(improved.iter().all(|p| p.moves.is_empty() && p.preemptions.is_empty()));
+        let spread = by_name(&improved, "spready").rejections.iter().any(|r| r.reason == Reason::SpreadConstraint);
+        assert!(spread, "{:?}", by_name(&improved, "spready").rejections);
+    }
+}
