@@ -317,10 +317,17 @@ fn unexpired<'a>(pools: &'a [RefusedPool], now: &'a Time) -> impl Iterator<Item 
 }
 
 /// Whether a scheduler's message says devices were short (`Insufficient nvidia.com/gpu`, a
-/// DRA claim that cannot be allocated), rather than a taint, a selector or an affinity that
-/// concerns this deployment's pods only.
+/// DRA claim that cannot be allocated), rather than a taint, a selector, an affinity, or CPU,
+/// memory and other node resources this deployment's pods ask for (`Insufficient cpu`), which
+/// concern its pods only and must not close the pool to other deployments.
 fn devices_short(message: &str) -> bool {
-    message.contains("Insufficient") || message.contains("cannot allocate all claims")
+    const NODE_RESOURCES: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pods"];
+    let short_of = message
+        .split("Insufficient ")
+        .skip(1)
+        .filter_map(|rest| rest.split([',', ' ', '.', ';', '\n']).find(|w| !w.is_empty()));
+    message.contains("cannot allocate all claims")
+        || short_of.into_iter().any(|r| !NODE_RESOURCES.contains(&r) && !r.starts_with("hugepages-"))
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.
@@ -436,6 +443,22 @@ mod tests {
             refused("0/2 nodes are available: 2 node(s) had untolerated taint {x: y}."),
         );
         assert!(!desired(None, Some(1), &plan(8, 7), &t, &at(1_000), BACKOFF).refused_pools[0].devices_short);
+        // CPU or memory a pod asks for concerns that deployment only, even next to a device
+        // shortage on other nodes (which does close the pool to pods as large).
+        for (message, short) in [
+            ("0/2 nodes are available: 2 Insufficient cpu.", false),
+            ("0/2 nodes are available: 1 Insufficient memory, 1 Insufficient hugepages-2Mi.", false),
+            ("0/3 nodes are available: 1 Insufficient cpu, 2 Insufficient nvidia.com/gpu.", true),
+            ("0/2 nodes are available: 2 cannot allocate all claims.", true),
+        ] {
+            let mut c = observed(7);
+            c.refused.insert(("eu1".into(), "h100".into()), refused(message));
+            assert_eq!(
+                desired(None, Some(1), &plan(8, 7), &c, &at(1_000), BACKOFF).refused_pools[0].devices_short,
+                short,
+                "{message}"
+            );
+        }
         // No back-off configured: nothing kept.
         assert!(
             desired(None, Some(1), &plan(8, 7), &o, &at(1_000), std::time::Duration::ZERO).refused_pools.is_empty()
