@@ -135,11 +135,10 @@ impl DeploymentContext {
         };
         let still = |solved: &Solved| solved.holds(self.deployments.state().iter().map(|d| d.as_ref()));
         let input = || {
-            let inputs: HashMap<String, u64> =
-                self.deployments.state().iter().map(|d| (deployment_name(d), recorded_of(d))).collect();
+            let inputs: Vec<Input> = self.deployments.state().iter().map(|d| input_of(d)).collect();
             (self.snapshot(), inputs)
         };
-        let compute = |(snapshot, inputs): (FleetSnapshot, HashMap<String, u64>)| {
+        let compute = |(snapshot, inputs): (FleetSnapshot, Vec<Input>)| {
             Solved::new(solve(&snapshot, &SolveOptions::default()), inputs)
         };
         let (seq, solved) = self.plans.get(key, still, input, compute).await.map_err(Error::Solve)?;
@@ -175,16 +174,25 @@ impl DeploymentContext {
 }
 
 /// A fleet plan with what each deployment's status recorded when it was solved and what the
-/// plan gives it, both as [`recorded`] hashes them, by `namespace/name`: the plan still holds
-/// while every deployment records one or the other (`DeploymentContext::solve`).
+/// plan gives it, both as [`recorded`] hashes them, by uid: the plan still holds while every
+/// deployment records one or the other (`DeploymentContext::solve`).
 pub(crate) struct Solved {
     plan: Arc<Plan>,
     recorded: HashMap<String, (u64, u64)>,
 }
 
+/// A deployment as a solve saw it: its uid (its `namespace/name` when it has none), its
+/// `namespace/name` (the plan's key) and its recorded placements as [`recorded`] hashes them.
+type Input = (String, String, u64);
+
+fn input_of(d: &ModelDeployment) -> Input {
+    let name = format!("{}/{}", d.namespace().unwrap_or_else(|| "default".into()), d.name_any());
+    (d.metadata.uid.clone().unwrap_or_else(|| name.clone()), name, recorded_of(d))
+}
+
 impl Solved {
-    /// `plan`, solved from deployments whose placements were `inputs` (by `namespace/name`).
-    fn new(plan: Plan, inputs: HashMap<String, u64>) -> Self {
+    /// `plan`, solved from deployments whose placements were `inputs`.
+    fn new(plan: Plan, inputs: Vec<Input>) -> Self {
         let planned: HashMap<String, u64> = plan
             .deployments
             .iter()
@@ -195,9 +203,9 @@ impl Solved {
             .collect();
         let recorded = inputs
             .into_iter()
-            .map(|(name, input)| {
+            .map(|(key, name, input)| {
                 let planned = planned.get(&name).copied().unwrap_or(input);
-                (name, (input, planned))
+                (key, (input, planned))
             })
             .collect();
         Self { plan: Arc::new(plan), recorded }
@@ -206,19 +214,21 @@ impl Solved {
     /// Whether the plan still holds for these deployments (the fingerprint aside): each records
     /// the placements it had when the plan was solved, or those the plan gives it.
     fn holds<'a>(&self, deployments: impl IntoIterator<Item = &'a ModelDeployment>) -> bool {
+        // Looked up by uid without building a name: this runs on every reconcile, over every
+        // deployment, under the plan cache's lock.
         deployments.into_iter().all(|d| {
+            let entry = match d.metadata.uid.as_deref() {
+                Some(uid) => self.recorded.get(uid),
+                None => self.recorded.get(&input_of(d).0),
+            };
             let now = recorded_of(d);
-            self.recorded.get(&deployment_name(d)).is_some_and(|(input, planned)| now == *input || now == *planned)
+            entry.is_some_and(|(input, planned)| now == *input || now == *planned)
         })
     }
 }
 
 fn recorded_of(d: &ModelDeployment) -> u64 {
     recorded(d.status.iter().flat_map(|s| &s.placements).map(recorded_placement))
-}
-
-fn deployment_name(d: &ModelDeployment) -> String {
-    format!("{}/{}", d.namespace().unwrap_or_else(|| "default".into()), d.name_any())
 }
 
 /// A status placement as the solver reads it: cluster, pool, class, capacity type, rank,
@@ -479,7 +489,7 @@ pub(crate) async fn write_status(
 
 #[cfg(test)]
 mod plan_cache_tests {
-    use super::{Solved, deployment_name, fingerprint, recorded_of};
+    use super::{Solved, fingerprint, input_of};
     use flotilla_apis::ModelDeployment;
     use kube::api::ObjectMeta;
 
@@ -563,7 +573,7 @@ mod plan_cache_tests {
             ..Default::default()
         };
         let plan = Plan { deployments: vec![entry("d1", 2), entry("d2", 2)] };
-        let inputs = [&fresh, &d2].iter().map(|d| (deployment_name(d), recorded_of(d))).collect();
+        let inputs = [&fresh, &d2].iter().map(|d| input_of(d)).collect();
         let solved = Solved::new(plan, inputs);
         assert!(solved.holds([&fresh, &d2]), "nothing changed");
         // d1 writes ahead what the plan gave it (ready 0, then 2): still the same plan.
