@@ -461,11 +461,12 @@ pub struct RefusedPool {
     pub pool: String,
     /// When the pool may take new replicas of this deployment again.
     pub retry_after: Time,
-    /// The scheduler said devices were short (`Insufficient ...`, claims that cannot be
-    /// allocated): no node of the pool had room for one of this deployment's pods. Until
-    /// `retryAfter`, no new replica of any deployment whose pods need as many devices on one
-    /// node goes to the pool either; replicas running there stay. False for refusals of other
-    /// kinds (a taint, a node selector), which concern this deployment only.
+    /// The scheduler said devices were short (`Insufficient nvidia.com/gpu` or another device
+    /// resource, claims that cannot be allocated): no node of the pool had room for one of this
+    /// deployment's pods. Until `retryAfter`, no new replica of any deployment whose pods need as
+    /// many devices on one node goes to the pool either; replicas running there stay. False for
+    /// refusals of other kinds (a taint, a node selector, CPU or memory the pods ask for), which
+    /// concern this deployment only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub devices_short: bool,
     /// The scheduler's message.
