@@ -9,6 +9,10 @@
 #   FLOTILLA_BENCH_MEMBERS=20 FLOTILLA_BENCH_DEPLOYMENTS=1000 FLOTILLA_BENCH_NODES=50
 #   FLOTILLA_BENCH_STEADY_SECONDS=300 FLOTILLA_BENCH_SETTLE_SECONDS=30
 #   FLOTILLA_BENCH_POLL_SECONDS=10 FLOTILLA_BENCH_TIMEOUT_SECONDS=900
+#   FLOTILLA_BENCH_PROFILE=release (default) builds the controller optimised, as a release is,
+#   without the AWS provider (cargo feature `aws` off: the SDK is not compiled; the benchmark
+#   uses no cloud); `debug` uses
+#   the workspace's debug build with every feature (the figures before 2026-12-04).
 # A small development run:
 #   FLOTILLA_BENCH_MEMBERS=3 FLOTILLA_BENCH_DEPLOYMENTS=60 FLOTILLA_BENCH_NODES=20 \
 #     FLOTILLA_BENCH_STEADY_SECONDS=60 scripts/bench-convergence.sh
@@ -17,8 +21,17 @@ cd "$(dirname "$0")/.."
 bash tests/e2e/harness/build.sh >/dev/null
 log="${FLOTILLA_BENCH_LOG:-${TMPDIR:-/tmp}/flotilla-bench-convergence.log}"
 echo "full output: ${log}" >&2
-CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}" cargo test -p flotilla-controllers --locked --test bench_convergence \
-  -- --ignored --nocapture >"${log}" 2>&1 || true
+case "${FLOTILLA_BENCH_PROFILE:-release}" in
+  release) build=(--release --no-default-features) ;;
+  debug) build=() ;;
+  *) echo "FLOTILLA_BENCH_PROFILE: release or debug, not ${FLOTILLA_BENCH_PROFILE}" >&2; exit 2 ;;
+esac
+# Built before the clusters start, so no compile shares the cores with the measurement.
+CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}" cargo test "${build[@]}" -p flotilla-controllers --locked \
+  --test bench_convergence --no-run
+echo "# controller build: ${FLOTILLA_BENCH_PROFILE:-release} (${build[*]:-debug, default features})" >"${log}"
+cargo test "${build[@]}" -p flotilla-controllers --locked --test bench_convergence \
+  -- --ignored --nocapture >>"${log}" 2>&1 || true
 grep -E '^(\| |# )' "${log}" || true
 grep -q '^| member stopped' "${log}" || {
   echo "the benchmark did not finish; see ${log}" >&2

@@ -36,6 +36,17 @@ pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// The `User-Agent` of every request the controller sends, to the control cluster and to the
+/// members, so that an API server's audit log tells Flotilla's requests from those of other
+/// clients (kube-rs sends none of its own).
+pub const USER_AGENT: &str = concat!("flotilla-controller/", env!("CARGO_PKG_VERSION"));
+
+/// Makes `config`'s requests carry [`USER_AGENT`].
+pub fn identify(config: &mut kube::Config) {
+    config.headers.retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+}
+
 /// Errors of a reconcile. Transient ones are retried with per-object backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -628,5 +639,16 @@ mod tests {
         let hard = Error::Finalizer("x".into());
         assert_eq!(retry_after(&failures, "ModelDeployment", "ml/a", &hard, Duration::MAX), Duration::from_secs(1));
         assert_eq!(retry_after(&failures, "ModelDeployment", "ml/a", &hard, Duration::MAX), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn every_client_config_says_it_is_the_controller_once() {
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static("kubectl/v1.36")));
+        identify(&mut config);
+        identify(&mut config);
+        let agents: Vec<_> = config.headers.iter().filter(|(n, _)| n == http::header::USER_AGENT).collect();
+        assert_eq!(agents.len(), 1);
+        assert!(agents[0].1.to_str().unwrap().starts_with("flotilla-controller/"));
     }
 }

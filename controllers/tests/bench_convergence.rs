@@ -6,7 +6,8 @@
 //! controller: apply → every deployment `Placed` and `Ready`; the controller's CPU seconds and
 //! peak RSS (`/proc`); the requests each API server counted (`apiserver_request_total`) by verb
 //! during start-up, convergence, a steady window, a member outage (until its replicas run
-//! elsewhere) and its recovery. It prints Markdown rows for `docs/benchmarks.md` and never
+//! elsewhere) and its recovery; and, from each API server's audit log, the LISTs and writes
+//! sent with the controller's User-Agent — the metric counts every client, the log names them. It prints Markdown rows for `docs/benchmarks.md` and never
 //! asserts on time. Run by `scripts/bench-convergence.sh`; ignored in the test command.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -16,6 +17,7 @@ mod fleet;
 mod harness;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -75,9 +77,11 @@ fn all_ready(store: &Store<ModelDeployment>, condition: &str) -> usize {
     store.state().iter().filter(|d| d.status.as_ref().is_some_and(|s| s.conditions.is_true(condition))).count()
 }
 
-/// Every API server's reading, by name (`None` for one that does not answer).
+/// Every API server's reading, by name (`None` for one that does not answer), and its audit
+/// log (LISTs and writes with the client's User-Agent).
 struct Servers {
     clients: Vec<(String, Client)>,
+    audits: Vec<(String, PathBuf)>,
 }
 
 impl Servers {
@@ -85,6 +89,21 @@ impl Servers {
         let reads =
             self.clients.iter().map(|(n, c)| async move { (n.clone(), apiserver::apiserver_requests(c).await) });
         futures_util::future::join_all(reads).await.into_iter().collect()
+    }
+
+    fn audit_ends(&self) -> BTreeMap<String, u64> {
+        self.audits.iter().map(|(n, log)| (n.clone(), apiserver::audit_end(log))).collect()
+    }
+
+    /// Per server, the LISTs and writes the controller's User-Agent made since `from`.
+    fn audited(&self, from: &BTreeMap<String, u64>) -> BTreeMap<String, Requests> {
+        self.audits
+            .iter()
+            .map(|(n, log)| {
+                let at = from.get(n).copied().unwrap_or(0);
+                (n.clone(), apiserver::audited(log, flotilla_controllers::USER_AGENT, at).0)
+            })
+            .collect()
     }
 }
 
@@ -94,17 +113,20 @@ struct Window {
     took: Duration,
     cpu: f64,
     grown: BTreeMap<String, Requests>,
+    /// Per server, the controller's own LISTs and writes, from the audit log (its User-Agent).
+    audited: BTreeMap<String, Requests>,
 }
 
 struct Meter {
     before: BTreeMap<String, Option<Requests>>,
+    audit_from: BTreeMap<String, u64>,
     cpu: f64,
     start: Instant,
 }
 
 async fn begin(servers: &Servers, pid: u32) -> Meter {
     let cpu = apiserver::proc_stats(pid).unwrap_or_default().cpu_seconds;
-    Meter { before: servers.read().await, cpu, start: Instant::now() }
+    Meter { before: servers.read().await, audit_from: servers.audit_ends(), cpu, start: Instant::now() }
 }
 
 impl Meter {
@@ -112,6 +134,9 @@ impl Meter {
         let took = self.start.elapsed();
         let after = servers.read().await;
         let cpu = apiserver::proc_stats(pid).unwrap_or_default().cpu_seconds - self.cpu;
+        // The API server writes an audit line as the response completes: a moment for the last.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let audited = servers.audited(&self.audit_from);
         let grown = after
             .iter()
             .filter_map(|(n, a)| {
@@ -119,7 +144,7 @@ impl Meter {
                 Some((n.clone(), apiserver::grown(b, a)))
             })
             .collect();
-        Window { name: name.to_string(), took, cpu, grown }
+        Window { name: name.to_string(), took, cpu, grown, audited }
     }
 }
 
@@ -143,7 +168,7 @@ fn sum(maps: impl Iterator<Item = Requests>) -> Requests {
     out
 }
 
-/// `| window | took | controller CPU | control | control leases | members (sum) | LISTs + writes, busiest member |`
+/// `| window | took | controller CPU | control | control leases | members (sum) | LISTs + writes, busiest member | by user agent |`
 fn window_row(w: &Window) -> String {
     let control = w.grown.get("control").map(|g| flotilla_part("control", g)).unwrap_or_default();
     let leases = w.grown.get("control").map(|g| apiserver::on_resources(g, &["leases"])).unwrap_or_default();
@@ -153,15 +178,19 @@ fn window_row(w: &Window) -> String {
         .map(|(n, g)| (n, apiserver::lists_and_writes(&flotilla_part(n, g))))
         .max_by(|a, b| a.1.values().sum::<f64>().total_cmp(&b.1.values().sum::<f64>()));
     let busiest = busiest.map_or("—".to_string(), |(n, g)| format!("{n}: {}", apiserver::verbs_text(&g)));
+    let control_audited = w.audited.get("control").cloned().unwrap_or_default();
+    let members_audited = sum(w.audited.iter().filter(|(n, _)| *n != "control").map(|(_, g)| g.clone()));
     format!(
-        "| {} | {:.1} s | {:.1} s | {} | {} | {} | {} |",
+        "| {} | {:.1} s | {:.1} s | {} | {} | {} | {} | control: {}; members: {} |",
         w.name,
         w.took.as_secs_f64(),
         w.cpu,
         apiserver::verbs_text(&control),
         apiserver::verbs_text(&leases),
         apiserver::verbs_text(&member_sum),
-        busiest
+        busiest,
+        apiserver::verbs_text(&control_audited),
+        apiserver::verbs_text(&members_audited),
     )
 }
 
@@ -172,6 +201,9 @@ fn detail(w: &Window) {
         if !lw.is_empty() {
             println!("#   {}: {n}: {lw:?}", w.name);
         }
+    }
+    for (n, g) in w.audited.iter().filter(|(_, g)| !g.is_empty()) {
+        println!("#   {}: {n}: the controller's own (audit log): {g:?}", w.name);
     }
 }
 
@@ -197,7 +229,7 @@ async fn controller_at_fleet_scale() {
     let members = p.member_names();
     let mut names: Vec<&str> = vec!["control"];
     names.extend(members.iter().map(String::as_str));
-    let fleet = Fleet::up("bench", &names);
+    let fleet = Fleet::up_audited("bench", &names);
     for (i, m) in members.iter().enumerate() {
         for (pool, profile, count) in p.pools(i) {
             fleet.gpu_nodes(m, profile, count, pool, &p.region(i));
@@ -217,7 +249,8 @@ async fn controller_at_fleet_scale() {
     for m in &members {
         clients.push((m.clone(), fleet.client(m).await));
     }
-    let servers = Servers { clients };
+    let audits = names.iter().filter_map(|n| Some((n.to_string(), fleet.audit_log(n)?))).collect();
+    let servers = Servers { clients, audits };
     let deployments = watch(Api::<ModelDeployment>::namespaced(control.clone(), "ml")).await;
     let clusters = watch(Api::<InferenceCluster>::all(control.clone())).await;
 
@@ -404,9 +437,9 @@ fn print_report(p: &Params, r: &Report<'_>, windows: &[Window]) {
     );
     println!();
     println!(
-        "| window | took | controller CPU | control: Flotilla's kinds | control: leases (all holders) | members: Flotilla's (sum) | busiest member: LISTs and writes |"
+        "| window | took | controller CPU | control: Flotilla's kinds | control: leases (all holders) | members: Flotilla's (sum) | busiest member: LISTs and writes | the controller's own LISTs and writes (audit log, its User-Agent) |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for w in windows {
         println!("{}", window_row(w));
     }
@@ -429,14 +462,21 @@ fn print_report(p: &Params, r: &Report<'_>, windows: &[Window]) {
         detail(w);
     }
     let steady = windows.iter().find(|w| w.name.starts_with("steady"));
+    // From the audit logs when there are any (they name the client); else the API servers'
+    // metrics, which count every client of the resources Flotilla uses.
     let worst = steady.map_or(0.0, |w| {
-        w.grown
-            .iter()
-            .map(|(n, g)| apiserver::lists_and_writes(&flotilla_part(n, g)).values().sum::<f64>())
-            .fold(0.0, f64::max)
+        if w.audited.is_empty() {
+            w.grown
+                .iter()
+                .map(|(n, g)| apiserver::lists_and_writes(&flotilla_part(n, g)).values().sum::<f64>())
+                .fold(0.0, f64::max)
+        } else {
+            w.audited.values().map(|g| g.values().sum::<f64>()).fold(0.0, f64::max)
+        }
     });
+    let source = if steady.is_some_and(|w| !w.audited.is_empty()) { "audit logs" } else { "metrics" };
     println!(
-        "# steady state: {} ModelDeployment changes seen; at most {worst:.0} LISTs and writes of Flotilla's resources on one API server ({:.2} per minute)",
+        "# steady state: {} ModelDeployment changes seen; at most {worst:.0} LISTs and writes of Flotilla's on one API server ({:.2} per minute; from the {source})",
         r.steady_changes,
         worst * 60.0 / p.steady_seconds.max(1) as f64
     );

@@ -219,3 +219,27 @@ pub struct NodeRemoval {
     /// can name nodes removes only `named`, and one that cannot refuses.
     pub provider_may_choose: bool,
 }
+
+/// One EKS cluster the AWS adapter may add node groups to. Plain data, here rather than in
+/// `aws` so that a `--capacity-provider` file can be read and checked by a build without the
+/// `aws` feature.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AwsTarget {
+    /// The InferenceCluster name the nodes join.
+    pub cluster: String,
+    /// EKS cluster name.
+    pub eks_cluster: String,
+    /// AWS region.
+    pub region: String,
+    /// Jurisdiction code of the region (`EU`).
+    pub jurisdiction: String,
+    /// Subnet per availability zone for node groups.
+    pub subnets: BTreeMap<String, String>,
+    /// IAM role ARN nodes run as.
+    pub node_role_arn: String,
+    /// Instance types to consider (from the InferenceClasses' `provisioning.aws`).
+    pub instance_types: Vec<String>,
+    /// Look up capacity reservations and capacity blocks (off when the account has none or
+    /// the endpoint does not implement them).
+    pub reservations: bool,
+}

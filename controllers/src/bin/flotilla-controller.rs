@@ -154,7 +154,7 @@ async fn capacity_provider(path: &PathBuf, client: &Client) -> anyhow::Result<fl
     for warning in &plan.warnings {
         tracing::warn!(file = %path.display(), "{warning}");
     }
-    let set = providerfile::build(plan, &classes, &flotilla_providers::aws::AwsSettings::default())
+    let set = providerfile::build(plan, &classes, &providerfile::AwsSettings::default())
         .await
         .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
     tracing::info!(providers = ?set, "capacity providers configured");
@@ -162,13 +162,14 @@ async fn capacity_provider(path: &PathBuf, client: &Client) -> anyhow::Result<fl
 }
 
 async fn control_client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
-    let config = match path {
+    let mut config = match path {
         Some(p) => {
             let kc = Kubeconfig::read_from(p).with_context(|| format!("reading kubeconfig {}", p.display()))?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
         }
         None => Config::infer().await?,
     };
+    flotilla_controllers::identify(&mut config);
     flotilla_controllers::install_crypto();
     Ok(Client::try_from(config)?)
 }

@@ -12,8 +12,20 @@ use std::sync::Arc;
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::cluster::InferenceClusterSpec;
 use flotilla_apis::common::CapacityType;
-use flotilla_providers::aws::{AwsProvider, AwsSettings, AwsTarget};
+#[cfg(feature = "aws")]
+use flotilla_providers::aws::AwsProvider;
+#[cfg(feature = "aws")]
+pub use flotilla_providers::aws::AwsSettings;
+use flotilla_providers::types::AwsTarget;
 use flotilla_providers::{CapacityProvider, ProviderSet, StaticProvider};
+
+/// What `build` takes to reach AWS. A controller built without the `aws` feature has no AWS
+/// provider, so there is nothing to set.
+#[cfg(not(feature = "aws"))]
+#[derive(Clone, Debug, Default)]
+pub struct AwsSettings {
+    _nothing: (),
+}
 use serde::Deserialize;
 
 /// The file.
@@ -255,6 +267,7 @@ pub async fn build(
     base: &AwsSettings,
 ) -> Result<ProviderSet, String> {
     let mut providers: Vec<Arc<dyn CapacityProvider>> = Vec::new();
+    #[cfg(feature = "aws")]
     for (target, endpoint_url) in plan.aws {
         let settings = AwsSettings {
             targets: vec![target],
@@ -263,6 +276,15 @@ pub async fn build(
             ..base.clone()
         };
         providers.push(Arc::new(AwsProvider::connect(settings).await));
+    }
+    #[cfg(not(feature = "aws"))]
+    if let Some((target, _)) = plan.aws.first() {
+        let _ = base;
+        return Err(format!(
+            "region {} (kind: aws): this flotilla-controller was built without AWS support (cargo feature `aws`); \
+             run a build with default features, or serve the region with `kind: static`",
+            target.region
+        ));
     }
     if !plan.statics.is_empty() {
         providers.push(Arc::new(StaticProvider::new(plan.statics, classes.clone())));

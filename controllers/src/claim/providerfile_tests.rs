@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use flotilla_providers::CapacityProvider;
-use flotilla_providers::aws::AwsSettings;
 use serde_json::json;
 
 use super::*;
@@ -83,6 +82,7 @@ fn a_good_file_becomes_targets_defaults_from_the_cluster_and_the_classes() {
     assert!(plan.warnings[0].contains("no InferenceCluster `us-va-1` yet"), "{:?}", plan.warnings);
 }
 
+#[cfg(feature = "aws")]
 #[tokio::test]
 async fn a_good_file_builds_one_provider_set_without_calling_aws() {
     let plan = load(GOOD, &clusters(), &classes()).unwrap();
@@ -99,6 +99,19 @@ async fn a_good_file_builds_one_provider_set_without_calling_aws() {
     );
     let offerings = set.offerings("onprem-fra").await.unwrap();
     assert_eq!((offerings.len(), offerings[0].available_nodes), (1, Some(2)), "the static pool, no network");
+}
+
+/// A controller built without the `aws` feature refuses the AWS regions by name instead of
+/// starting without them; a file of static regions only still builds.
+#[cfg(not(feature = "aws"))]
+#[tokio::test]
+async fn without_the_aws_feature_aws_regions_are_refused_by_name() {
+    let plan = load(GOOD, &clusters(), &classes()).unwrap();
+    let e = build(plan, &classes(), &AwsSettings::default()).await.unwrap_err();
+    assert!(e.contains("region eu-central-1 (kind: aws)") && e.contains("cargo feature `aws`"), "{e}");
+    let statics = load("regions:\n- kind: static\n  cluster: fra-dc\n", &clusters(), &classes()).unwrap();
+    let set = build(statics, &classes(), &AwsSettings::default()).await.unwrap();
+    assert_eq!(set.regions().len(), 1);
 }
 
 #[test]

@@ -200,6 +200,7 @@ pub(super) async fn clients(
         .map_err(|e| fetched.unusable(&e))?;
     config.connect_timeout = Some(t.connect);
     config.write_timeout = Some(t.observe);
+    crate::identify(&mut config);
     let mut request = config.clone();
     request.read_timeout = Some(t.observe);
     // A pooled connection's idle time must not count against the next request's timeout.

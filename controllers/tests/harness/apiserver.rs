@@ -216,6 +216,52 @@ pub fn sum_stats(pids: &[u32]) -> ProcStats {
     })
 }
 
+/// The requests of one client in an API server's audit log (`FLOTILLA_E2E_AUDIT`, policy
+/// `tests/e2e/harness/audit-policy.yaml`), told apart by its `User-Agent`: from byte `from` of
+/// the log to its end, keyed like [`Requests`] (`list` → `LIST`, `create` → `POST`, `update` →
+/// `PUT`, `patch` and server-side apply → `PATCH`), and the offset where the log ends. A missing
+/// log reads as empty. The policy leaves out GETs, WATCHes and Leases, so what is counted is the
+/// LISTs and writes.
+pub fn audited(log: &Path, agent: &str, from: u64) -> (Requests, u64) {
+    use std::io::{BufRead, Seek};
+    let mut out = Requests::new();
+    let Ok(mut file) = std::fs::File::open(log) else { return (out, from) };
+    if file.seek(std::io::SeekFrom::Start(from)).is_err() {
+        return (out, from);
+    }
+    let mut reader = std::io::BufReader::new(file);
+    let mut at = from;
+    let mut line = String::new();
+    // Only whole lines: one the API server is still writing is read on the next call.
+    while reader.read_line(&mut line).unwrap_or(0) > 0 && line.ends_with('\n') {
+        at += line.len() as u64;
+        if let Ok(e) = serde_json::from_str::<serde_json::Value>(&line)
+            && e["stage"] == "ResponseComplete"
+            && e["userAgent"].as_str().is_some_and(|a| a.starts_with(agent))
+        {
+            let verb = match e["verb"].as_str().unwrap_or("") {
+                "create" => "POST".to_string(),
+                "update" => "PUT".to_string(),
+                v => v.to_uppercase(),
+            };
+            let object = &e["objectRef"];
+            let resource = match (object["resource"].as_str(), object["subresource"].as_str()) {
+                (Some(r), Some(s)) => format!("{r}/{s}"),
+                (Some(r), None) => r.to_string(),
+                _ => String::new(),
+            };
+            *out.entry(format!("{verb} {resource}")).or_default() += 1.0;
+        }
+        line.clear();
+    }
+    (out, at)
+}
+
+/// Where an audit log ends now (0 when there is none yet).
+pub fn audit_end(log: &Path) -> u64 {
+    std::fs::metadata(log).map(|m| m.len()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,21 +27,42 @@ fn harness(script: &str) -> PathBuf {
 /// Real clusters for one test.
 pub struct Fleet {
     pub dir: PathBuf,
+    /// The API servers write audit logs (`audit_log`).
+    audit: bool,
 }
 
 impl Fleet {
     /// Starts the named clusters in a fresh directory.
     pub fn up(test: &str, names: &[&str]) -> Self {
+        Self::start_fleet(test, names, false)
+    }
+
+    /// Like `up`, and every API server writes an audit log of its LISTs and writes with each
+    /// client's User-Agent (`tests/e2e/harness/audit-policy.yaml`).
+    pub fn up_audited(test: &str, names: &[&str]) -> Self {
+        Self::start_fleet(test, names, true)
+    }
+
+    fn start_fleet(test: &str, names: &[&str], audit: bool) -> Self {
         let dir = std::env::temp_dir().join(format!("flotilla-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let fleet = Fleet { dir };
+        let fleet = Fleet { dir, audit };
         fleet.run("up.sh", names);
         fleet
     }
 
+    /// Cluster `name`'s audit log (written only by a fleet from `up_audited`).
+    pub fn audit_log(&self, name: &str) -> Option<PathBuf> {
+        self.audit.then(|| self.dir.join("kwok/clusters").join(name).join("logs/audit.log"))
+    }
+
     fn run(&self, script: &str, args: &[&str]) -> String {
-        let out = Command::new("bash")
+        let mut command = Command::new("bash");
+        if self.audit {
+            command.env("FLOTILLA_E2E_AUDIT", "1");
+        }
+        let out = command
             .arg(harness(script))
             .args(args)
             .env("FLOTILLA_E2E_DIR", &self.dir)

@@ -30,29 +30,8 @@ use aws_sdk_ec2::config::retry::RetryConfig;
 
 use crate::error::ProviderError;
 use crate::provider::CapacityProvider;
+pub use crate::types::AwsTarget;
 use crate::types::{AcquireRequest, Acquisition, NodeRemoval, Offering, RegionInfo};
-
-/// One EKS cluster the adapter may add node groups to.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AwsTarget {
-    /// The InferenceCluster name the nodes join.
-    pub cluster: String,
-    /// EKS cluster name.
-    pub eks_cluster: String,
-    /// AWS region.
-    pub region: String,
-    /// Jurisdiction code of the region (`EU`).
-    pub jurisdiction: String,
-    /// Subnet per availability zone for node groups.
-    pub subnets: BTreeMap<String, String>,
-    /// IAM role ARN nodes run as.
-    pub node_role_arn: String,
-    /// Instance types to consider (from the InferenceClasses' `provisioning.aws`).
-    pub instance_types: Vec<String>,
-    /// Look up capacity reservations and capacity blocks (off when the account has none or
-    /// the endpoint does not implement them).
-    pub reservations: bool,
-}
 
 /// How to reach AWS.
 #[derive(Clone, Debug, PartialEq)]

@@ -19,6 +19,8 @@
 #   FLOTILLA_E2E_PORT_BASE  if set, the i-th NAME's apiserver listens on BASE+i;
 #                           otherwise kwokctl picks free ports
 #   FLOTILLA_E2E_TIMEOUT    seconds to wait for each cluster (default 180)
+#   FLOTILLA_E2E_AUDIT      if set, each apiserver writes an audit log of LISTs and writes
+#                           (audit-policy.yaml) to ${KWOK_WORKDIR}/clusters/NAME/logs/audit.log
 # A NAME that is already up and healthy is left as it is. Tear down with down.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -94,9 +96,13 @@ for name in "$@"; do
   flock 9
   start=$(date +%s)
   log "${name}: creating cluster"
+  audit=()
+  if [[ -n "${FLOTILLA_E2E_AUDIT:-}" ]]; then
+    audit=(--kube-audit-policy "${HARNESS_DIR}/audit-policy.yaml")
+  fi
   # --kubeconfig= : do not touch ~/.kube/config; we write our own file below.
   if ! env "${port_env[@]}" "${FLOTILLA_BIN_DIR}/kwokctl" create cluster --name "${name}" \
-        --kubeconfig= --timeout "${timeout_s}s" --wait "${timeout_s}s" \
+        --kubeconfig= --timeout "${timeout_s}s" --wait "${timeout_s}s" "${audit[@]}" \
         >"${FLOTILLA_E2E_DIR}/${name}.create.log" 2>&1; then
     cat "${FLOTILLA_E2E_DIR}/${name}.create.log" >&2
     die "${name}: kwokctl create cluster failed"
