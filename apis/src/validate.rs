@@ -334,16 +334,37 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
     let weighted = |o: &Located<FleetObject>| matches!(&o.value, FleetObject::Deployment(d) if d.spec.routing.as_ref().is_some_and(|r| r.weight.is_some()));
     for (model, group) in by_model.iter().filter(|(_, g)| g.len() > 1 && !g.iter().all(|o| weighted(o))) {
         let names: Vec<String> = group.iter().map(|o| o.value.display_name()).collect();
+        let names = first_of(&names, NAMED_AT_MOST);
         for obj in group.iter().filter(|o| !weighted(o)) {
             sink.current = Some(obj);
             let message = format!(
-                "model name `{model}` is served by {}: without spec.routing.weight this one is routed only if it is the oldest of them, and then alone; give each a weight to split the traffic (docs/gateway.md, weighted traffic)",
-                names.join(", ")
+                "model name `{model}` is served by {names}: without spec.routing.weight this one is routed only if it is the oldest of them, and then alone; give each a weight to split the traffic (docs/gateway.md, weighted traffic)"
             );
             sink.warn("spec.routing.weight", message);
         }
     }
     sink.problems
+}
+
+/// How many objects a message names before it counts the rest: a model name shared by
+/// hundreds of deployments gives one short warning per deployment, not a list of all of them
+/// each time (that grew with the square of the fleet).
+const NAMED_AT_MOST: usize = 5;
+
+/// `a, b, c` — or, past `most`, the first `most` and how many more there are.
+fn first_of(names: &[String], most: usize) -> String {
+    if names.len() <= most {
+        return names.join(", ");
+    }
+    format!("{} and {} more", names[..most].join(", "), names.len() - most)
+}
+
+#[cfg(test)]
+#[test]
+fn a_long_list_of_names_is_cut_and_counted() {
+    let names: Vec<String> = (0..8).map(|i| format!("d{i}")).collect();
+    assert_eq!(first_of(&names[..5], 5), "d0, d1, d2, d3, d4");
+    assert_eq!(first_of(&names, 5), "d0, d1, d2, d3, d4 and 3 more");
 }
 
 /// The most devices per node among the classes some alternative may use (a named class, or any
