@@ -9,6 +9,7 @@
 #   FLOTILLA_BENCH_MEMBERS=20 FLOTILLA_BENCH_DEPLOYMENTS=1000 FLOTILLA_BENCH_NODES=50
 #   FLOTILLA_BENCH_STEADY_SECONDS=300 FLOTILLA_BENCH_SETTLE_SECONDS=30
 #   FLOTILLA_BENCH_POLL_SECONDS=10 FLOTILLA_BENCH_TIMEOUT_SECONDS=900
+#   FLOTILLA_BENCH_DEPLOYMENT_CONCURRENCY=32 (the controller's --deployment-concurrency)
 #   FLOTILLA_BENCH_PROFILE=release (default) builds the controller optimised, as a release is,
 #   without the AWS provider (cargo feature `aws` off: the SDK is not compiled; the benchmark
 #   uses no cloud); `debug` uses

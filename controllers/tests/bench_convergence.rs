@@ -254,8 +254,9 @@ async fn controller_at_fleet_scale() {
     let deployments = watch(Api::<ModelDeployment>::namespaced(control.clone(), "ml")).await;
     let clusters = watch(Api::<InferenceCluster>::all(control.clone())).await;
 
-    let poll = p.poll_seconds.to_string();
-    let mut ctl = ControllerProcess::start(&fleet, "control", "bench", &["--poll-seconds", &poll]);
+    let (poll, concurrency) = (p.poll_seconds.to_string(), p.deployment_concurrency.to_string());
+    let args = ["--poll-seconds", &poll, "--deployment-concurrency", &concurrency];
+    let mut ctl = ControllerProcess::start(&fleet, "control", "bench", &args);
     let pid = ctl.pid();
     let mut windows: Vec<Window> = Vec::new();
     let meter = begin(&servers, pid).await;

@@ -40,6 +40,9 @@ pub struct Params {
     pub poll_seconds: u64,
     /// `FLOTILLA_BENCH_TIMEOUT_SECONDS`: give up waiting for a phase after this (900).
     pub timeout_seconds: u64,
+    /// `FLOTILLA_BENCH_DEPLOYMENT_CONCURRENCY`: the controller's `--deployment-concurrency` (32,
+    /// its default).
+    pub deployment_concurrency: u64,
 }
 
 const DEVICES: [u32; 8] = [1, 1, 2, 1, 4, 1, 2, 8];
@@ -55,6 +58,7 @@ impl Params {
             settle_seconds: env_or("FLOTILLA_BENCH_SETTLE_SECONDS", 30),
             poll_seconds: env_or("FLOTILLA_BENCH_POLL_SECONDS", 10),
             timeout_seconds: env_or("FLOTILLA_BENCH_TIMEOUT_SECONDS", 900),
+            deployment_concurrency: env_or("FLOTILLA_BENCH_DEPLOYMENT_CONCURRENCY", 32),
         };
         assert!(p.members >= 3, "FLOTILLA_BENCH_MEMBERS must be at least 3 (one EU, two US: one of them is stopped)");
         assert!(p.nodes >= 2, "FLOTILLA_BENCH_NODES must be at least 2 (one per pool)");
@@ -91,7 +95,7 @@ impl Params {
     pub fn describe(&self) -> String {
         let capacity = self.members as u64 * u64::from(self.nodes) * 8;
         format!(
-            "{} deployments × {} members ({} EU), {} GPU nodes each ({} in all, {capacity} devices; the deployments ask for {}), steady window {} s, poll {} s",
+            "{} deployments × {} members ({} EU), {} GPU nodes each ({} in all, {capacity} devices; the deployments ask for {}), steady window {} s, poll {} s, deployment concurrency {}",
             self.deployments,
             self.members,
             self.eu_members(),
@@ -99,7 +103,8 @@ impl Params {
             self.members as u32 * self.nodes,
             self.demand(),
             self.steady_seconds,
-            self.poll_seconds
+            self.poll_seconds,
+            self.deployment_concurrency
         )
     }
 
