@@ -7,7 +7,8 @@
 //! peak RSS (`/proc`); the requests each API server counted (`apiserver_request_total`) by verb
 //! during start-up, convergence, a steady window, a member outage (until its replicas run
 //! elsewhere) and its recovery; and, from each API server's audit log, the LISTs and writes
-//! sent with the controller's User-Agent — the metric counts every client, the log names them. It prints Markdown rows for `docs/benchmarks.md` and never
+//! sent with the controller's User-Agent (the metric counts every client, the log names them).
+//! It prints Markdown rows for `docs/benchmarks.md` and never
 //! asserts on time. Run by `scripts/bench-convergence.sh`; ignored in the test command.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -101,7 +102,7 @@ impl Servers {
             .iter()
             .map(|(n, log)| {
                 let at = from.get(n).copied().unwrap_or(0);
-                (n.clone(), apiserver::audited(log, flotilla_controllers::USER_AGENT, at).0)
+                (n.clone(), apiserver::audited(log, flotilla_controllers::USER_AGENT, at))
             })
             .collect()
     }

@@ -219,22 +219,19 @@ pub fn sum_stats(pids: &[u32]) -> ProcStats {
 /// The requests of one client in an API server's audit log (`FLOTILLA_E2E_AUDIT`, policy
 /// `tests/e2e/harness/audit-policy.yaml`), told apart by its `User-Agent`: from byte `from` of
 /// the log to its end, keyed like [`Requests`] (`list` → `LIST`, `create` → `POST`, `update` →
-/// `PUT`, `patch` and server-side apply → `PATCH`), and the offset where the log ends. A missing
-/// log reads as empty. The policy leaves out GETs, WATCHes and Leases, so what is counted is the
+/// `PUT`, `patch` and server-side apply → `PATCH`). A missing log reads as empty. The policy leaves out GETs, WATCHes and Leases, so what is counted is the
 /// LISTs and writes.
-pub fn audited(log: &Path, agent: &str, from: u64) -> (Requests, u64) {
+pub fn audited(log: &Path, agent: &str, from: u64) -> Requests {
     use std::io::{BufRead, Seek};
     let mut out = Requests::new();
-    let Ok(mut file) = std::fs::File::open(log) else { return (out, from) };
+    let Ok(mut file) = std::fs::File::open(log) else { return out };
     if file.seek(std::io::SeekFrom::Start(from)).is_err() {
-        return (out, from);
+        return out;
     }
     let mut reader = std::io::BufReader::new(file);
-    let mut at = from;
     let mut line = String::new();
-    // Only whole lines: one the API server is still writing is read on the next call.
+    // Only whole lines: one the API server is still writing belongs to the next window.
     while reader.read_line(&mut line).unwrap_or(0) > 0 && line.ends_with('\n') {
-        at += line.len() as u64;
         if let Ok(e) = serde_json::from_str::<serde_json::Value>(&line)
             && e["stage"] == "ResponseComplete"
             && e["userAgent"].as_str().is_some_and(|a| a.starts_with(agent))
@@ -254,7 +251,7 @@ pub fn audited(log: &Path, agent: &str, from: u64) -> (Requests, u64) {
         }
         line.clear();
     }
-    (out, at)
+    out
 }
 
 /// Where an audit log ends now (0 when there is none yet).
