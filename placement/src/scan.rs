@@ -151,16 +151,24 @@ impl Ctx<'_, '_> {
     /// Orders candidates by the documented ranking: where it runs now, a claim's own nodes,
     /// no `PreferNoSchedule` taint, capacity-type preference, a Ready ModelCache, price, then
     /// cluster name, pool and fallback rank. No two candidates share (cluster, pool, rank), so
-    /// the order is total and an unstable sort gives the one order a stable sort would.
-    pub(super) fn rank_candidates(&self, candidates: &mut [Candidate]) {
-        candidates.sort_unstable_by_key(|c| {
-            let flags = (u32::from(c.sticky_quota == 0) << 31)
-                | (u32::from(!c.reserved) << 30)
-                | (u32::from(c.prefer_not) << 29)
-                | (c.capacity_type_rank.min(0xff_ffff) << 1)
-                | u32::from(!c.cache_ready);
-            (flags, c.replica_price, self.name_rank[c.cluster], c.pool, c.rank)
-        });
+    /// the order is total and an unstable sort gives the one order a stable sort would. The
+    /// keys are sorted, not the candidates (larger, and moved at every swap).
+    pub(super) fn rank_candidates(&self, candidates: &mut Vec<Candidate>) {
+        let mut keys: Vec<_> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let flags = (u32::from(c.sticky_quota == 0) << 31)
+                    | (u32::from(!c.reserved) << 30)
+                    | (u32::from(c.prefer_not) << 29)
+                    | (c.capacity_type_rank.min(0xff_ffff) << 1)
+                    | u32::from(!c.cache_ready);
+                (flags, c.replica_price, self.name_rank[c.cluster], c.pool, c.rank, i)
+            })
+            .collect();
+        keys.sort_unstable();
+        let mut unsorted: Vec<Option<Candidate>> = std::mem::take(candidates).into_iter().map(Some).collect();
+        candidates.extend(keys.iter().filter_map(|k| unsorted[k.5].take()));
     }
 
     /// One (pool, alternative): a candidate, or the refusal (with words when asked). The caller
