@@ -277,7 +277,7 @@ impl Ctx<'_, '_> {
                 }
                 let placing = || state.blocks.get(&ci).map(|r| self.said(ci, r, shape));
                 let (reason, message) =
-                    match static_block.get(&ci).cloned().or_else(placing).or(pool_blocks.get(&ci).cloned()) {
+                    match static_block.get(&ci).cloned().or_else(placing).or_else(|| pool_blocks.get(&ci).cloned()) {
                         // A static refusal recorded without words: say them now, for this cluster only.
                         Some((r, m)) if m.is_empty() && static_block.contains_key(&ci) => {
                             let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
