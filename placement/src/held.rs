@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_apis::common::parse_price_micros;
+use flotilla_apis::deployment::DeviceAlternative;
 
 use super::place::unmet_minimums;
 use super::{Candidate, Ctx};
@@ -82,6 +83,14 @@ pub(super) fn add(held: &mut Vec<Held>, c: &Candidate) {
             price: c.replica_price,
         }),
     }
+}
+
+/// Whether candidate `c` counts for the spread of a deployment that holds `held`, capacity
+/// aside: its alternative is under `maxReplicas` and one more replica there keeps it under
+/// `max_cost` (the greedy's rule, `place::open`).
+pub(super) fn open(alts: &[DeviceAlternative], max_cost: Option<u64>, held: &[Held], c: &Candidate) -> bool {
+    alts[(c.rank - 1) as usize].max_replicas.is_none_or(|m| per_rank(held, c.rank) < m.max(0) as u32)
+        && max_cost.is_none_or(|m| cost(held) + c.replica_price <= m)
 }
 
 pub(super) fn per_rank(held: &[Held], rank: u32) -> u32 {

@@ -1,6 +1,7 @@
 //! Placing one replica on the best candidate that can take it (alternative maximum, cost
-//! ceiling, spread skew, free devices), and turning the final state into a deployment plan
-//! with assignments, unmet minimums, per-cluster rejections and, on request, explanations.
+//! ceiling, spread skew against the domains that could still take one of its replicas, free
+//! devices), and turning the final state into a deployment plan with assignments, unmet
+//! minimums, per-cluster rejections and, on request, explanations.
 
 use flotilla_apis::deployment::SpreadDomain;
 
@@ -51,6 +52,27 @@ pub(super) fn stage(reason: Reason, device: Option<&ClassMatch>) -> u8 {
     }
 }
 
+/// Whether candidate `c` counts for spread as a place a replica of the deployment could still
+/// go, capacity aside: its alternative is under `maxReplicas` and one more replica there keeps
+/// the deployment under `maxCostPerHour`. A domain whose every candidate fails this (or has no
+/// room) can take no replica of this deployment, so it does not hold its spread back. The same
+/// rule is in the improvement phase (`improve.rs::spread_ok`, `close.rs`), the property checker
+/// and the exact model of `scripts/solver-quality.py`. While the deployment keeps its current
+/// placements (`keeping`), the replicas it runs and has not kept yet count as used too: a new
+/// replica would come on top of them.
+pub(super) fn open(state: &Placing, c: &Candidate, d: &DeploymentView, keeping: bool) -> bool {
+    let rank = (c.rank - 1) as usize;
+    let (mut on_rank, mut cost) = (state.per_rank[rank], state.cost);
+    if keeping {
+        for k in state.candidates.iter().filter(|k| k.sticky_quota > 0) {
+            on_rank += if k.rank == c.rank { k.sticky_quota } else { 0 };
+            cost += k.replica_price * u64::from(k.sticky_quota);
+        }
+    }
+    let under_max = d.spec.devices.alternatives[rank].max_replicas.is_none_or(|m| on_rank < m.max(0) as u32);
+    under_max && state.max_cost.is_none_or(|m| cost + c.replica_price <= m)
+}
+
 fn domain(cluster: &ClusterView, by: SpreadDomain) -> &str {
     match by {
         SpreadDomain::Cluster => &cluster.name,
@@ -95,6 +117,19 @@ impl DomainIndex {
 }
 
 impl Ctx<'_, '_> {
+    /// Keeps one current replica on candidate `i` (spread judged with the replicas the
+    /// deployment runs and has not kept yet, `open`). False when it cannot stay.
+    pub(super) fn keep_one(
+        &mut self,
+        state: &mut Placing,
+        i: usize,
+        shape: &ReplicaShape,
+        spread: Option<(SpreadDomain, u32)>,
+        d: &DeploymentView,
+    ) -> bool {
+        self.place_judged(state, &[i], shape, spread, d, true)
+    }
+
     /// Places one replica on the first of `ids` that can take it. False when none can.
     pub(super) fn place(
         &mut self,
@@ -104,15 +139,30 @@ impl Ctx<'_, '_> {
         spread: Option<(SpreadDomain, u32)>,
         d: &DeploymentView,
     ) -> bool {
+        self.place_judged(state, ids, shape, spread, d, false)
+    }
+
+    fn place_judged(
+        &mut self,
+        state: &mut Placing,
+        ids: &[usize],
+        shape: &ReplicaShape,
+        spread: Option<(SpreadDomain, u32)>,
+        d: &DeploymentView,
+        keeping: bool,
+    ) -> bool {
         let clusters = &self.snapshot.clusters;
         let spread_ix = spread.map(|(by, skew)| (self.domains.of(by), skew));
-        // The emptiest domain that can still take a replica; None when nothing can take one
-        // (then the pool's own refusal is the reason).
+        // The emptiest domain that can still take a replica of this deployment (`open`); None
+        // when nothing can take one (then the pool's own refusal is the reason).
         let min_domain = spread_ix.and_then(|((ix, _), _)| {
             state
                 .candidates
                 .iter()
-                .filter(|c| shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool])))
+                .filter(|c| {
+                    open(state, c, d, keeping)
+                        && shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool]))
+                })
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
                 .min()
         });

@@ -527,7 +527,7 @@ impl Ctx<'_, '_> {
                 if state.remaining == 0 {
                     break;
                 }
-                if state.candidates[i].sticky_quota > 0 && self.place(state, &[i], shape, spread, d) {
+                if state.candidates[i].sticky_quota > 0 && self.keep_one(state, i, shape, spread, d) {
                     state.candidates[i].sticky_quota -= 1;
                     state.candidates[i].kept += 1;
                     progress = true;

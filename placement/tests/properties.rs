@@ -244,8 +244,9 @@ impl<'s> Checker<'s> {
     }
 
     /// Spread (`maxSkew`): once everything is placed, no domain holds more than `maxSkew`
-    /// replicas above the emptiest domain that could still take one (a full domain does not
-    /// hold the others back).
+    /// replicas above the emptiest domain that could still take one of the deployment's
+    /// replicas (a full domain does not hold the others back, nor one the deployment could
+    /// reach only through an alternative at its `maxReplicas` or over its cost ceiling).
     fn check_spread(
         &mut self,
         d: &DeploymentView,
@@ -267,13 +268,22 @@ impl<'s> Checker<'s> {
             *counts.entry(domain(cluster_ix[a.cluster.as_str()])).or_default() += a.replicas;
         }
         let (pods, distinct) = pods(&d.spec.topology);
+        // What one more replica may still use: an alternative under its maxReplicas, at a
+        // price that keeps the deployment under its ceiling.
+        let alts = &d.spec.devices.alternatives;
+        let ceiling = d.spec.placement.max_cost_per_hour.as_deref().and_then(parse_price_micros);
+        let on_rank = |r: u32| dp.assignments.iter().filter(|a| a.fallback_rank == r).map(|a| a.replicas).sum::<u32>();
         let mut least: Option<(u32, String)> = None;
         for (ci, cluster_free) in free.iter().enumerate() {
             if self.eligible(d, ci).is_err() {
                 continue;
             }
             for (pi, pool_free) in cluster_free.iter().enumerate() {
-                let usable = (1..=d.spec.devices.alternatives.len() as u32).any(|r| self.usable(d, ci, pi, r).is_ok());
+                let usable = (1..=alts.len() as u32).any(|r| {
+                    let under_max = alts[r as usize - 1].max_replicas.is_none_or(|m| on_rank(r) < m.max(0) as u32);
+                    let price = self.usable(d, ci, pi, r);
+                    under_max && price.is_ok_and(|p| ceiling.is_none_or(|c| dp.cost_micros_per_hour + p <= c))
+                });
                 if usable && take(&mut pool_free.clone(), &pods, distinct) {
                     let n = counts.get(&domain(ci)).copied().unwrap_or(0);
                     if least.as_ref().is_none_or(|(m, _)| n < *m) {
