@@ -54,23 +54,32 @@ pub(super) fn stage(reason: Reason, device: Option<&ClassMatch>) -> u8 {
 
 /// Whether candidate `c` counts for spread as a place a replica of the deployment could still
 /// go, capacity aside: its alternative is under `maxReplicas` and one more replica there keeps
-/// the deployment under `maxCostPerHour`. A domain whose every candidate fails this (or has no
-/// room) can take no replica of this deployment, so it does not hold its spread back. The same
-/// rule is in the improvement phase (`improve.rs::spread_ok`, `close.rs`), the property checker
-/// and the exact model of `scripts/solver-quality.py`. While the deployment keeps its current
-/// placements (`keeping`), the replicas it runs and has not kept yet count as used too: a new
-/// replica would come on top of them.
-pub(super) fn open(state: &Placing, c: &Candidate, d: &DeploymentView, keeping: bool) -> bool {
+/// the deployment under `maxCostPerHour`, with `per_rank` replicas per alternative and `cost`
+/// already used. A domain whose every candidate fails this (or has no room) can take no
+/// replica of this deployment, so it does not hold its spread back. The same rule is in the
+/// improvement phase (`improve.rs::spread_ok`, `close.rs`), the property checker and the exact
+/// model of `scripts/solver-quality.py`.
+pub(super) fn open(per_rank: &[u32], cost: u64, max_cost: Option<u64>, c: &Candidate, d: &DeploymentView) -> bool {
     let rank = (c.rank - 1) as usize;
-    let (mut on_rank, mut cost) = (state.per_rank[rank], state.cost);
-    if keeping {
-        for k in state.candidates.iter().filter(|k| k.sticky_quota > 0) {
-            on_rank += if k.rank == c.rank { k.sticky_quota } else { 0 };
-            cost += k.replica_price * u64::from(k.sticky_quota);
-        }
+    d.spec.devices.alternatives[rank].max_replicas.is_none_or(|m| per_rank[rank] < m.max(0) as u32)
+        && max_cost.is_none_or(|m| cost + c.replica_price <= m)
+}
+
+/// Replicas per alternative and cost the deployment uses, for [`open`]. While it keeps its
+/// current placements (`keeping`), the replicas it runs and has not kept yet count too: a new
+/// replica would come on top of them.
+fn used(state: &Placing, keeping: bool) -> (std::borrow::Cow<'_, [u32]>, u64) {
+    if !keeping {
+        return (std::borrow::Cow::Borrowed(&state.per_rank), state.cost);
     }
-    let under_max = d.spec.devices.alternatives[rank].max_replicas.is_none_or(|m| on_rank < m.max(0) as u32);
-    under_max && state.max_cost.is_none_or(|m| cost + c.replica_price <= m)
+    let (mut per_rank, mut cost) = (state.per_rank.clone(), state.cost);
+    for k in state.candidates.iter().filter(|k| k.sticky_quota > 0) {
+        if let Some(n) = per_rank.get_mut((k.rank - 1) as usize) {
+            *n += k.sticky_quota;
+        }
+        cost += k.replica_price * u64::from(k.sticky_quota);
+    }
+    (std::borrow::Cow::Owned(per_rank), cost)
 }
 
 fn domain(cluster: &ClusterView, by: SpreadDomain) -> &str {
@@ -156,11 +165,12 @@ impl Ctx<'_, '_> {
         // The emptiest domain that can still take a replica of this deployment (`open`); None
         // when nothing can take one (then the pool's own refusal is the reason).
         let min_domain = spread_ix.and_then(|((ix, _), _)| {
+            let (per_rank, cost) = used(state, keeping);
             state
                 .candidates
                 .iter()
                 .filter(|c| {
-                    open(state, c, d, keeping)
+                    open(&per_rank, cost, state.max_cost, c, d)
                         && shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool]))
                 })
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
