@@ -86,11 +86,9 @@ pub(super) fn add(held: &mut Vec<Held>, c: &Candidate) {
 }
 
 /// Whether candidate `c` counts for the spread of a deployment that holds `held`, capacity
-/// aside: its alternative is under `maxReplicas` and one more replica there keeps it under
-/// `max_cost` (the greedy's rule, `place::open`).
+/// aside: the greedy's rule, `place::open`.
 pub(super) fn open(alts: &[DeviceAlternative], max_cost: Option<u64>, held: &[Held], c: &Candidate) -> bool {
-    alts[(c.rank - 1) as usize].max_replicas.is_none_or(|m| per_rank(held, c.rank) < m.max(0) as u32)
-        && max_cost.is_none_or(|m| cost(held) + c.replica_price <= m)
+    super::place::open(alts, per_rank(held, c.rank), cost(held), max_cost, c)
 }
 
 pub(super) fn per_rank(held: &[Held], rank: u32) -> u32 {

@@ -3,7 +3,7 @@
 //! devices), and turning the final state into a deployment plan with assignments, unmet
 //! minimums, per-cluster rejections and, on request, explanations.
 
-use flotilla_apis::deployment::SpreadDomain;
+use flotilla_apis::deployment::{DeviceAlternative, SpreadDomain};
 
 use super::ceiling::Reserve;
 use super::{Blocks, Candidate, Ctx};
@@ -53,15 +53,14 @@ pub(super) fn stage(reason: Reason, device: Option<&ClassMatch>) -> u8 {
 }
 
 /// Whether candidate `c` counts for spread as a place a replica of the deployment could still
-/// go, capacity aside: its alternative is under `maxReplicas` and one more replica there keeps
-/// the deployment under `maxCostPerHour`, with `per_rank` replicas per alternative and `cost`
-/// already used. A domain whose every candidate fails this (or has no room) can take no
-/// replica of this deployment, so it does not hold its spread back. The same rule is in the
-/// improvement phase (`improve.rs::spread_ok`, `close.rs`), the property checker and the exact
-/// model of `scripts/solver-quality.py`.
-pub(super) fn open(per_rank: &[u32], cost: u64, max_cost: Option<u64>, c: &Candidate, d: &DeploymentView) -> bool {
-    let rank = (c.rank - 1) as usize;
-    d.spec.devices.alternatives[rank].max_replicas.is_none_or(|m| per_rank[rank] < m.max(0) as u32)
+/// go, capacity aside: its alternative (of `alts`) is under `maxReplicas` with `on_rank`
+/// replicas on it, and one more replica there keeps the deployment, at `cost` now, under
+/// `max_cost`. A domain whose every candidate fails this (or has no room) can take no replica
+/// of this deployment, so it does not hold its spread back. The improvement phase
+/// (`held::open`: `improve.rs::spread_ok`, `close.rs`) asks this too; the property checker and
+/// the exact model of `scripts/solver-quality.py` say the same rule in their own words.
+pub(super) fn open(alts: &[DeviceAlternative], on_rank: u32, cost: u64, max_cost: Option<u64>, c: &Candidate) -> bool {
+    alts[(c.rank - 1) as usize].max_replicas.is_none_or(|m| on_rank < m.max(0) as u32)
         && max_cost.is_none_or(|m| cost + c.replica_price <= m)
 }
 
@@ -170,7 +169,8 @@ impl Ctx<'_, '_> {
                 .candidates
                 .iter()
                 .filter(|c| {
-                    open(&per_rank, cost, state.max_cost, c, d)
+                    let alts = &d.spec.devices.alternatives;
+                    open(alts, per_rank[(c.rank - 1) as usize], cost, state.max_cost, c)
                         && shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool]))
                 })
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
