@@ -1,18 +1,17 @@
-//! Closing a spread domain, the improvement phase's step for a deployment that spread holds
-//! back: it could take a replica in one domain, but that would put the domain more than
-//! `maxSkew` above another that can still take one of its replicas (room, an alternative under
-//! `maxReplicas`, within the cost ceiling: `place::open`; such a domain holds it back only
-//! through a pool where it takes no new replica, one backed off for it, say). The solver judges
-//! "can still take one" once the deployments solved before it are placed, so the other domain
-//! stops counting when those fill it: replicas of earlier deployments of the same priority are moved into its remaining
-//! room from their other pools (each within its own rules), until the held-back deployment's
-//! replica fits there no more; then the move search runs again on top of those moves. All of
-//! it is kept only if the deployment gains a replica and every rule the phase checks still holds
-//! (`settle`: capacity, spread of everyone moved, no deployment still short able to use the
-//! room the moves leave); otherwise nothing changes. A higher-priority replica, a replica kept
-//! where it runs, or one of a deployment solved after the held-back one is never moved here
-//! (the last would not count for its spread). Deterministic, bounded by the phase's budget and
-//! [`MAX_MOVES`](super::MAX_MOVES).
+//! Closing a spread domain, the improvement phase's step for a deployment that spread holds back:
+//! it could take a replica in one domain, but that would put the domain more than `maxSkew` above
+//! another that can still take one of its replicas (room, an alternative under `maxReplicas`,
+//! within the cost ceiling: `place::open`; such a domain holds it back only through a pool where it
+//! takes no new replica, one backed off for it, say). The solver judges "can still take one" once
+//! the deployments solved before it are placed, so the other domain stops counting when those fill
+//! it: replicas of earlier deployments of the same priority are moved into its remaining room from
+//! their other pools (each within its own rules), until the held-back deployment's replica fits
+//! there no more; then the move search runs again on top of those moves. All of it is kept only if
+//! the deployment gains a replica and every rule the phase checks still holds (`settle`: capacity,
+//! spread of everyone moved, no deployment still short able to use the room the moves leave);
+//! otherwise nothing changes. A higher-priority replica, a replica kept where it runs, or one of a
+//! deployment solved after the held-back one is never moved here (the last would not count for its
+//! spread). Deterministic, bounded by the phase's budget and [`MAX_MOVES`](super::MAX_MOVES).
 
 use std::collections::BTreeMap;
 

@@ -453,3 +453,6 @@ pub(super) fn unmet_minimums(d: &DeploymentView, placed: impl Fn(u32) -> u32) ->
         })
         .collect()
 }
+
+#[path = "refill.rs"]
+mod refill;

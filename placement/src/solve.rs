@@ -414,12 +414,8 @@ impl Ctx<'_, '_> {
         };
         // 2. Per-alternative minimums, 3. the rest in fallback order, within the ceiling's hold.
         state.reserve = self.reserve(&state.candidates, &shape, desired, state.placed(), state.cost, max_cost);
-        self.fill(&mut state, d, &shape, spread, proportional, true);
-        // A ceiling hold that spread or `maxReplicas` made unreachable: place what the plain
-        // ceiling allows.
-        if state.remaining > 0 && state.reserve.take().is_some() {
-            self.fill(&mut state, d, &shape, spread, proportional, false);
-        }
+        // (then a cheapest-first try when spread and its own limits leave it short, `refill.rs`)
+        self.fill_all(&mut state, d, &shape, spread, proportional);
         // The refusals are reported only with replicas unplaced (or when explaining): a
         // deployment whose candidates were built in the tier's first step finds them again.
         if scan.is_none() && (state.remaining > 0 || self.explain) {

@@ -154,3 +154,20 @@ fn a_replan_counts_the_running_replicas_against_the_alternative_max() {
     let again = solve(&with_current(&snap, &first), &SolveOptions::default());
     assert_eq!(again.deployments[0].assignments, first.deployments[0].assignments);
 }
+
+#[test]
+fn a_deployment_spread_and_its_ceiling_leave_short_is_filled_again_cheapest_first() {
+    // $20/h. In preference order spread sends the second replica to the $10 H200 in `b`
+    // (`a` would be 2 above `b`, which can still take one at $15 in all); then a second H100
+    // ($20 in all) and nothing more: 2 + 1, one short. Cheapest first, four $5 H100 replicas
+    // spend the budget, after which `b`'s replica is over the ceiling and `b` does not count:
+    // 4 in `a` holds spread, and places one more.
+    let snap = fleet(json!({"spread": spread(), "maxCostPerHour": "20"}), json!({}));
+    let plan = solve(&snap, &SolveOptions::default()).deployments.remove(0);
+    assert_eq!((layout(&plan), plan.cost_micros_per_hour), ((4, 0, 0), 20_000_000), "{plan:?}");
+    assert!(plan.moves.is_empty() && plan.rejections.is_empty(), "{plan:?}");
+    // Twin: at $30/h `b` stays affordable: the fill in preference order places all four, 2
+    // and 2 (spread holds `a` to one above `b`), and nothing is tried again.
+    let plan = solve1(&fleet(json!({"spread": spread(), "maxCostPerHour": "30"}), json!({})));
+    assert_eq!(layout(&plan), (2, 2, 0), "{plan:?}");
+}
