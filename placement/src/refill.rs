@@ -9,7 +9,8 @@
 //! against the rule (no domain more than `maxSkew` above the emptiest that could still take a
 //! replica). A try is kept only if it places strictly more than the preference-order fill and
 //! every try before it, and meets every `minReplicas` that fill met. Deterministic; at most two
-//! more fills, only for short deployments with spread and a ceiling or a `maxReplicas`.
+//! more fills, only for deployments with spread and a ceiling or a `maxReplicas` left short
+//! while a pool they may use still has room for a replica.
 
 use flotilla_apis::deployment::SpreadDomain;
 
@@ -50,7 +51,10 @@ impl Ctx<'_, '_> {
         if state.remaining > 0 && state.reserve.take().is_some() {
             self.fill(state, d, shape, spread, proportional, false);
         }
-        let Some(start) = start.filter(|_| state.remaining > 0) else { return };
+        // Short with room left that it may not use: spread, the ceiling or a maximum held it
+        // back (short because every pool is full, no order of filling places more).
+        let room = || state.candidates.iter().any(|c| !c.sticky_only && shape.fits(&self.free[c.cluster][c.pool]));
+        let Some(start) = start.filter(|_| state.remaining > 0 && room()) else { return };
         let first = self.save(state);
         let mut best: Option<Saved> = None;
         let mut most = state.placed();
