@@ -1,16 +1,17 @@
 //! A second try for a deployment that spread and its own limits leave short. The greedy judges
 //! spread replica by replica, in preference order, so under a cost ceiling (or an alternative's
-//! `maxReplicas`) it may spend the budget where spread sends it early, on a pricier pool in
-//! another domain, while spending it on the cheapest pools would have closed that domain (a
-//! domain counts only while the deployment can still take a replica there, `place::open`) and
-//! placed more. So when such a deployment is short after its fill, it is filled again from
-//! where its current placements left it, cheapest candidates first: once with spread judged
-//! replica by replica as the greedy does, once without and the finished placement checked
-//! against the rule (no domain more than `maxSkew` above the emptiest that could still take a
-//! replica). A try is kept only if it places strictly more than the preference-order fill and
-//! every try before it, and meets every `minReplicas` that fill met. Deterministic; at most two
-//! more fills, only for deployments with spread and a ceiling or a `maxReplicas` left short
-//! while a pool they may use still has room for a replica.
+//! `maxReplicas`) it may spend the budget where spread sends it early, on a pricier pool in another
+//! domain, while spending it on the cheapest pools would have closed that domain (a domain counts
+//! only while the deployment can still take a replica there, `place::open`) and placed more. So
+//! when such a deployment is short after its fill, it is filled again from where its current
+//! placements left it, cheapest candidates first: once with spread judged replica by replica as the
+//! greedy does (equal prices to the emptiest domain first, so that none is stacked while another
+//! stays cheap enough to count), once without and the finished placement checked against the rule
+//! (no domain more than `maxSkew` above the emptiest that could still take a replica). A try is
+//! kept only if it places strictly more than the preference-order fill and every try before it, and
+//! meets every `minReplicas` that fill met. Deterministic; at most two more fills, only for
+//! deployments with spread and a ceiling or a `maxReplicas` left short while a pool they may use
+//! still has room for a replica.
 
 use flotilla_apis::deployment::SpreadDomain;
 
@@ -64,7 +65,18 @@ impl Ctx<'_, '_> {
             let mut ids: Vec<usize> = (0..s.candidates.len()).filter(|&i| !s.candidates[i].sticky_only).collect();
             ids.sort_by_key(|&i| s.candidates[i].replica_price);
             let by = if judged { spread } else { None };
-            while s.remaining > 0 && self.place(&mut s, &ids, shape, by, d) {}
+            // Judged replica by replica, equal prices go to the emptiest domain first: a
+            // domain kept low holds the cheapest one back less.
+            let ix = spread.map(|(by, _)| &self.domains.of(by).0);
+            loop {
+                if let (true, Some(ix)) = (judged, ix) {
+                    let count = |i: usize| s.domains.get(ix[s.candidates[i].cluster]).copied().unwrap_or(0);
+                    ids.sort_by_key(|&i| (s.candidates[i].replica_price, count(i)));
+                }
+                if s.remaining == 0 || !self.place(&mut s, &ids, shape, by, d) {
+                    break;
+                }
+            }
             let minimums = d.spec.devices.alternatives.iter().enumerate().all(|(ai, a)| {
                 let min = a.min_replicas.unwrap_or(0).max(0) as u32;
                 state.per_rank[ai] < min || s.per_rank[ai] >= min

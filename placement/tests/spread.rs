@@ -92,7 +92,11 @@ fn layout(plan: &DeploymentPlan) -> (u32, u32, u32) {
 }
 
 fn spread() -> Value {
-    json!({"by": "cluster", "maxSkew": 1})
+    spread_by(1)
+}
+
+fn spread_by(skew: u32) -> Value {
+    json!({"by": "cluster", "maxSkew": skew})
 }
 
 #[test]
@@ -170,4 +174,45 @@ fn a_deployment_spread_and_its_ceiling_leave_short_is_filled_again_cheapest_firs
     // and 2 (spread holds `a` to one above `b`), and nothing is tried again.
     let plan = solve1(&fleet(json!({"spread": spread(), "maxCostPerHour": "30"}), json!({})));
     assert_eq!(layout(&plan), (2, 2, 0), "{plan:?}");
+}
+
+#[test]
+fn the_cheapest_first_try_gives_equal_prices_to_the_emptiest_domain_first() {
+    // 7 one-GPU replicas, $11.76/h, spread by cluster with skew 3: `a` at $1.05 a replica,
+    // `b` and `c` at $2.6225, `d` at $4.875, `e` at $7.75. In preference order (cheapest
+    // first, then by name) `a` takes 3, then `b` 3 ($11.02), and `a` may not grow while `c`
+    // is affordable: 6. Tried again with equal prices going to the emptiest domain first, `b`
+    // and `c` take one each ($8.40), after which `d` and `e` are over the ceiling, then `b`
+    // and `c` too, and `a` grows to 5: 7 for $10.495.
+    let spec = json!({
+        "model": {"name": "m", "source": "hf://org/m"}, "replicas": 7,
+        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "topology": {"type": "TensorParallel", "devicesPerReplica": 1},
+        "devices": {"alternatives": [{"selectors": ["device.driver == \"gpu.nvidia.com\""]}]},
+        "placement": {"spread": spread_by(3), "maxCostPerHour": "11.76"}
+    });
+    let snap = FleetSnapshot {
+        classes: [class("l4", "8.40"), class("l40s", "20.98"), class("h100", "39.00"), class("h200", "62.00")]
+            .into_iter()
+            .collect(),
+        clusters: vec![
+            cluster("a", "l4", 2),
+            cluster("b", "l40s", 2),
+            cluster("c", "l40s", 2),
+            cluster("d", "h100", 2),
+            cluster("e", "h200", 2),
+        ],
+        deployments: vec![DeploymentView {
+            namespace: "ml".into(),
+            name: "m".into(),
+            created: 0,
+            spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
+            current: vec![],
+            refused_pools: vec![],
+        }],
+    };
+    let plan = solve1(&snap);
+    let on = |c: &str| plan.assignments.iter().filter(|a| a.cluster == c).map(|a| a.replicas).sum::<u32>();
+    assert_eq!((on("a"), on("b"), on("c"), plan.unplaced), (5, 1, 1, 0), "{plan:?}");
+    assert_eq!(plan.cost_micros_per_hour, 10_495_000);
 }
