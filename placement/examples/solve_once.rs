@@ -1,7 +1,10 @@
 //! Solves one generated fleet once and prints how long it took: a target for profilers
 //! (`perf record -g target/release/examples/solve_once 1000 5000 1`). With `--replan`, the
 //! fleet first runs its own plan (every deployment's current placements set from it) and the
-//! re-plan is what is timed. The process's peak RSS is printed last.
+//! re-plan is what is timed. The process's peak RSS is printed last. With `--dump FILE` the
+//! plan is also written to FILE as JSON (to check that a change to the solver keeps every plan
+//! byte for byte: dump before and after, then `cmp`); with `--explain` every deployment is
+//! solved once more in explain mode and those plans are dumped too (FILE.explain).
 
 use std::time::Instant;
 
@@ -27,6 +30,25 @@ fn main() {
     let start = Instant::now();
     let plan = solve(&snap, &options);
     let took = start.elapsed();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(path) = args.iter().position(|a| a == "--dump").and_then(|i| args.get(i + 1)) {
+        let json = serde_json::to_string_pretty(&plan).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, json) {
+            eprintln!("solve_once: cannot write {path}: {e}");
+        }
+        if args.iter().any(|a| a == "--explain") {
+            let mut out = String::new();
+            for d in snap.deployments.iter().step_by(snap.deployments.len().div_ceil(50).max(1)) {
+                let explain = SolveOptions { explain: Some((d.namespace.clone(), d.name.clone())), ..options.clone() };
+                let p = solve(&snap, &explain);
+                let one = p.deployments.iter().find(|x| x.namespace == d.namespace && x.name == d.name);
+                out.push_str(&serde_json::to_string_pretty(&one).unwrap_or_default());
+            }
+            if let Err(e) = std::fs::write(format!("{path}.explain"), out) {
+                eprintln!("solve_once: cannot write {path}.explain: {e}");
+            }
+        }
+    }
     // The solve's own CPU time (ticks of 10 ms): on a loaded machine wall time says little.
     let solve_cpu = cpu_ticks().zip(cpu_before).map(|(a, b)| a.saturating_sub(b) * 10);
     let placed: u32 = plan.deployments.iter().flat_map(|d| &d.assignments).map(|a| a.replicas).sum();

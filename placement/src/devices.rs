@@ -197,14 +197,24 @@ impl ReplicaShape {
 
 /// Why a pool cannot hold even one replica, with the numbers.
 pub fn misfit(shape: &ReplicaShape, free: &[u32], per_node: u32) -> (Reason, String) {
+    let (total, best, nodes) = free_facts(free);
+    misfit_of(shape, (total, best, nodes), per_node)
+}
+
+/// What [`misfit`] says of a pool's free devices: their total, the most on one node, and the
+/// number of nodes.
+pub fn free_facts(free: &[u32]) -> (u32, u32, u32) {
+    (free.iter().sum(), free.iter().copied().max().unwrap_or(0), free.len() as u32)
+}
+
+/// [`misfit`] from the facts [`free_facts`] keeps.
+pub fn misfit_of(shape: &ReplicaShape, (total, best, nodes): (u32, u32, u32), per_node: u32) -> (Reason, String) {
     if shape.largest_pod() > per_node {
         return (
             Reason::DoesNotFitNode,
             format!("a pod needs {} devices on one node; nodes of this class have {per_node}", shape.largest_pod()),
         );
     }
-    let total: u32 = free.iter().sum();
-    let best = free.iter().copied().max().unwrap_or(0);
     // Enough devices in all, but split over nodes none of which has room for the largest pod.
     let split = if best < shape.largest_pod() && total >= shape.largest_pod() {
         format!("but no node has {} free (at most {best} on one node)", shape.largest_pod())
@@ -219,7 +229,7 @@ pub fn misfit(shape: &ReplicaShape, free: &[u32], per_node: u32) -> (Reason, Str
             shape.pods.len(),
             shape.largest_pod(),
             total,
-            free.len(),
+            nodes,
         ),
     )
 }

@@ -187,3 +187,59 @@ pub fn prefers_not(policy: &PlacementPolicy, cluster: &ClusterView) -> bool {
         .iter()
         .any(|t| t.effect == TaintEffect::PreferNoSchedule && !policy.tolerations.iter().any(|tol| tol.tolerates(t)))
 }
+
+/// The static filters of one solve, memoized per distinct placement policy: fleets repeat a
+/// handful of (selector, sovereignty, tolerations) policies over thousands of deployments, and
+/// without the memo every deployment judged every cluster again (5 M judgements at 1,000
+/// clusters × 5,000 deployments). Rows are for a deployment that does not run on the cluster
+/// (`sticky` false); where it runs, a cordon or a `NoSchedule` taint judges differently, and
+/// callers ask [`first_refusal`] directly (a deployment runs on a few clusters).
+#[derive(Default)]
+pub struct StaticMemo {
+    rows: std::collections::HashMap<String, std::rc::Rc<Row>>,
+}
+
+/// One policy's verdicts over every cluster of the snapshot, by cluster index.
+pub struct Row {
+    refusals: Vec<Option<Reason>>,
+    /// The words of a refusal, said once per (policy, cluster) and only for what is reported.
+    words: std::cell::RefCell<Vec<Option<String>>>,
+}
+
+impl Row {
+    /// The first static filter that refuses cluster `ci` to a deployment not running there.
+    pub fn refusal(&self, ci: usize) -> Option<Reason> {
+        self.refusals.get(ci).copied().flatten()
+    }
+
+    /// The words of that refusal (as [`static_verdicts`] says them), computed once.
+    pub fn words(&self, ci: usize, policy: &PlacementPolicy, cluster: &ClusterView) -> String {
+        let mut words = self.words.borrow_mut();
+        let Some(slot) = words.get_mut(ci) else {
+            return refusal_words(policy, cluster, false);
+        };
+        slot.get_or_insert_with(|| refusal_words(policy, cluster, false)).clone()
+    }
+}
+
+/// The words of the first static refusal of `cluster` (empty when it passes).
+pub fn refusal_words(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool) -> String {
+    static_verdicts(policy, cluster, sticky, true).into_iter().find(|v| !v.pass).map(|v| v.detail).unwrap_or_default()
+}
+
+impl StaticMemo {
+    /// The verdicts of `policy` over `clusters`, judged on first use.
+    pub fn row(&mut self, policy: &PlacementPolicy, clusters: &[ClusterView]) -> std::rc::Rc<Row> {
+        // Exactly the fields `static_check` reads (Debug is deterministic for these types).
+        let key = format!("{:?}\u{0}{:?}\u{0}{:?}", policy.cluster_selector, policy.sovereignty, policy.tolerations);
+        self.rows
+            .entry(key)
+            .or_insert_with(|| {
+                std::rc::Rc::new(Row {
+                    refusals: clusters.iter().map(|c| first_refusal(policy, c, false)).collect(),
+                    words: std::cell::RefCell::new(vec![None; clusters.len()]),
+                })
+            })
+            .clone()
+    }
+}

@@ -144,10 +144,12 @@ impl Ctx<'_, '_> {
         let class_matches = self.class_matches(d);
         let own_claim = format!("{}.{}", d.namespace, d.name);
         let mut out = Vec::new();
+        let row = self.statics.row(policy, &self.snapshot.clusters);
         for (ci, cluster) in self.snapshot.clusters.iter().enumerate() {
             let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
             *work += 1;
-            if first_refusal(policy, cluster, sticky).is_some() {
+            let refusal = if sticky { first_refusal(policy, cluster, true) } else { row.refusal(ci) };
+            if refusal.is_some() {
                 continue;
             }
             for (pi, pool) in cluster.pools.iter().enumerate() {

@@ -6,8 +6,9 @@
 use flotilla_apis::deployment::{DeviceAlternative, SpreadDomain};
 
 use super::ceiling::Reserve;
-use super::{Blocks, Candidate, Ctx};
-use crate::devices::{ClassMatch, ReplicaShape, misfit};
+use super::refusal::Refusal;
+use super::{Blocks, Candidate, Ctx, PerCluster};
+use crate::devices::{ClassMatch, ReplicaShape, free_facts};
 use crate::plan::{
     Assignment, CandidateScore, ClusterExplanation, DeploymentPlan, Reason, Rejection, UnmetMinimum, Verdict,
 };
@@ -22,7 +23,8 @@ pub(super) struct Placing {
     pub per_rank: Vec<u32>,
     /// Replicas per spread domain (by the domain's index).
     pub domains: Vec<u32>,
-    pub blocks: Blocks,
+    /// Per cluster, the last refusal `place` met there (said in words by `finish`).
+    pub blocks: PerCluster<Refusal>,
     /// Under a cost ceiling: the budget held back for the rest of the target (`ceiling.rs`).
     pub reserve: Option<Reserve>,
 }
@@ -159,7 +161,6 @@ impl Ctx<'_, '_> {
         d: &DeploymentView,
         keeping: bool,
     ) -> bool {
-        let clusters = &self.snapshot.clusters;
         let spread_ix = spread.map(|(by, skew)| (self.domains.of(by), skew));
         // The emptiest domain that can still take a replica of this deployment (`open`); None
         // when nothing can take one (then the pool's own refusal is the reason).
@@ -184,52 +185,25 @@ impl Ctx<'_, '_> {
             if let Some(max) = alt.max_replicas
                 && state.per_rank[(c.rank - 1) as usize] >= max.max(0) as u32
             {
-                state.blocks.insert(
-                    ci,
-                    (Reason::AlternativeMaxReached, format!("alternative {} has maxReplicas {max}", c.rank)),
-                );
+                state.blocks.insert(ci, Refusal::AlternativeMax { rank: c.rank, max });
                 continue;
             }
             if let Some(max) = state.max_cost
                 && state.cost + c.replica_price > max
             {
-                state.blocks.insert(
-                    ci,
-                    (
-                        Reason::CostCeilingExceeded,
-                        format!(
-                            "one more replica here costs ${}/h; placed so far ${}/h, ceiling ${}/h",
-                            flotilla_apis::common::format_price_micros(c.replica_price),
-                            flotilla_apis::common::format_price_micros(state.cost),
-                            flotilla_apis::common::format_price_micros(max)
-                        ),
-                    ),
-                );
+                state.blocks.insert(ci, Refusal::Ceiling { price: c.replica_price, placed: state.cost, max });
                 continue;
             }
             let domain_key = spread_ix.map(|((ix, _), _)| ix[ci]);
-            if let (Some(((_, names), skew)), Some(dix), Some(min)) = (spread_ix, domain_key, min_domain) {
+            if let (Some((by, skew)), Some(dix), Some(min)) = (spread, domain_key, min_domain) {
                 let count = state.domains.get(dix).copied().unwrap_or(0);
                 if count + 1 > min + skew {
-                    let key = names.get(dix).map_or("", String::as_str);
-                    state.blocks.insert(
-                        ci,
-                        (
-                            Reason::SpreadConstraint,
-                            format!(
-                                "{key} would have {} replicas, the emptiest domain {min}; maxSkew {skew}",
-                                count + 1
-                            ),
-                        ),
-                    );
+                    state.blocks.insert(ci, Refusal::Spread { by, domain: dix, count: count + 1, min, skew });
                     continue;
                 }
             }
             let Some(next) = shape.take(&self.free[ci][pi]) else {
-                let per_node =
-                    self.snapshot.classes.get(&clusters[ci].pools[pi].class).map_or(0, |c| c.devices_per_node());
-                let (reason, msg) = misfit(shape, &self.free[ci][pi], per_node);
-                state.blocks.insert(ci, (reason, format!("pool {}: {msg}", clusters[ci].pools[pi].name)));
+                state.blocks.insert(ci, Refusal::Misfit { pool: pi, free: free_facts(&self.free[ci][pi]) });
                 continue;
             };
             if let (Some(r), Some(max)) = (&state.reserve, state.max_cost) {
@@ -238,19 +212,7 @@ impl Ctx<'_, '_> {
                 let ok = self.within_reserve(r, shape, state.placed(), state.cost + price, max);
                 self.free[ci][pi] = before;
                 if !ok {
-                    state.blocks.insert(
-                        ci,
-                        (
-                            Reason::CostCeilingExceeded,
-                            format!(
-                                "one more replica here costs ${}/h; with ${}/h placed, the ceiling ${}/h would then \
-                                 not pay for the rest at the cheapest free capacity",
-                                flotilla_apis::common::format_price_micros(price),
-                                flotilla_apis::common::format_price_micros(state.cost),
-                                flotilla_apis::common::format_price_micros(max)
-                            ),
-                        ),
-                    );
+                    state.blocks.insert(ci, Refusal::Reserve { price, placed: state.cost, max });
                     continue;
                 }
             }
@@ -351,7 +313,7 @@ impl Ctx<'_, '_> {
         verdicts: Vec<Vec<Verdict>>,
         static_block: Blocks,
         pool_blocks: Blocks,
-        _shape: &ReplicaShape,
+        shape: &ReplicaShape,
     ) -> DeploymentPlan {
         let clusters = &self.snapshot.clusters;
         let assignments = self.assignments(
@@ -366,26 +328,29 @@ impl Ctx<'_, '_> {
             state.candidates.iter().filter(|c| c.placed > 0).map(|c| c.cluster).collect();
         let mut rejections = Vec::new();
         if state.remaining > 0 || self.explain {
+            let row = self.statics.row(&d.spec.placement, clusters);
             for (ci, cluster) in clusters.iter().enumerate() {
                 // With replicas unplaced every refusing cluster is reported, including those
                 // that took some; in explain mode only those that took none.
                 if took.contains(&ci) && state.remaining == 0 {
                     continue;
                 }
-                let (reason, message) = match static_block.get(&ci).or(state.blocks.get(&ci)).or(pool_blocks.get(&ci)) {
-                    // A static refusal recorded without words: say them now, for this cluster only.
-                    Some((r, m)) if m.is_empty() && static_block.contains_key(&ci) => {
-                        let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
-                        let words = crate::filters::static_verdicts(&d.spec.placement, cluster, sticky, true)
-                            .into_iter()
-                            .find(|v| !v.pass)
-                            .map(|v| v.detail)
-                            .unwrap_or_default();
-                        (*r, words)
-                    }
-                    Some(r) => r.clone(),
-                    None => continue,
-                };
+                let placing = || state.blocks.get(&ci).map(|r| self.said(ci, r, shape));
+                let (reason, message) =
+                    match static_block.get(&ci).cloned().or_else(placing).or(pool_blocks.get(&ci).cloned()) {
+                        // A static refusal recorded without words: say them now, for this cluster only.
+                        Some((r, m)) if m.is_empty() && static_block.contains_key(&ci) => {
+                            let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+                            let words = if sticky {
+                                crate::filters::refusal_words(&d.spec.placement, cluster, true)
+                            } else {
+                                row.words(ci, &d.spec.placement, cluster)
+                            };
+                            (r, words)
+                        }
+                        Some(r) => r,
+                        None => continue,
+                    };
                 rejections.push(Rejection { cluster: cluster.name.clone(), reason, message });
             }
         }

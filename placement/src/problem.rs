@@ -108,16 +108,20 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
         }
     }
     let mut evaluations = 0u64;
+    let mut statics = crate::filters::StaticMemo::default();
+    let class_facts: Vec<super::ClassFacts> = snapshot.classes.values().map(super::ClassFacts::of).collect();
     let mut deployments = Vec::new();
     for d in order {
         let ctx = Ctx {
             snapshot,
             free: &mut free,
             matcher: &mut matcher,
+            statics: &mut statics,
             evaluations: &mut evaluations,
             explain: false,
             name_rank: &name_rank,
             pool_class: &pool_class,
+            class_facts: &class_facts,
             domains: &domains,
             cache: None,
             open: None,

@@ -15,10 +15,10 @@
 
 use flotilla_apis::deployment::SpreadDomain;
 
+use super::super::refusal::Refusal;
 use super::super::{Candidate, Ctx, PerCluster};
 use super::{Placing, open};
 use crate::devices::ReplicaShape;
-use crate::plan::Reason;
 use crate::snapshot::DeploymentView;
 
 /// A deployment's placing state, and its candidate pools' free devices, at one moment.
@@ -28,7 +28,7 @@ struct Saved {
     cost: u64,
     per_rank: Vec<u32>,
     domains: Vec<u32>,
-    blocks: Vec<Option<(Reason, String)>>,
+    blocks: Vec<Option<Refusal>>,
     free: Vec<((usize, usize), Vec<u32>)>,
 }
 

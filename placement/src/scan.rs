@@ -69,6 +69,7 @@ impl Ctx<'_, '_> {
         let mut candidates: Vec<Candidate> = Vec::new();
         let class_matches = self.class_matches(d);
         let own_claim = format!("{}.{}", d.namespace, d.name);
+        let row = self.statics.row(policy, clusters);
         for (ci, cluster) in clusters.iter().enumerate() {
             let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
             // Verdicts with words only in explain mode; otherwise just the first refusal
@@ -76,8 +77,10 @@ impl Ctx<'_, '_> {
             let v = if self.explain { static_verdicts(policy, cluster, sticky_here, true) } else { Vec::new() };
             let refusal = if self.explain {
                 v.iter().find(|v| !v.pass).map(|f| f.reason.unwrap_or(Reason::ClusterNotReady))
+            } else if sticky_here {
+                first_refusal(policy, cluster, true)
             } else {
-                first_refusal(policy, cluster, sticky_here)
+                row.refusal(ci)
             };
             if let Some(reason) = refusal {
                 let words = v.iter().find(|v| !v.pass).map(|f| f.detail.clone()).unwrap_or_default();
@@ -147,23 +150,29 @@ impl Ctx<'_, '_> {
 
     /// Orders candidates by the documented ranking: where it runs now, a claim's own nodes,
     /// no `PreferNoSchedule` taint, capacity-type preference, a Ready ModelCache, price, then
-    /// cluster name, pool and fallback rank.
-    pub(super) fn rank_candidates(&self, candidates: &mut [Candidate]) {
-        candidates.sort_by(|a, b| {
-            (b.sticky_quota > 0)
-                .cmp(&(a.sticky_quota > 0))
-                .then(b.reserved.cmp(&a.reserved))
-                .then(a.prefer_not.cmp(&b.prefer_not))
-                .then(a.capacity_type_rank.cmp(&b.capacity_type_rank))
-                .then(b.cache_ready.cmp(&a.cache_ready))
-                .then(a.replica_price.cmp(&b.replica_price))
-                .then(self.name_rank[a.cluster].cmp(&self.name_rank[b.cluster]))
-                .then(a.pool.cmp(&b.pool))
-                .then(a.rank.cmp(&b.rank))
-        });
+    /// cluster name, pool and fallback rank. No two candidates share (cluster, pool, rank), so
+    /// the order is total and an unstable sort gives the one order a stable sort would. The
+    /// keys are sorted, not the candidates (larger, and moved at every swap).
+    pub(super) fn rank_candidates(&self, candidates: &mut Vec<Candidate>) {
+        let mut keys: Vec<_> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let flags = (u32::from(c.sticky_quota == 0) << 31)
+                    | (u32::from(!c.reserved) << 30)
+                    | (u32::from(c.prefer_not) << 29)
+                    | (c.capacity_type_rank.min(0xff_ffff) << 1)
+                    | u32::from(!c.cache_ready);
+                (flags, c.replica_price, self.name_rank[c.cluster], c.pool, c.rank, i)
+            })
+            .collect();
+        keys.sort_unstable();
+        let mut unsorted: Vec<Option<Candidate>> = std::mem::take(candidates).into_iter().map(Some).collect();
+        candidates.extend(keys.iter().filter_map(|k| unsorted[k.5].take()));
     }
 
-    /// One (pool, alternative): a candidate, or the refusal (with words when asked).
+    /// One (pool, alternative): a candidate, or the refusal (with words when asked). The caller
+    /// has passed the cluster through the static filters, as sticky where `d` runs on it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn evaluate(
         &self,
@@ -205,10 +214,10 @@ impl Ctx<'_, '_> {
         // Refusals carry words only when asked: the hot pass needs the reason alone.
         let say = |f: &dyn Fn() -> String| if words { f() } else { String::new() };
         let pool = &cluster.pools[pi];
-        let Some(class) = self.snapshot.classes.get(&pool.class) else {
+        let Some(class) = self.pool_class[ci][pi].and_then(|ix| self.class_facts.get(ix)) else {
             return Err((Reason::NoMatchingDevices, say(&|| "class not defined".into())));
         };
-        let per_node = class.devices_per_node();
+        let per_node = class.per_node;
         if shape.largest_pod() > per_node {
             return Err((Reason::DoesNotFitNode, say(&|| misfit(shape, &[], per_node).1)));
         }
@@ -232,7 +241,7 @@ impl Ctx<'_, '_> {
                 }),
             ));
         };
-        let node_price = class.prices().micros(cap);
+        let node_price = class.price(cap);
         if node_price.is_none() && max_cost.is_some() {
             return Err((
                 Reason::NoPrice,
@@ -248,13 +257,20 @@ impl Ctx<'_, '_> {
             .map(|p| (p.desired - p.unschedulable.max(0)).max(0) as u32)
             .sum();
         let refused: u32 = here().map(|p| p.unschedulable.max(0) as u32).sum();
-        let initial_slots = shape.count(&self.free[ci][pi], u32::MAX);
+        // Read only by a proportional split and by explain: counted only for them.
+        let proportional = d.spec.placement.split == Some(flotilla_apis::deployment::SplitStrategy::Proportional);
+        let initial_slots = if proportional || self.explain { shape.count(&self.free[ci][pi], u32::MAX) } else { 0 };
         // A pool backed off for this deployment, or whose scheduler found no node with room
         // for a pod this size (any deployment's refusal), takes no new replica of it.
         let backed_off = d.refused_pools.iter().any(|r| r.cluster == cluster.name && r.pool == pool.name);
         let short = pool.refused_block.is_some_and(|b| shape.largest_pod() >= b);
-        let sticky_only =
-            refused > 0 || backed_off || short || first_refusal(&d.spec.placement, cluster, false).is_some();
+        // The cluster passed the static filters (the caller's check), as sticky where `d` runs
+        // on it: only there can they refuse new replicas (a cordon, a `NoSchedule` taint).
+        let runs_here = || d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+        let sticky_only = refused > 0
+            || backed_off
+            || short
+            || (runs_here() && first_refusal(&d.spec.placement, cluster, false).is_some());
         Ok(Candidate {
             cluster: ci,
             pool: pi,

@@ -15,7 +15,7 @@ use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
 
 use crate::devices::{DeviceMatcher, ReplicaShape};
-use crate::filters::static_verdicts;
+use crate::filters::{StaticMemo, static_verdicts};
 use crate::plan::{DeploymentPlan, InvalidSpec, Plan, Reason, Rejection};
 use crate::snapshot::{DeploymentView, FleetSnapshot};
 
@@ -60,6 +60,8 @@ struct Candidate {
     refused: u32,
     /// Nodes a CapacityClaim of this deployment obtained: used before shared capacity.
     reserved: bool,
+    /// Replicas the pool could hold when the candidate was built (proportional split and
+    /// explain only; 0 otherwise).
     initial_slots: u32,
     placed: u32,
     /// Of `placed`, replicas kept where they already run (never moved by `improve`).
@@ -87,15 +89,19 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
         .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
         .collect();
     let domains = place::DomainIndex::new(&snapshot.clusters);
+    let class_facts: Vec<ClassFacts> = snapshot.classes.values().map(ClassFacts::of).collect();
     let mut evaluations = 0u64;
+    let mut statics = StaticMemo::default();
     let mut ctx = Ctx {
         snapshot,
         free: &mut free,
         matcher: &mut matcher,
+        statics: &mut statics,
         evaluations: &mut evaluations,
         explain: false,
         name_rank: &name_rank,
         pool_class: &pool_class,
+        class_facts: &class_facts,
         domains: &domains,
         cache: None,
         open: None,
@@ -129,10 +135,12 @@ impl<'s> Ctx<'_, 's> {
             snapshot: self.snapshot,
             free: &mut *self.free,
             matcher: &mut *self.matcher,
+            statics: &mut *self.statics,
             evaluations: &mut *self.evaluations,
             explain: explain.as_ref().is_some_and(|(ns, n)| *ns == d.namespace && *n == d.name),
             name_rank: self.name_rank,
             pool_class: self.pool_class,
+            class_facts: self.class_facts,
             domains: self.domains,
             cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
             open,
@@ -244,7 +252,7 @@ struct Kept {
     cost: u64,
     per_rank: Vec<u32>,
     domains: Vec<u32>,
-    blocks: Vec<(usize, (Reason, String))>,
+    blocks: Vec<(usize, refusal::Refusal)>,
 }
 
 /// Deployments in the order they are solved: priority (highest first), creation, namespace,
@@ -290,11 +298,15 @@ struct Ctx<'a, 's> {
     snapshot: &'s FleetSnapshot,
     free: &'a mut Vec<Vec<Vec<u32>>>,
     matcher: &'a mut DeviceMatcher<'s>,
+    /// The static filters per distinct placement policy, judged once per solve.
+    statics: &'a mut StaticMemo,
     evaluations: &'a mut u64,
     explain: bool,
     name_rank: &'a [u32],
     /// Per cluster, per pool: the index of the pool's class in `snapshot.classes`.
     pool_class: &'a [Vec<Option<usize>>],
+    /// Per class (in `snapshot.classes` order), what the hot path reads of it.
+    class_facts: &'a [ClassFacts],
     /// Spread domains as indexes.
     domains: &'a place::DomainIndex,
     /// The deployment's ModelCache (`cacheRef`) as a `ready_caches` key, if any.
@@ -303,6 +315,31 @@ struct Ctx<'a, 's> {
     /// deployment of the tier kept what it runs. Spread judges which domains can still take a
     /// replica on it, as it will when the tier places the rest.
     open: Option<&'a [Vec<Vec<u32>>]>,
+}
+
+/// What candidates read of a class, computed once per solve: devices per node, and the price
+/// per node of each capacity type (parsed once, not per candidate).
+pub(super) struct ClassFacts {
+    per_node: u32,
+    prices: [Option<u64>; 3],
+}
+
+impl ClassFacts {
+    fn of(class: &crate::snapshot::ClassView) -> Self {
+        use flotilla_apis::CapacityType::{OnDemand, Reserved, Spot};
+        let p = class.prices();
+        Self { per_node: class.devices_per_node(), prices: [p.micros(Reserved), p.micros(OnDemand), p.micros(Spot)] }
+    }
+
+    /// The price per node hour of `capacity_type`, in micros, if the class has one.
+    fn price(&self, capacity_type: flotilla_apis::CapacityType) -> Option<u64> {
+        use flotilla_apis::CapacityType::{OnDemand, Reserved, Spot};
+        match capacity_type {
+            Reserved => self.prices[0],
+            OnDemand => self.prices[1],
+            Spot => self.prices[2],
+        }
+    }
 }
 
 /// What blocked the last attempt on a cluster, for the rejection report.
@@ -560,6 +597,8 @@ mod improve;
 mod place;
 #[path = "problem.rs"]
 pub mod problem;
+#[path = "refusal.rs"]
+mod refusal;
 #[path = "scan.rs"]
 mod scan;
 use place::Placing;
