@@ -20,9 +20,10 @@ What the model encodes (documented in docs/benchmarks.md):
     (at most `x` pods of an option per node, `x` its replica count);
   * spread with the solver's semantics: a domain may exceed another by more than maxSkew
     only when the other could take no further replica of the deployment once the
-    deployments solved before it (priority, then creation) and itself were placed (it is
-    full then). "Could take" is counted on devices per node group: exact for one-pod
-    replicas, approximate (total free devices) for multi-pod ones;
+    deployments solved before it (priority, then creation) and itself were placed: every
+    option there has a full pool, an alternative at its maxReplicas, or a price that one
+    more replica would take over maxCostPerHour. "Full" is counted on devices per node
+    group: exact for one-pod replicas, approximate (total free devices) for multi-pod ones;
   * not encoded: minReplicas per alternative (a preference the plan reports as unmet, not a
     constraint), preferences between options (capacity type, price, fallback order, cache,
     stickiness): the optimum is about how many replicas fit, not where.
@@ -110,18 +111,46 @@ class Model:
         if len(by_domain) < 2:
             return
         largest, total = max(d["pods"]), sum(d["pods"])
-        n = {dom: sum(self.x[di][k] for k in ks) for dom, ks in by_domain.items()}
+        xs, opts = self.x[di], d["options"]
+        n = {dom: sum(xs[k] for k in ks) for dom, ks in by_domain.items()}
+        # Why an option can take no further replica of the deployment: its pool is full (once
+        # the deployments solved up to this one are placed), its alternative is at maxReplicas,
+        # or one more replica at its price would pass the ceiling. Each is a literal that may
+        # be true only when the reason holds.
+        full = {}
+        for pi in sorted({o["pool"] for o in opts}):
+            full[pi] = m.NewBoolVar(f"full{di}_{pi}")
+            room = [(gi, free) for gi, (free, _) in enumerate(self.groups[pi]) if free >= largest]
+            if len(d["pods"]) == 1:
+                for gi, _ in room:
+                    m.Add(self.remaining(pi, gi, di) <= largest - 1).OnlyEnforceIf(full[pi])
+            elif room:
+                left = sum(self.remaining(pi, gi, di) for gi, _ in room)
+                m.Add(left <= total - 1).OnlyEnforceIf(full[pi])
+        at_max = {}
+        for r, (_, most) in enumerate(d["alternatives"]):
+            if most is not None:
+                at_max[r + 1] = m.NewBoolVar(f"atmax{di}_{r + 1}")
+                m.Add(sum(x for x, o in zip(xs, opts) if o["rank"] == r + 1) >= most).OnlyEnforceIf(at_max[r + 1])
+        broke = {}
+        if d["maxCostMicros"] is not None:
+            spent = sum(o["priceMicros"] * x for x, o in zip(xs, opts))
+            for price in sorted({o["priceMicros"] for o in opts}):
+                broke[price] = m.NewBoolVar(f"broke{di}_{price}")
+                m.Add(spent + price >= d["maxCostMicros"] + 1).OnlyEnforceIf(broke[price])
         for dom, ks in by_domain.items():
-            # open[dom] is forced true while any pool of the domain can take one more replica.
+            # open[dom] is forced true while any option of the domain can take one more
+            # replica: it has room, its alternative is under maxReplicas, and the replica is
+            # affordable under the ceiling.
             is_open = m.NewBoolVar(f"open{di}_{dom}")
-            for pi in sorted({d["options"][k]["pool"] for k in ks}):
-                room = [(gi, free) for gi, (free, _) in enumerate(self.groups[pi]) if free >= largest]
-                if len(d["pods"]) == 1:
-                    for gi, _ in room:
-                        m.Add(self.remaining(pi, gi, di) <= largest - 1).OnlyEnforceIf(is_open.Not())
-                elif room:
-                    left = sum(self.remaining(pi, gi, di) for gi, _ in room)
-                    m.Add(left <= total - 1).OnlyEnforceIf(is_open.Not())
+            for k in ks:
+                o = opts[k]
+                why = [full[o["pool"]]]
+                if o["rank"] in at_max:
+                    why.append(at_max[o["rank"]])
+                if o["priceMicros"] in broke:
+                    why.append(broke[o["priceMicros"]])
+                m.AddBoolOr([is_open] + why)
             for other in by_domain:
                 if other != dom:
                     m.Add(n[other] <= n[dom] + skew).OnlyEnforceIf(is_open)

@@ -235,7 +235,9 @@ pub enum SpreadDomain {
 pub struct Spread {
     /// The domain.
     pub by: SpreadDomain,
-    /// Largest allowed difference in replicas between two eligible domains.
+    /// Largest allowed difference in replicas between a domain and the emptiest domain that
+    /// can still take a replica of this deployment (a pool it may use with room, through an
+    /// alternative under its `maxReplicas`, within `maxCostPerHour`).
     #[schemars(range(min = 1, max = 1000))]
     pub max_skew: i32,
 }

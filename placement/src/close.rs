@@ -1,20 +1,21 @@
-//! Closing a spread domain, the improvement phase's step for a deployment that spread holds
-//! back: it could take a replica in one domain, but that would put the domain more than
-//! `maxSkew` above another that can still take one. The solver judges "can still take one" once
-//! the deployments solved before it are placed, so the other domain stops counting when those
-//! fill it: replicas of earlier deployments of the same priority are moved into its remaining
-//! room from their other pools (each within its own rules), until the held-back deployment's
-//! replica fits there no more; then the move search runs again on top of those moves. All of
-//! it is kept only if the deployment gains a replica and every rule the phase checks still holds
-//! (`settle`: capacity, spread of everyone moved, no deployment still short able to use the
-//! room the moves leave); otherwise nothing changes. A higher-priority replica, a replica kept
-//! where it runs, or one of a deployment solved after the held-back one is never moved here
-//! (the last would not count for its spread). Deterministic, bounded by the phase's budget and
-//! [`MAX_MOVES`](super::MAX_MOVES).
+//! Closing a spread domain, the improvement phase's step for a deployment that spread holds back:
+//! it could take a replica in one domain, but that would put the domain more than `maxSkew` above
+//! another that can still take one of its replicas (room, an alternative under `maxReplicas`,
+//! within the cost ceiling: `place::open`; such a domain holds it back only through a pool where it
+//! takes no new replica, one backed off for it, say). The solver judges "can still take one" once
+//! the deployments solved before it are placed, so the other domain stops counting when those fill
+//! it: replicas of earlier deployments of the same priority are moved into its remaining room from
+//! their other pools (each within its own rules), until the held-back deployment's replica fits
+//! there no more; then the move search runs again on top of those moves. All of it is kept only if
+//! the deployment gains a replica and every rule the phase checks still holds (`settle`: capacity,
+//! spread of everyone moved, no deployment still short able to use the room the moves leave);
+//! otherwise nothing changes. A higher-priority replica, a replica kept where it runs, or one of a
+//! deployment solved after the held-back one is never moved here (the last would not count for its
+//! spread). Deterministic, bounded by the phase's budget and [`MAX_MOVES`](super::MAX_MOVES).
 
 use std::collections::BTreeMap;
 
-use super::super::held::{Tentative, cost, held_of, per_rank, repack};
+use super::super::held::{Tentative, cost, held_of, open as counts_open, per_rank, repack};
 use super::super::{Ctx, held::Held};
 use super::{MAX_MOVES, Mover, Phase};
 use crate::plan::DeploymentPlan;
@@ -37,14 +38,21 @@ impl Ctx<'_, '_> {
             *counts.entry(ix[h.cluster]).or_default() += h.count;
         }
         let count = |dom: usize| counts.get(&dom).copied().unwrap_or(0);
-        // Per candidate pool: open (the deployment's replica fits there as it saw the pool).
+        // Per candidate pool: open (a candidate there may take one more replica of the
+        // deployment, within its alternative's `maxReplicas` and the ceiling, and the replica
+        // fits the pool as the deployment saw it).
         let none = Tentative::default();
+        let alts = &ph.order[di].spec.devices.alternatives;
         let n = ph.deps[di].as_ref()?.cands.len();
         let mut open: Vec<(usize, usize)> = Vec::new();
         for k in 0..n {
-            let c = ph.deps[di].as_ref()?.cands[k].clone();
+            let dep = ph.deps[di].as_ref()?;
+            let c = dep.cands[k].clone();
             let q = (c.cluster, c.pool);
-            if !open.contains(&q) && self.fits_at(ph, held, &none, di, q)? {
+            if !open.contains(&q)
+                && counts_open(alts, dep.max_cost, &held[di], &c)
+                && self.fits_at(ph, held, &none, di, q)?
+            {
                 open.push(q);
             }
         }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_apis::common::parse_price_micros;
+use flotilla_apis::deployment::DeviceAlternative;
 
 use super::place::unmet_minimums;
 use super::{Candidate, Ctx};
@@ -82,6 +83,12 @@ pub(super) fn add(held: &mut Vec<Held>, c: &Candidate) {
             price: c.replica_price,
         }),
     }
+}
+
+/// Whether candidate `c` counts for the spread of a deployment that holds `held`, capacity
+/// aside: the greedy's rule, `place::open`.
+pub(super) fn open(alts: &[DeviceAlternative], max_cost: Option<u64>, held: &[Held], c: &Candidate) -> bool {
+    super::place::open(alts, per_rank(held, c.rank), cost(held), max_cost, c)
 }
 
 pub(super) fn per_rank(held: &[Held], rank: u32) -> u32 {

@@ -22,7 +22,7 @@ use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SpreadDomain;
 
 use super::held::{
-    Held, Tentative, add, cost, held_of, movable, name, no_more_room, per_rank, record, repack, users_of, watched,
+    Held, Tentative, add, cost, held_of, movable, name, no_more_room, open, per_rank, record, repack, users_of, watched,
 };
 use super::{Candidate, Ctx, SolveOptions, Solved};
 use crate::devices::ReplicaShape;
@@ -525,14 +525,10 @@ impl Ctx<'_, '_> {
                     let dep = ph.deps[x].as_ref()?;
                     let alts = &ph.order[x].spec.devices.alternatives;
                     let usable = short
-                        && dep.cands.iter().any(|c| {
-                            (c.cluster, c.pool) == q
-                                && !c.sticky_only
-                                && alts[(c.rank - 1) as usize]
-                                    .max_replicas
-                                    .is_none_or(|m| per_rank(mine, c.rank) < m.max(0) as u32)
-                                && dep.max_cost.is_none_or(|m| cost(mine) + c.replica_price <= m)
-                        });
+                        && dep
+                            .cands
+                            .iter()
+                            .any(|c| (c.cluster, c.pool) == q && !c.sticky_only && open(alts, dep.max_cost, mine, c));
                     if usable {
                         let at = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, q, x, &mut ph.work)?;
                         if ph.shapes[x].fits(&at) {
@@ -556,19 +552,25 @@ impl Ctx<'_, '_> {
     }
 
     /// Spread as the greedy keeps it when it solves deployment `x`: no domain more than
-    /// `maxSkew` above the emptiest domain that could still take a replica then (capacity
-    /// counted after the deployments solved before `x`, and `x` itself).
+    /// `maxSkew` above the emptiest domain that could still take a replica of `x` then
+    /// (capacity counted after the deployments solved before `x`, and `x` itself; an
+    /// alternative at its `maxReplicas`, or a replica over the cost ceiling, takes none).
     fn spread_ok(&self, ph: &mut Phase<'_, '_>, held_all: &[Vec<Held>], x: usize, t: &Tentative) -> bool {
         let Some(dep) = ph.deps[x].as_ref() else { return false };
         let Some((by, skew)) = dep.spread else { return true };
         let ix = &self.domains.of(by).0;
+        let mine = held_of(t, held_all, x);
         let mut counts: BTreeMap<usize, u32> = BTreeMap::new();
-        for h in held_of(t, held_all, x) {
+        for h in mine {
             *counts.entry(ix[h.cluster]).or_default() += h.count;
         }
+        let alts = &ph.order[x].spec.devices.alternatives;
         let mut least: Option<u32> = None;
         for c in &dep.cands {
             let q = (c.cluster, c.pool);
+            if !open(alts, dep.max_cost, mine, c) {
+                continue;
+            }
             // Deployments solved after `x` on this pool do not count.
             let later = ph.users.get(&q).is_some_and(|u| u.last().is_some_and(|&i| i > x))
                 || t.held.keys().any(|&i| i > x && held_of(t, held_all, i).iter().any(|h| (h.cluster, h.pool) == q));

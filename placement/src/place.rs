@@ -1,8 +1,9 @@
 //! Placing one replica on the best candidate that can take it (alternative maximum, cost
-//! ceiling, spread skew, free devices), and turning the final state into a deployment plan
-//! with assignments, unmet minimums, per-cluster rejections and, on request, explanations.
+//! ceiling, spread skew against the domains that could still take one of its replicas, free
+//! devices), and turning the final state into a deployment plan with assignments, unmet
+//! minimums, per-cluster rejections and, on request, explanations.
 
-use flotilla_apis::deployment::SpreadDomain;
+use flotilla_apis::deployment::{DeviceAlternative, SpreadDomain};
 
 use super::ceiling::Reserve;
 use super::refusal::Refusal;
@@ -53,6 +54,35 @@ pub(super) fn stage(reason: Reason, device: Option<&ClassMatch>) -> u8 {
     }
 }
 
+/// Whether candidate `c` counts for spread as a place a replica of the deployment could still
+/// go, capacity aside: its alternative (of `alts`) is under `maxReplicas` with `on_rank`
+/// replicas on it, and one more replica there keeps the deployment, at `cost` now, under
+/// `max_cost`. A domain whose every candidate fails this (or has no room) can take no replica
+/// of this deployment, so it does not hold its spread back. The improvement phase
+/// (`held::open`: `improve.rs::spread_ok`, `close.rs`) asks this too; the property checker and
+/// the exact model of `scripts/solver-quality.py` say the same rule in their own words.
+pub(super) fn open(alts: &[DeviceAlternative], on_rank: u32, cost: u64, max_cost: Option<u64>, c: &Candidate) -> bool {
+    alts[(c.rank - 1) as usize].max_replicas.is_none_or(|m| on_rank < m.max(0) as u32)
+        && max_cost.is_none_or(|m| cost + c.replica_price <= m)
+}
+
+/// Replicas per alternative and cost the deployment uses, for [`open`]. While it keeps its
+/// current placements (`keeping`), the replicas it runs and has not kept yet count too: a new
+/// replica would come on top of them.
+fn used(state: &Placing, keeping: bool) -> (std::borrow::Cow<'_, [u32]>, u64) {
+    if !keeping {
+        return (std::borrow::Cow::Borrowed(&state.per_rank), state.cost);
+    }
+    let (mut per_rank, mut cost) = (state.per_rank.clone(), state.cost);
+    for k in state.candidates.iter().filter(|k| k.sticky_quota > 0) {
+        if let Some(n) = per_rank.get_mut((k.rank - 1) as usize) {
+            *n += k.sticky_quota;
+        }
+        cost += k.replica_price * u64::from(k.sticky_quota);
+    }
+    (std::borrow::Cow::Owned(per_rank), cost)
+}
+
 fn domain(cluster: &ClusterView, by: SpreadDomain) -> &str {
     match by {
         SpreadDomain::Cluster => &cluster.name,
@@ -97,6 +127,19 @@ impl DomainIndex {
 }
 
 impl Ctx<'_, '_> {
+    /// Keeps one current replica on candidate `i` (spread judged with the replicas the
+    /// deployment runs and has not kept yet, `open`). False when it cannot stay.
+    pub(super) fn keep_one(
+        &mut self,
+        state: &mut Placing,
+        i: usize,
+        shape: &ReplicaShape,
+        spread: Option<(SpreadDomain, u32)>,
+        d: &DeploymentView,
+    ) -> bool {
+        self.place_judged(state, &[i], shape, spread, d, true)
+    }
+
     /// Places one replica on the first of `ids` that can take it. False when none can.
     pub(super) fn place(
         &mut self,
@@ -106,14 +149,31 @@ impl Ctx<'_, '_> {
         spread: Option<(SpreadDomain, u32)>,
         d: &DeploymentView,
     ) -> bool {
+        self.place_judged(state, ids, shape, spread, d, false)
+    }
+
+    fn place_judged(
+        &mut self,
+        state: &mut Placing,
+        ids: &[usize],
+        shape: &ReplicaShape,
+        spread: Option<(SpreadDomain, u32)>,
+        d: &DeploymentView,
+        keeping: bool,
+    ) -> bool {
         let spread_ix = spread.map(|(by, skew)| (self.domains.of(by), skew));
-        // The emptiest domain that can still take a replica; None when nothing can take one
-        // (then the pool's own refusal is the reason).
+        // The emptiest domain that can still take a replica of this deployment (`open`); None
+        // when nothing can take one (then the pool's own refusal is the reason).
         let min_domain = spread_ix.and_then(|((ix, _), _)| {
+            let (per_rank, cost) = used(state, keeping);
             state
                 .candidates
                 .iter()
-                .filter(|c| shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool])))
+                .filter(|c| {
+                    let alts = &d.spec.devices.alternatives;
+                    open(alts, per_rank[(c.rank - 1) as usize], cost, state.max_cost, c)
+                        && shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool]))
+                })
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
                 .min()
         });
@@ -358,3 +418,6 @@ pub(super) fn unmet_minimums(d: &DeploymentView, placed: impl Fn(u32) -> u32) ->
         })
         .collect()
 }
+
+#[path = "refill.rs"]
+mod refill;

@@ -451,12 +451,8 @@ impl Ctx<'_, '_> {
         };
         // 2. Per-alternative minimums, 3. the rest in fallback order, within the ceiling's hold.
         state.reserve = self.reserve(&state.candidates, &shape, desired, state.placed(), state.cost, max_cost);
-        self.fill(&mut state, d, &shape, spread, proportional, true);
-        // A ceiling hold that spread or `maxReplicas` made unreachable: place what the plain
-        // ceiling allows.
-        if state.remaining > 0 && state.reserve.take().is_some() {
-            self.fill(&mut state, d, &shape, spread, proportional, false);
-        }
+        // (then a cheapest-first try when spread and its own limits leave it short, `refill.rs`)
+        self.fill_all(&mut state, d, &shape, spread, proportional);
         // The refusals are reported only with replicas unplaced (or when explaining): a
         // deployment whose candidates were built in the tier's first step finds them again.
         if scan.is_none() && (state.remaining > 0 || self.explain) {
@@ -564,7 +560,7 @@ impl Ctx<'_, '_> {
                 if state.remaining == 0 {
                     break;
                 }
-                if state.candidates[i].sticky_quota > 0 && self.place(state, &[i], shape, spread, d) {
+                if state.candidates[i].sticky_quota > 0 && self.keep_one(state, i, shape, spread, d) {
                     state.candidates[i].sticky_quota -= 1;
                     state.candidates[i].kept += 1;
                     progress = true;

@@ -9,7 +9,7 @@
 
 use flotilla_apis::CapacityType;
 use flotilla_apis::class::InferenceClassSpec;
-use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec};
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPool};
 use flotilla_placement::plan::DeploymentPlan;
 use flotilla_placement::snapshot::free_per_node;
 use flotilla_placement::{
@@ -402,19 +402,33 @@ fn sized(
     d
 }
 
-/// Cluster `a`: two H100 nodes; `b`: one H200 node; `c`: one A100 node (the cheapest).
-/// `spready` (4 replicas of 4 devices, spread by cluster, skew 1) may use the H100s, and the
-/// H200 for one replica at most. `filler` (one replica of 4, any class) takes the A100. The
-/// greedy places `spready` 2 in `a` and 1 in `b`: a third in `a` would be 2 above `b`, whose
-/// H200 can still take a replica (spread does not ask whether this deployment may use it).
+/// Cluster `a`: two H100 nodes; `b`: one H200 node with room for one replica; `c`: one A100
+/// node (the cheapest). `spready` (4 replicas of 4 devices, spread by cluster, skew 1) may use
+/// the H100s and the H200, but the H200 pool is backed off for it (the member's scheduler
+/// refused its pods there, for a reason of its own: `status.refusedPools`), so it takes no new
+/// replica of it. `filler` (one replica of 4, any class) takes the A100. The greedy places
+/// `spready` 1 in `a`: a second would be 2 above `b`, whose H200 still has room for a replica
+/// of it and counts as open (only the deployment's `maxReplicas` and cost ceiling close a
+/// domain with room, not a backed-off pool: see `spread.rs`).
 fn close_fleet(filler_created: i64, filler_priority: i32) -> FleetSnapshot {
     let mut a = cluster("a", "h100");
     a.pools[0].free_per_node = free_per_node(2, 8, 0);
-    let mut spready = sized("spready", 2, 0, 4, 4, json!([{"class": "h100"}, {"class": "h200", "maxReplicas": 1}]));
+    let mut b = cluster("b", "h200");
+    b.pools[0].free_per_node = vec![4];
+    let mut spready = sized("spready", 2, 0, 4, 4, json!([{"class": "h100"}, {"class": "h200"}]));
     spready.spec.placement.spread = serde_json::from_value(json!({"by": "cluster", "maxSkew": 1})).unwrap();
+    spready.refused_pools = vec![RefusedPool {
+        cluster: "b".into(),
+        pool: "h200".into(),
+        retry_after: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+        ),
+        devices_short: false,
+        message: "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.".into(),
+    }];
     FleetSnapshot {
         classes: [class("h100", "10.00"), class("h200", "20.00"), class("a100", "5.00")].into_iter().collect(),
-        clusters: vec![a, cluster("b", "h200"), cluster("c", "a100")],
+        clusters: vec![a, b, cluster("c", "a100")],
         deployments: vec![
             sized(
                 "filler",
@@ -438,12 +452,12 @@ fn replicas_of<'p>(plans: &'p [DeploymentPlan], name: &str) -> Vec<(&'p str, u32
 fn closing_a_spread_domain_lets_the_deployment_grow_elsewhere() {
     let snap = close_fleet(1, 0);
     let greedy = plans(&snap, false);
-    assert_eq!(replicas_of(&greedy, "spready"), vec![("a", 2), ("b", 1)]);
-    assert_eq!((replicas_of(&greedy, "filler"), by_name(&greedy, "spready").unplaced), (vec![("c", 1)], 1));
+    assert_eq!(replicas_of(&greedy, "spready"), vec![("a", 1)]);
+    assert_eq!((replicas_of(&greedy, "filler"), by_name(&greedy, "spready").unplaced), (vec![("c", 1)], 3));
     // `filler`, solved before `spready`, moves into the H200's last room: `b` can take no
     // further replica of `spready` once the deployments before it are placed, so `a` may grow.
     let improved = plans(&snap, true);
-    assert_eq!(replicas_of(&improved, "spready"), vec![("a", 3), ("b", 1)]);
+    assert_eq!(replicas_of(&improved, "spready"), vec![("a", 4)]);
     assert_eq!((replicas_of(&improved, "filler"), by_name(&improved, "spready").unplaced), (vec![("b", 1)], 0));
     let m = &by_name(&improved, "filler").moves;
     assert_eq!(m.len(), 1, "{m:?}");
@@ -464,9 +478,9 @@ fn a_domain_is_closed_only_by_earlier_deployments_of_the_tier() {
     // spread), or of a higher priority (never moved): nothing moves, `spready` stays short.
     for (created, priority) in [(3, 0), (1, 10)] {
         let improved = plans(&close_fleet(created, priority), true);
-        assert_eq!(replicas_of(&improved, "spready"), vec![("a", 2), ("b", 1)], "{created} {priority}");
+        assert_eq!(replicas_of(&improved, "spready"), vec![("a", 1)], "{created} {priority}");
         assert_eq!(replicas_of(&improved, "filler"), vec![("c", 1)]);
-        assert_eq!(by_name(&improved, "spready").unplaced, 1);
+        assert_eq!(by_name(&improved, "spready").unplaced, 3);
         assert!(improved.iter().all(|p| p.moves.is_empty() && p.preemptions.is_empty()));
         let spread = by_name(&improved, "spready").rejections.iter().any(|r| r.reason == Reason::SpreadConstraint);
         assert!(spread, "{:?}", by_name(&improved, "spready").rejections);

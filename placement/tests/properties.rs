@@ -4,8 +4,9 @@
 //! taints, device match (class name and every CEL selector, evaluated afresh), capacity (all
 //! deployments' replicas re-packed per pool, in solve order, each priority tier's kept
 //! replicas first), replica counts, alternative
-//! limits, prices and ceilings, and that nothing placeable is left behind. Then determinism
-//! and stickiness. A coverage test shows the generated cases exercise each constraint, a
+//! limits, prices and ceilings, spread (against the domains that could still take a replica
+//! of the deployment), and that nothing placeable is left behind. Then determinism,
+//! stickiness, and re-plans after capacity loss. A coverage test shows the generated cases exercise each constraint, a
 //! mutation test shows the checker catches each kind of violation, and a round trip shows a
 //! generated fleet written as text validates and plans exactly as the in-memory one.
 
@@ -244,8 +245,9 @@ impl<'s> Checker<'s> {
     }
 
     /// Spread (`maxSkew`): once everything is placed, no domain holds more than `maxSkew`
-    /// replicas above the emptiest domain that could still take one (a full domain does not
-    /// hold the others back).
+    /// replicas above the emptiest domain that could still take one of the deployment's
+    /// replicas (a full domain does not hold the others back, nor one the deployment could
+    /// reach only through an alternative at its `maxReplicas` or over its cost ceiling).
     fn check_spread(
         &mut self,
         d: &DeploymentView,
@@ -267,13 +269,22 @@ impl<'s> Checker<'s> {
             *counts.entry(domain(cluster_ix[a.cluster.as_str()])).or_default() += a.replicas;
         }
         let (pods, distinct) = pods(&d.spec.topology);
+        // What one more replica may still use: an alternative under its maxReplicas, at a
+        // price that keeps the deployment under its ceiling.
+        let alts = &d.spec.devices.alternatives;
+        let ceiling = d.spec.placement.max_cost_per_hour.as_deref().and_then(parse_price_micros);
+        let on_rank = |r: u32| dp.assignments.iter().filter(|a| a.fallback_rank == r).map(|a| a.replicas).sum::<u32>();
         let mut least: Option<(u32, String)> = None;
         for (ci, cluster_free) in free.iter().enumerate() {
             if self.eligible(d, ci).is_err() {
                 continue;
             }
             for (pi, pool_free) in cluster_free.iter().enumerate() {
-                let usable = (1..=d.spec.devices.alternatives.len() as u32).any(|r| self.usable(d, ci, pi, r).is_ok());
+                let usable = (1..=alts.len() as u32).any(|r| {
+                    let under_max = alts[r as usize - 1].max_replicas.is_none_or(|m| on_rank(r) < m.max(0) as u32);
+                    let price = self.usable(d, ci, pi, r);
+                    under_max && price.is_ok_and(|p| ceiling.is_none_or(|c| dp.cost_micros_per_hour + p <= c))
+                });
                 if usable && take(&mut pool_free.clone(), &pods, distinct) {
                     let n = counts.get(&domain(ci)).copied().unwrap_or(0);
                     if least.as_ref().is_none_or(|(m, _)| n < *m) {
@@ -710,6 +721,31 @@ proptest! {
         let third = solve(&with_current(&snap, &second), &SolveOptions::default());
         prop_assert_eq!(key_of(&second), key_of(&third), "{:?}: the re-plan of the re-plan differs", spec);
     }
+
+    /// A re-plan after capacity was lost (half the nodes of about one pool in three have no
+    /// free devices left) still respects every constraint: the kept replicas are judged for
+    /// spread with those the deployment runs and has not kept yet counted against its
+    /// `maxReplicas` and ceiling (`place.rs::used`), and some of those may then not be kept.
+    #[test]
+    fn replanning_after_capacity_loss_respects_every_constraint(spec in fleets(), cut in any::<u64>()) {
+        let snap = generate(&spec);
+        let first = solve(&snap, &SolveOptions::default());
+        let mut again = with_current(&snap, &first);
+        let mut k = cut;
+        for c in &mut again.clusters {
+            for p in &mut c.pools {
+                k = k.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                if (k >> 33) % 3 == 0 {
+                    let n = p.free_per_node.len();
+                    p.free_per_node.iter_mut().take(n.div_ceil(2)).for_each(|f| *f = 0);
+                }
+            }
+        }
+        let second = solve(&again, &SolveOptions::default());
+        if let Err(e) = check(&again, &second) {
+            prop_assert!(false, "{spec:?} cut {cut}: {e}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------- the properties have teeth
@@ -943,4 +979,59 @@ fn generated_preemptions_pass_the_checker_and_forged_ones_do_not() {
         let e = check(&snap, &upside_down).unwrap_err();
         assert!(e.contains(") preempted ") && e.contains("(priority"), "{e}");
     }
+}
+
+/// The checker's spread rule: a domain reachable only through an alternative at its
+/// `maxReplicas` does not hold the others back, one still usable does. Cluster `a` has two H100
+/// nodes, `b` one H200 node; 4 replicas of 4 devices spread by cluster (skew 1), the H200 for
+/// at most one. The plan (3 in `a`, 1 in `b`) passes; the same plan against the twin fleet
+/// whose H200 has no maximum (`b` could take a second replica) is a spread violation.
+#[test]
+fn the_checker_counts_only_domains_the_deployment_can_use_for_spread() {
+    let fleet = |h200: serde_json::Value| {
+        let class = |name: &str| {
+            let spec = serde_json::json!({"device": {"driver": "gpu.nvidia.com", "capacity": {"memory": "80Gi"},
+                "attributes": {"productName": {"string": name}}}, "devicesPerNode": 8,
+                "pricePerNodeHour": {"onDemand": "10.00"}});
+            (name.to_string(), flotilla_placement::ClassView { spec: serde_json::from_value(spec).unwrap() })
+        };
+        let cluster = |name: &str, class: &str, nodes: u32| flotilla_placement::ClusterView {
+            name: name.into(),
+            region: name.into(),
+            jurisdiction: "EU".into(),
+            ready: true,
+            pools: vec![flotilla_placement::PoolView {
+                name: class.into(),
+                class: class.into(),
+                capacity_type: Some(flotilla_apis::CapacityType::OnDemand),
+                free_per_node: flotilla_placement::snapshot::free_per_node(nodes, 8, 0),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let spec = serde_json::json!({"model": {"name": "m", "source": "hf://org/m"}, "replicas": 4,
+            "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+            "topology": {"type": "TensorParallel", "devicesPerReplica": 4},
+            "devices": {"alternatives": [{"class": "h100"}, h200]},
+            "placement": {"spread": {"by": "cluster", "maxSkew": 1}}});
+        FleetSnapshot {
+            classes: [class("h100"), class("h200")].into_iter().collect(),
+            clusters: vec![cluster("a", "h100", 2), cluster("b", "h200", 1)],
+            deployments: vec![DeploymentView {
+                namespace: "ml".into(),
+                name: "m".into(),
+                created: 0,
+                spec: serde_json::from_value(spec).unwrap(),
+                current: vec![],
+                refused_pools: vec![],
+            }],
+        }
+    };
+    let capped = fleet(serde_json::json!({"class": "h200", "maxReplicas": 1}));
+    let plan = solve(&capped, &SolveOptions::default());
+    let on = |c: &str| plan.deployments[0].assignments.iter().filter(|a| a.cluster == c).map(|a| a.replicas).sum();
+    assert_eq!((on("a"), on("b"), plan.deployments[0].unplaced), (3u32, 1u32, 0));
+    check(&capped, &plan).unwrap();
+    let err = check(&fleet(serde_json::json!({"class": "h200"})), &plan).unwrap_err();
+    assert!(err.contains("spread"), "{err}");
 }
