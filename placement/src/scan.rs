@@ -24,6 +24,31 @@ pub(super) struct Scan {
     pub class_matches: Vec<Vec<ClassMatch>>,
 }
 
+/// What candidates read of a class, computed once per solve: devices per node, and the price
+/// per node of each capacity type (parsed once, not per candidate).
+pub(super) struct ClassFacts {
+    per_node: u32,
+    prices: [Option<u64>; 3],
+}
+
+impl ClassFacts {
+    pub(super) fn of(class: &crate::snapshot::ClassView) -> Self {
+        use flotilla_apis::CapacityType::{OnDemand, Reserved, Spot};
+        let p = class.prices();
+        Self { per_node: class.devices_per_node(), prices: [p.micros(Reserved), p.micros(OnDemand), p.micros(Spot)] }
+    }
+
+    /// The price per node hour of `capacity_type`, in micros, if the class has one.
+    pub(super) fn price(&self, capacity_type: flotilla_apis::CapacityType) -> Option<u64> {
+        use flotilla_apis::CapacityType::{OnDemand, Reserved, Spot};
+        match capacity_type {
+            Reserved => self.prices[0],
+            OnDemand => self.prices[1],
+            Spot => self.prices[2],
+        }
+    }
+}
+
 impl Scan {
     /// Nothing to report: a deployment whose every replica was placed, outside explain mode.
     pub(super) fn empty() -> Self {

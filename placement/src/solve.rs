@@ -317,31 +317,6 @@ struct Ctx<'a, 's> {
     open: Option<&'a [Vec<Vec<u32>>]>,
 }
 
-/// What candidates read of a class, computed once per solve: devices per node, and the price
-/// per node of each capacity type (parsed once, not per candidate).
-pub(super) struct ClassFacts {
-    per_node: u32,
-    prices: [Option<u64>; 3],
-}
-
-impl ClassFacts {
-    fn of(class: &crate::snapshot::ClassView) -> Self {
-        use flotilla_apis::CapacityType::{OnDemand, Reserved, Spot};
-        let p = class.prices();
-        Self { per_node: class.devices_per_node(), prices: [p.micros(Reserved), p.micros(OnDemand), p.micros(Spot)] }
-    }
-
-    /// The price per node hour of `capacity_type`, in micros, if the class has one.
-    fn price(&self, capacity_type: flotilla_apis::CapacityType) -> Option<u64> {
-        use flotilla_apis::CapacityType::{OnDemand, Reserved, Spot};
-        match capacity_type {
-            Reserved => self.prices[0],
-            OnDemand => self.prices[1],
-            Spot => self.prices[2],
-        }
-    }
-}
-
 /// What blocked the last attempt on a cluster, for the rejection report.
 type Blocks = PerCluster<(Reason, String)>;
 
@@ -602,4 +577,4 @@ mod refusal;
 #[path = "scan.rs"]
 mod scan;
 use place::Placing;
-use scan::Scan;
+use scan::{ClassFacts, Scan};
