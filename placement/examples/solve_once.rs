@@ -30,6 +30,8 @@ fn main() {
     let start = Instant::now();
     let plan = solve(&snap, &options);
     let took = start.elapsed();
+    // The solve's own CPU time (ticks of 10 ms): on a loaded machine wall time says little.
+    let solve_cpu = cpu_ticks().zip(cpu_before).map(|(a, b)| a.saturating_sub(b) * 10);
     let args: Vec<String> = std::env::args().collect();
     if let Some(path) = args.iter().position(|a| a == "--dump").and_then(|i| args.get(i + 1)) {
         let json = serde_json::to_string_pretty(&plan).unwrap_or_default();
@@ -49,8 +51,6 @@ fn main() {
             }
         }
     }
-    // The solve's own CPU time (ticks of 10 ms): on a loaded machine wall time says little.
-    let solve_cpu = cpu_ticks().zip(cpu_before).map(|(a, b)| a.saturating_sub(b) * 10);
     let placed: u32 = plan.deployments.iter().flat_map(|d| &d.assignments).map(|a| a.replicas).sum();
     let rejections: usize = plan.deployments.iter().map(|d| d.rejections.len()).sum();
     let cpu = cpu_ticks();

@@ -202,7 +202,9 @@ pub struct StaticMemo {
 /// One policy's verdicts over every cluster of the snapshot, by cluster index.
 pub struct Row {
     refusals: Vec<Option<Reason>>,
-    /// The words of a refusal, said once per (policy, cluster) and only for what is reported.
+    /// The words of a refusal, said once per (policy, cluster) and only for what is reported;
+    /// allocated on first use (most policies never report a refusal, and a fleet may have as many
+    /// policies as deployments).
     words: std::cell::RefCell<Vec<Option<String>>>,
 }
 
@@ -215,6 +217,9 @@ impl Row {
     /// The words of that refusal (as [`static_verdicts`] says them), computed once.
     pub fn words(&self, ci: usize, policy: &PlacementPolicy, cluster: &ClusterView) -> String {
         let mut words = self.words.borrow_mut();
+        if words.is_empty() {
+            words.resize(self.refusals.len(), None);
+        }
         let Some(slot) = words.get_mut(ci) else {
             return refusal_words(policy, cluster, false);
         };
@@ -237,9 +242,46 @@ impl StaticMemo {
             .or_insert_with(|| {
                 std::rc::Rc::new(Row {
                     refusals: clusters.iter().map(|c| first_refusal(policy, c, false)).collect(),
-                    words: std::cell::RefCell::new(vec![None; clusters.len()]),
+                    words: std::cell::RefCell::new(Vec::new()),
                 })
             })
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_apis::common::{JurisdictionCode, Sovereignty};
+
+    use super::*;
+
+    fn cluster(name: &str, jurisdiction: &str) -> ClusterView {
+        ClusterView { name: name.into(), jurisdiction: jurisdiction.into(), ready: true, ..Default::default() }
+    }
+
+    fn eu_only() -> PlacementPolicy {
+        let sovereignty =
+            Sovereignty { allowed_jurisdictions: vec![JurisdictionCode("EU".into())], ..Default::default() };
+        PlacementPolicy { sovereignty: Some(sovereignty), ..Default::default() }
+    }
+
+    #[test]
+    fn the_memo_judges_each_policy_once_and_says_words_only_when_asked() {
+        let clusters = [cluster("fra", "EU"), cluster("iad", "US")];
+        let mut memo = StaticMemo::default();
+        let row = memo.row(&eu_only(), &clusters);
+        assert_eq!(row.refusal(0), None);
+        assert_eq!(row.refusal(1), Some(Reason::JurisdictionNotAllowed));
+        // An equal policy (another deployment's) gets the same row; another policy its own.
+        assert!(std::rc::Rc::ptr_eq(&row, &memo.row(&eu_only(), &clusters)));
+        let open = memo.row(&PlacementPolicy::default(), &clusters);
+        assert!(!std::rc::Rc::ptr_eq(&row, &open));
+        assert_eq!(open.refusal(1), None, "no sovereignty: the US cluster passes");
+        // No words are held until a refusal is reported: a row costs a byte per cluster.
+        assert!(row.words.borrow().is_empty());
+        let words = row.words(1, &eu_only(), &clusters[1]);
+        assert_eq!(words, refusal_words(&eu_only(), &clusters[1], false));
+        assert!(words.contains("jurisdiction US not in allowed [EU]"), "{words}");
+        assert_eq!(row.words.borrow().len(), clusters.len());
     }
 }
