@@ -56,7 +56,8 @@ impl Ctx<'_, '_> {
         // back (short because every pool is full, no order of filling places more).
         let room = || state.candidates.iter().any(|c| !c.sticky_only && shape.fits(&self.free[c.cluster][c.pool]));
         let Some(start) = start.filter(|_| state.remaining > 0 && room()) else { return };
-        let first = self.save(state);
+        // Only the pools are put back when no try wins: the fill's own state stands.
+        let first = self.pools_of(state);
         let mut best: Option<Saved> = None;
         let mut most = state.placed();
         for judged in [true, false] {
@@ -92,15 +93,12 @@ impl Ctx<'_, '_> {
                 *state = b.placing(state.max_cost);
             }
             // The preference-order fill stands: its pools as it left them.
-            None => self.restore_free(&first.free),
+            None => self.restore_free(&first),
         }
     }
 
     /// `state` and its candidate pools' free devices.
     fn save(&self, state: &Placing) -> Saved {
-        let mut pools: Vec<(usize, usize)> = state.candidates.iter().map(|c| (c.cluster, c.pool)).collect();
-        pools.sort_unstable();
-        pools.dedup();
         Saved {
             candidates: state.candidates.clone(),
             remaining: state.remaining,
@@ -108,8 +106,16 @@ impl Ctx<'_, '_> {
             per_rank: state.per_rank.clone(),
             domains: state.domains.clone(),
             blocks: state.blocks.0.clone(),
-            free: pools.into_iter().map(|(ci, pi)| ((ci, pi), self.free[ci][pi].clone())).collect(),
+            free: self.pools_of(state),
         }
+    }
+
+    /// The free devices of `state`'s candidate pools, each pool once.
+    fn pools_of(&self, state: &Placing) -> Vec<((usize, usize), Vec<u32>)> {
+        let mut pools: Vec<(usize, usize)> = state.candidates.iter().map(|c| (c.cluster, c.pool)).collect();
+        pools.sort_unstable();
+        pools.dedup();
+        pools.into_iter().map(|(ci, pi)| ((ci, pi), self.free[ci][pi].clone())).collect()
     }
 
     fn restore_free(&mut self, free: &[((usize, usize), Vec<u32>)]) {
