@@ -8,6 +8,12 @@ use clap::Parser;
 use fleetctl::cli;
 use fleetctl::live::{EXIT_UNREACHABLE, LiveError};
 
+/// The solver allocates many small vectors (candidates, free devices per node) and a large plan:
+/// with mimalloc a 1,000 × 5,000 solve takes about a fifth less time and half the peak memory
+/// of glibc's malloc (`docs/benchmarks.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     match cli::run(cli) {

@@ -18,6 +18,10 @@ use flotilla_placement::filters::static_verdicts;
 use flotilla_placement::generate::{GenSpec, generate, with_current};
 use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
 
+/// As the binaries that solve (`fleetctl`, the controller) allocate.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SIZES: [(usize, usize); 9] =
     [(10, 50), (10, 500), (10, 5_000), (100, 50), (100, 500), (100, 5_000), (1_000, 50), (1_000, 500), (1_000, 5_000)];
 

@@ -8,6 +8,10 @@
 
 use std::time::Instant;
 
+/// As the binaries that solve (`fleetctl`, the controller) allocate.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use flotilla_placement::generate::{GenSpec, generate, with_current};
 use flotilla_placement::{SolveOptions, solve};
 

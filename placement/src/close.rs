@@ -47,7 +47,7 @@ impl Ctx<'_, '_> {
         let mut open: Vec<(usize, usize)> = Vec::new();
         for k in 0..n {
             let dep = ph.deps[di].as_ref()?;
-            let c = dep.cands[k].clone();
+            let c = dep.cands[k];
             let q = (c.cluster, c.pool);
             if !open.contains(&q)
                 && counts_open(alts, dep.max_cost, &held[di], &c)

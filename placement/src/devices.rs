@@ -149,6 +149,14 @@ impl ReplicaShape {
     /// Places one replica on `free` (devices per node), best fit, and returns the new free
     /// list, or `None` when it does not fit.
     pub fn take(&self, free: &[u32]) -> Option<Vec<u32>> {
+        // One pod: the best-fit node found before anything is copied (a pool that cannot take
+        // the replica costs no allocation).
+        if let [pod] = self.pods[..] {
+            let best = free.iter().enumerate().filter(|(_, f)| **f >= pod).min_by_key(|(i, f)| (**f, *i))?.0;
+            let mut free = free.to_vec();
+            free[best] -= pod;
+            return Some(free);
+        }
         let mut free = free.to_vec();
         let mut used = vec![false; free.len()];
         for &pod in &self.pods {

@@ -15,11 +15,14 @@ use crate::snapshot::ClusterView;
 /// reasons, not the words (those are produced again for what is reported).
 struct Verdicts {
     detail: bool,
+    /// Words for passing filters too (explain); a refusal's words need only the failure's.
+    pass_detail: bool,
 }
 
 impl Verdicts {
     fn pass<S: Into<String>>(&self, filter: &'static str, detail: impl FnOnce() -> S) -> Verdict {
-        Verdict { filter, pass: true, reason: None, detail: if self.detail { detail().into() } else { String::new() } }
+        let detail = if self.detail && self.pass_detail { detail().into() } else { String::new() };
+        Verdict { filter, pass: true, reason: None, detail }
     }
 
     fn fail<S: Into<String>>(&self, filter: &'static str, reason: Reason, detail: impl FnOnce() -> S) -> Verdict {
@@ -90,7 +93,7 @@ fn selector_ok(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
 /// no words.
 pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool, detail: bool) -> Vec<Verdict> {
     let mut out = Vec::with_capacity(5);
-    static_check(policy, cluster, sticky, detail, |v| {
+    static_check(policy, cluster, sticky, Verdicts { detail, pass_detail: true }, |v| {
         let ok = v.pass;
         out.push(v);
         ok
@@ -102,7 +105,7 @@ pub fn static_verdicts(policy: &PlacementPolicy, cluster: &ClusterView, sticky: 
 /// hot path).
 pub fn first_refusal(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool) -> Option<Reason> {
     let mut refusal = None;
-    static_check(policy, cluster, sticky, false, |v| {
+    static_check(policy, cluster, sticky, Verdicts { detail: false, pass_detail: false }, |v| {
         refusal = v.reason;
         v.pass
     });
@@ -114,10 +117,9 @@ fn static_check(
     policy: &PlacementPolicy,
     cluster: &ClusterView,
     sticky: bool,
-    detail: bool,
+    vb: Verdicts,
     mut push: impl FnMut(Verdict) -> bool,
 ) {
-    let vb = Verdicts { detail };
     let sel = match &policy.cluster_selector {
         None => vb.pass("selector", || "no cluster selector"),
         Some(s) if selector_ok(s, &cluster.labels) => vb.pass("selector", || "labels match"),
@@ -229,7 +231,15 @@ impl Row {
 
 /// The words of the first static refusal of `cluster` (empty when it passes).
 pub fn refusal_words(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bool) -> String {
-    static_verdicts(policy, cluster, sticky, true).into_iter().find(|v| !v.pass).map(|v| v.detail).unwrap_or_default()
+    let mut words = String::new();
+    // Only the failing filter's words are said: the passing ones' would be thrown away.
+    static_check(policy, cluster, sticky, Verdicts { detail: true, pass_detail: false }, |v| {
+        if !v.pass {
+            words = v.detail;
+        }
+        v.pass
+    });
+    words
 }
 
 impl StaticMemo {

@@ -446,7 +446,7 @@ impl Ctx<'_, '_> {
         (di, k): (usize, usize),
     ) -> Option<Tentative> {
         let dep = ph.deps[di].as_ref()?;
-        let c = dep.cands[k].clone();
+        let c = dep.cands[k];
         let p = (c.cluster, c.pool);
         let packed = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, p, usize::MAX, &mut ph.work)?;
         t.free.insert(p, packed);

@@ -179,7 +179,8 @@ impl Ctx<'_, '_> {
     /// the order is total and an unstable sort gives the one order a stable sort would. The
     /// keys are sorted, not the candidates (larger, and moved at every swap).
     pub(super) fn rank_candidates(&self, candidates: &mut Vec<Candidate>) {
-        let mut keys: Vec<_> = candidates
+        // (flags, price, cluster name) in one integer, then (pool, rank): the documented order.
+        let mut keys: Vec<(u128, u64, usize)> = candidates
             .iter()
             .enumerate()
             .map(|(i, c)| {
@@ -188,12 +189,16 @@ impl Ctx<'_, '_> {
                     | (u32::from(c.prefer_not) << 29)
                     | (c.capacity_type_rank.min(0xff_ffff) << 1)
                     | u32::from(!c.cache_ready);
-                (flags, c.replica_price, self.name_rank[c.cluster], c.pool, c.rank, i)
+                let first = (u128::from(flags) << 96)
+                    | (u128::from(c.replica_price) << 32)
+                    | u128::from(self.name_rank[c.cluster]);
+                let pool = u32::try_from(c.pool).unwrap_or(u32::MAX);
+                (first, (u64::from(pool) << 32) | u64::from(c.rank), i)
             })
             .collect();
         keys.sort_unstable();
-        let mut unsorted: Vec<Option<Candidate>> = std::mem::take(candidates).into_iter().map(Some).collect();
-        candidates.extend(keys.iter().filter_map(|k| unsorted[k.5].take()));
+        let sorted: Vec<Candidate> = keys.iter().map(|k| candidates[k.2]).collect();
+        *candidates = sorted;
     }
 
     /// One (pool, alternative): a candidate, or the refusal (with words when asked). The caller

@@ -41,7 +41,7 @@ impl Default for SolveOptions {
 }
 
 /// One (cluster, pool, alternative) a deployment may use.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Candidate {
     cluster: usize,
     pool: usize,

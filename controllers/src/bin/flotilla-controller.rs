@@ -20,6 +20,11 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::watch;
 
+/// The solve allocates many small vectors and a large plan: mimalloc, as in `fleetctl` and the
+/// gateway (`docs/benchmarks.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The Flotilla controller.
 #[derive(Debug, Parser)]
 #[command(name = "flotilla-controller", version, about)]
