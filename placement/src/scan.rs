@@ -75,14 +75,59 @@ impl Ctx<'_, '_> {
             .collect()
     }
 
+    /// `d`'s candidates alone (unranked), as [`Self::scan`] builds them and counting the same
+    /// evaluations, without the refusals: most deployments place every replica and report
+    /// none, so the refusals are found ([`Self::scan`] with `count` false) only for those left
+    /// short.
+    pub(super) fn candidates(
+        &mut self,
+        d: &DeploymentView,
+        shape: &ReplicaShape,
+        cap_types: &[CapacityType],
+        max_cost: Option<u64>,
+    ) -> Vec<Candidate> {
+        let policy = &d.spec.placement;
+        let clusters = &self.snapshot.clusters;
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let class_matches = self.class_matches(d);
+        let own_claim = format!("{}.{}", d.namespace, d.name);
+        let row = self.statics.row(policy, clusters);
+        for (ci, cluster) in clusters.iter().enumerate() {
+            let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+            let refusal = if sticky_here { first_refusal(policy, cluster, true) } else { row.refusal(ci) };
+            if refusal.is_some() {
+                continue;
+            }
+            for (pi, pool) in cluster.pools.iter().enumerate() {
+                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                    continue;
+                }
+                *self.evaluations += class_matches.len() as u64;
+                let class = self.pool_class[ci][pi];
+                for (ai, accepts) in class_matches.iter().enumerate() {
+                    if !matches!(class.and_then(|ix| accepts.get(ix)), Some(ClassMatch::Match)) {
+                        continue;
+                    }
+                    let rank = ai as u32 + 1;
+                    if let Ok(c) = self.candidate(d, cluster, ci, pi, rank, shape, cap_types, max_cost, false) {
+                        candidates.push(c);
+                    }
+                }
+            }
+        }
+        candidates
+    }
+
     /// Every cluster and (pool, alternative) of `d` evaluated once: the candidates and the
-    /// refusals.
+    /// refusals. `count`: the evaluations count against the solve's budget (false when
+    /// [`Self::candidates`] counted them already).
     pub(super) fn scan(
         &mut self,
         d: &DeploymentView,
         shape: &ReplicaShape,
         cap_types: &[CapacityType],
         max_cost: Option<u64>,
+        count: bool,
     ) -> Scan {
         let spec = &d.spec;
         let policy = &spec.placement;
@@ -123,7 +168,7 @@ impl Ctx<'_, '_> {
                     continue;
                 }
                 for (ai, accepts) in class_matches.iter().enumerate() {
-                    *self.evaluations += 1;
+                    *self.evaluations += u64::from(count);
                     let rank = ai as u32 + 1;
                     let words = self.explain;
                     let outcome = self.evaluate(d, ci, pi, ai, accepts, shape, cap_types, max_cost, words);
@@ -178,7 +223,7 @@ impl Ctx<'_, '_> {
     /// cluster name, pool and fallback rank. No two candidates share (cluster, pool, rank), so
     /// the order is total and an unstable sort gives the one order a stable sort would. The
     /// keys are sorted, not the candidates (larger, and moved at every swap).
-    pub(super) fn rank_candidates(&self, candidates: &mut Vec<Candidate>) {
+    pub(super) fn rank_candidates(&self, candidates: &mut [Candidate]) {
         // (flags, price, cluster name) in one integer, then (pool, rank): the documented order.
         let mut keys: Vec<(u128, u64, usize)> = candidates
             .iter()
@@ -197,8 +242,24 @@ impl Ctx<'_, '_> {
             })
             .collect();
         keys.sort_unstable();
-        let sorted: Vec<Candidate> = keys.iter().map(|k| candidates[k.2]).collect();
-        *candidates = sorted;
+        // Position i takes the candidate at keys[i].2: applied in place, one cycle at a time
+        // (a second vector of candidates costs a large fresh allocation per deployment).
+        for start in 0..keys.len() {
+            if keys[start].2 == start {
+                continue;
+            }
+            let first = candidates[start];
+            let mut at = start;
+            loop {
+                let from = std::mem::replace(&mut keys[at].2, at);
+                if from == start {
+                    candidates[at] = first;
+                    break;
+                }
+                candidates[at] = candidates[from];
+                at = from;
+            }
+        }
     }
 
     /// One (pool, alternative): a candidate, or the refusal (with words when asked). The caller

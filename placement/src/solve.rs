@@ -367,8 +367,8 @@ impl Ctx<'_, '_> {
         let policy = &d.spec.placement;
         let shape = ReplicaShape::of(&d.spec.topology);
         let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
-        let scan = self.scan(d, &shape, &policy.capacity_types_or_default(), max_cost);
-        let mut state = self.placing(d, scan.candidates, max_cost);
+        let candidates = self.candidates(d, &shape, &policy.capacity_types_or_default(), max_cost);
+        let mut state = self.placing(d, candidates, max_cost);
         self.keep_current(&mut state, &shape, d);
         // Fully placed by what it keeps (most deployments of a re-plan): the second step only
         // reports where its replicas are, so only those candidates are kept until then.
@@ -403,6 +403,10 @@ impl Ctx<'_, '_> {
         let proportional = policy.split == Some(SplitStrategy::Proportional);
 
         // 1. Current placements, round-robin so spread can hold.
+        // Whether the evaluations of the refusals' scan were counted already (candidates built
+        // here without refusals): a solve counts each (cluster, pool, alternative) of a
+        // deployment's pass once, however its refusals are found.
+        let mut counted = false;
         let (mut state, mut scan) = match kept {
             Some(k) => {
                 let state = Placing {
@@ -417,21 +421,28 @@ impl Ctx<'_, '_> {
                 };
                 (state, None)
             }
-            None => {
-                let mut scan = self.scan(d, &shape, &cap_types, max_cost);
+            None if self.explain => {
+                let mut scan = self.scan(d, &shape, &cap_types, max_cost, true);
                 let mut state = self.placing(d, std::mem::take(&mut scan.candidates), max_cost);
                 self.keep_current(&mut state, &shape, d);
                 (state, Some(scan))
+            }
+            None => {
+                let candidates = self.candidates(d, &shape, &cap_types, max_cost);
+                counted = true;
+                let mut state = self.placing(d, candidates, max_cost);
+                self.keep_current(&mut state, &shape, d);
+                (state, None)
             }
         };
         // 2. Per-alternative minimums, 3. the rest in fallback order, within the ceiling's hold.
         state.reserve = self.reserve(&state.candidates, &shape, desired, state.placed(), state.cost, max_cost);
         // (then a cheapest-first try when spread and its own limits leave it short, `refill.rs`)
         self.fill_all(&mut state, d, &shape, spread, proportional);
-        // The refusals are reported only with replicas unplaced (or when explaining): a
-        // deployment whose candidates were built in the tier's first step finds them again.
+        // The refusals are reported only with replicas unplaced (or when explaining): found
+        // now, for this deployment alone.
         if scan.is_none() && (state.remaining > 0 || self.explain) {
-            scan = Some(self.scan(d, &shape, &cap_types, max_cost));
+            scan = Some(self.scan(d, &shape, &cap_types, max_cost, !counted));
         }
         let Scan { verdicts, static_block, mut pool_blocks, pool_block_at, class_matches, .. } =
             scan.unwrap_or_else(Scan::empty);
