@@ -219,12 +219,59 @@ fn split_documents(text: &str) -> Vec<RawDocument<'_>> {
         .collect()
 }
 
-/// Parses a YAML stream of fleet objects, checking each document on its own.
+/// Streams at least this large (bytes and documents) are checked on several threads.
+const PARALLEL_BYTES: usize = 1 << 20;
+const PARALLEL_DOCUMENTS: usize = 512;
+
+/// Parses a YAML stream of fleet objects, checking each document on its own. A large stream
+/// (a generated fleet of thousands of objects) is checked on up to eight threads, in runs of
+/// consecutive documents whose results are joined in document order: the outcome is the
+/// sequential one, item for item. A small one (every hand-written fleet, every hostile
+/// fixture) stays on the caller's thread.
 pub fn parse_stream(file: &str, text: &str) -> Parsed {
+    let docs = split_documents(text);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if threads < 2 || text.len() < PARALLEL_BYTES || docs.len() < PARALLEL_DOCUMENTS {
+        return parse_documents(file, &docs, 0);
+    }
+    let run = docs.len().div_ceil(threads);
+    let parts: Vec<Parsed> = std::thread::scope(|scope| {
+        let handles: Vec<_> = docs
+            .chunks(run)
+            .enumerate()
+            .map(|(k, chunk)| {
+                // The main thread's stack size: a document's checks recurse as deep there.
+                let spawned = std::thread::Builder::new()
+                    .stack_size(8 << 20)
+                    .spawn_scoped(scope, move || parse_documents(file, chunk, k * run));
+                (chunk, k * run, spawned)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(chunk, first, spawned)| match spawned {
+                Ok(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                // No thread to be had (a limit on processes or memory): this run here.
+                Err(_) => parse_documents(file, chunk, first),
+            })
+            .collect()
+    });
+    let mut parsed = Parsed::default();
+    for part in parts {
+        parsed.objects.extend(part.objects);
+        parsed.problems.extend(part.problems);
+        parsed.skipped.extend(part.skipped);
+        parsed.refused.extend(part.refused);
+    }
+    parsed
+}
+
+/// Checks `docs`, the stream's documents from index `first` (0-based) on.
+fn parse_documents(file: &str, docs: &[RawDocument<'_>], first: usize) -> Parsed {
     let checker = crate::schema_check::Checker::get();
     let mut parsed = Parsed::default();
-    for (i, raw) in split_documents(text).into_iter().enumerate() {
-        let location = SourceLocation { file: file.to_string(), document: i + 1, line: raw.line };
+    for (i, raw) in docs.iter().enumerate() {
+        let location = SourceLocation { file: file.to_string(), document: first + i + 1, line: raw.line };
         let error = |field: &str, object: Option<String>, message: String| Problem {
             severity: Severity::Error,
             location: location.clone(),
@@ -345,6 +392,39 @@ mod tests {
         assert_eq!(docs[0].line, 3);
         assert_eq!(docs[1].line, 7);
         assert!(docs[1].text.contains("c: 3"));
+    }
+
+    #[test]
+    fn a_large_stream_checked_on_threads_gives_the_sequential_result() {
+        // The example EU clusters again and again, with a broken document, a foreign one and a
+        // schema error every so often: large enough for the threaded path, compared item for
+        // item with one thread.
+        let clusters = include_str!("../../examples/fleet/clusters-eu.yaml");
+        let mut text = String::new();
+        for i in 0..400 {
+            match i % 37 {
+                13 => text.push_str("---\napiVersion: v1\nkind: Namespace\nmetadata: {name: ns}\n"),
+                21 => text.push_str("---\nkind: [unclosed\n"),
+                29 => text.push_str(&format!(
+                    "---\napiVersion: {API_VERSION}\nkind: InferenceCluster\nmetadata: {{name: bad-{i}}}\nspec: {{region: 7}}\n"
+                )),
+                _ => {}
+            }
+            text.push_str(clusters);
+            text.push('\n');
+        }
+        assert!(text.len() >= PARALLEL_BYTES, "{} bytes: too small for the threaded path", text.len());
+        let threaded = parse_stream("big.yaml", &text);
+        let sequential = parse_documents("big.yaml", &split_documents(&text), 0);
+        assert_eq!(threaded.problems, sequential.problems);
+        assert!(!threaded.problems.is_empty(), "the broken documents are reported");
+        assert_eq!(threaded.skipped, sequential.skipped);
+        assert_eq!(threaded.refused, sequential.refused);
+        let names = |p: &Parsed| -> Vec<String> {
+            p.objects.iter().map(|o| format!("{:?} {}", o.location, o.value.name())).collect()
+        };
+        assert_eq!(names(&threaded), names(&sequential));
+        assert!(threaded.objects.len() >= 800, "{} objects", threaded.objects.len());
     }
 
     #[test]
