@@ -309,7 +309,7 @@ impl Ctx<'_, '_> {
     pub(super) fn finish(
         &mut self,
         d: &DeploymentView,
-        state: Placing,
+        state: &Placing,
         verdicts: Vec<Vec<Verdict>>,
         static_block: Blocks,
         pool_blocks: Blocks,

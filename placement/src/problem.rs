@@ -111,6 +111,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
     let mut statics = crate::filters::StaticMemo::default();
     let class_facts: Vec<super::ClassFacts> = snapshot.classes.values().map(super::ClassFacts::of).collect();
     let mut deployments = Vec::new();
+    let mut spare = Vec::new();
     for d in order {
         let ctx = Ctx {
             snapshot,
@@ -122,6 +123,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
             name_rank: &name_rank,
             pool_class: &pool_class,
             class_facts: &class_facts,
+            spare: &mut spare,
             domains: &domains,
             cache: None,
             open: None,

@@ -49,6 +49,13 @@ impl ClassFacts {
     }
 }
 
+/// What the candidates of one deployment on one cluster share (`Ctx::here`).
+#[derive(Clone, Copy)]
+struct Here {
+    prefer_not: bool,
+    cache_ready: bool,
+}
+
 impl Scan {
     /// Nothing to report: a deployment whose every replica was placed, outside explain mode.
     pub(super) fn empty() -> Self {
@@ -88,7 +95,8 @@ impl Ctx<'_, '_> {
     ) -> Vec<Candidate> {
         let policy = &d.spec.placement;
         let clusters = &self.snapshot.clusters;
-        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut candidates = std::mem::take(self.spare);
+        candidates.clear();
         let class_matches = self.class_matches(d);
         let own_claim = format!("{}.{}", d.namespace, d.name);
         let row = self.statics.row(policy, clusters);
@@ -98,6 +106,7 @@ impl Ctx<'_, '_> {
             if refusal.is_some() {
                 continue;
             }
+            let here = self.here(d, cluster);
             for (pi, pool) in cluster.pools.iter().enumerate() {
                 if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
                     continue;
@@ -109,7 +118,7 @@ impl Ctx<'_, '_> {
                         continue;
                     }
                     let rank = ai as u32 + 1;
-                    if let Ok(c) = self.candidate(d, cluster, ci, pi, rank, shape, cap_types, max_cost, false) {
+                    if let Ok(c) = self.candidate(d, cluster, ci, pi, rank, here, shape, cap_types, max_cost, false) {
                         candidates.push(c);
                     }
                 }
@@ -281,11 +290,23 @@ impl Ctx<'_, '_> {
         let say = |s: &String| if words { s.clone() } else { String::new() };
         match self.pool_class[ci][pi].and_then(|ix| accepts.get(ix)) {
             Some(ClassMatch::Match) => {
-                self.candidate(d, cluster, ci, pi, ai as u32 + 1, shape, cap_types, max_cost, words)
+                let here = self.here(d, cluster);
+                self.candidate(d, cluster, ci, pi, ai as u32 + 1, here, shape, cap_types, max_cost, words)
             }
             Some(ClassMatch::NoMatch(why) | ClassMatch::OtherClass(why)) => Err((Reason::NoMatchingDevices, say(why))),
             Some(ClassMatch::Error(why) | ClassMatch::ClassInvalid(why)) => Err((Reason::SelectorError, say(why))),
             None => Err((Reason::NoMatchingDevices, say(&format!("class {} is not defined", cluster.pools[pi].class)))),
+        }
+    }
+
+    /// What every candidate of `d` on `cluster` shares: an untolerated `PreferNoSchedule`
+    /// taint, and `d`'s ModelCache Ready there.
+    fn here(&self, d: &DeploymentView, cluster: &ClusterView) -> Here {
+        Here {
+            prefer_not: prefers_not(&d.spec.placement, cluster),
+            // A score term, never a filter: a cold cluster still takes replicas (the cache is
+            // staged there first); it only ranks after warm ones of the same capacity-type rank.
+            cache_ready: self.cache.as_ref().is_some_and(|k| cluster.ready_caches.contains(k)),
         }
     }
 
@@ -297,6 +318,7 @@ impl Ctx<'_, '_> {
         ci: usize,
         pi: usize,
         rank: u32,
+        shared: Here,
         shape: &ReplicaShape,
         cap_types: &[CapacityType],
         max_cost: Option<u64>,
@@ -367,10 +389,8 @@ impl Ctx<'_, '_> {
             pool: pi,
             rank,
             capacity_type_rank: cap_rank as u32,
-            prefer_not: prefers_not(&d.spec.placement, cluster),
-            // A score term, never a filter: a cold cluster still takes replicas (the cache is
-            // staged there first); it only ranks after warm ones of the same capacity-type rank.
-            cache_ready: self.cache.as_ref().is_some_and(|k| cluster.ready_caches.contains(k)),
+            prefer_not: shared.prefer_not,
+            cache_ready: shared.cache_ready,
             replica_price,
             sticky_quota,
             sticky_only,

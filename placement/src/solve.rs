@@ -92,6 +92,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     let class_facts: Vec<ClassFacts> = snapshot.classes.values().map(ClassFacts::of).collect();
     let mut evaluations = 0u64;
     let mut statics = StaticMemo::default();
+    let mut spare = Vec::new();
     let mut ctx = Ctx {
         snapshot,
         free: &mut free,
@@ -102,6 +103,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
         name_rank: &name_rank,
         pool_class: &pool_class,
         class_facts: &class_facts,
+        spare: &mut spare,
         domains: &domains,
         cache: None,
         open: None,
@@ -141,6 +143,7 @@ impl<'s> Ctx<'_, 's> {
             name_rank: self.name_rank,
             pool_class: self.pool_class,
             class_facts: self.class_facts,
+            spare: &mut *self.spare,
             domains: self.domains,
             cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
             open,
@@ -307,6 +310,9 @@ struct Ctx<'a, 's> {
     pool_class: &'a [Vec<Option<usize>>],
     /// Per class (in `snapshot.classes` order), what the hot path reads of it.
     class_facts: &'a [ClassFacts],
+    /// The candidate list of the last deployment solved, emptied: the next one's grows into
+    /// it instead of a fresh allocation (a deployment may have thousands of candidates).
+    spare: &'a mut Vec<Candidate>,
     /// Spread domains as indexes.
     domains: &'a place::DomainIndex,
     /// The deployment's ModelCache (`cacheRef`) as a `ready_caches` key, if any.
@@ -374,6 +380,7 @@ impl Ctx<'_, '_> {
         // reports where its replicas are, so only those candidates are kept until then.
         if state.remaining == 0 && !self.explain {
             state.candidates.retain(|c| c.placed > 0);
+            state.candidates.shrink_to_fit();
             state.domains = Vec::new();
         }
         Some(Kept {
@@ -518,7 +525,11 @@ impl Ctx<'_, '_> {
             }
         }
         let held = held::Held::of(&state.candidates);
-        (self.finish(d, state, verdicts, static_block, pool_blocks, &shape), held)
+        let plan = self.finish(d, &state, verdicts, static_block, pool_blocks, &shape);
+        if state.candidates.capacity() > self.spare.capacity() {
+            *self.spare = state.candidates;
+        }
+        (plan, held)
     }
 
     /// A deployment's placing state before anything is placed, its candidates ranked.
