@@ -33,7 +33,9 @@ pub struct DeviceMatcher<'s> {
     classes: &'s std::collections::BTreeMap<String, ClassView>,
     selectors: HashMap<String, Result<Selector, SelectorError>>,
     devices: HashMap<String, Result<CelValue, SelectorError>>,
-    verdicts: HashMap<(String, String), bool>,
+    /// Per (selector, class): `None` when true, else the words of the refusal. Kept with the
+    /// verdict so a refusal reads the same whichever deployment met it first.
+    verdicts: HashMap<(String, String), Option<String>>,
 }
 
 impl<'s> DeviceMatcher<'s> {
@@ -75,9 +77,9 @@ impl<'s> DeviceMatcher<'s> {
         };
         for expr in &alt.selectors {
             let key = (expr.0.clone(), class.to_string());
-            if let Some(&ok) = self.verdicts.get(&key) {
-                if !ok {
-                    return ClassMatch::NoMatch(format!("`{}` is false for class {class}", expr.0));
+            if let Some(verdict) = self.verdicts.get(&key) {
+                if let Some(words) = verdict {
+                    return ClassMatch::NoMatch(words.clone());
                 }
                 continue;
             }
@@ -93,15 +95,18 @@ impl<'s> DeviceMatcher<'s> {
                 Err(e) => return ClassMatch::ClassInvalid(format!("class {class}: {e}")),
             };
             match engine.matches(selector, device) {
-                Ok(b) => {
-                    self.verdicts.insert(key, b);
-                    if !b {
-                        return ClassMatch::NoMatch(format!("`{}` is false for class {class}", expr.0));
-                    }
+                Ok(true) => {
+                    self.verdicts.insert(key, None);
+                }
+                Ok(false) => {
+                    let words = format!("`{}` is false for class {class}", expr.0);
+                    self.verdicts.insert(key, Some(words.clone()));
+                    return ClassMatch::NoMatch(words);
                 }
                 Err(SelectorError::Evaluation { missing_key: true, message, .. }) => {
-                    self.verdicts.insert(key, false);
-                    return ClassMatch::NoMatch(format!("`{}` on class {class}: {message}", expr.0));
+                    let words = format!("`{}` on class {class}: {message}", expr.0);
+                    self.verdicts.insert(key, Some(words.clone()));
+                    return ClassMatch::NoMatch(words);
                 }
                 Err(e) => return ClassMatch::Error(e.to_string()),
             }
@@ -248,6 +253,29 @@ mod tests {
 
     fn shape(pods: &[u32], distinct: bool) -> ReplicaShape {
         ReplicaShape { pods: pods.to_vec(), distinct_nodes: distinct }
+    }
+
+    #[test]
+    fn a_refusal_reads_the_same_the_second_time() {
+        // An AMD class, asked for an NVIDIA capacity: the key is missing, and the words say so
+        // for every deployment that asks, not only the first (the verdict is memoized).
+        let spec = serde_json::json!({
+            "device": {"driver": "gpu.amd.com", "capacity": {"memory": "192Gi"}},
+            "devicesPerNode": 8,
+            "pricePerNodeHour": {"onDemand": "40.00"},
+        });
+        let spec = serde_json::from_value(spec).expect("class spec");
+        let classes = std::collections::BTreeMap::from([("mi300x".to_string(), ClassView { spec })]);
+        let alt: DeviceAlternative = serde_json::from_value(serde_json::json!({
+            "selectors": ["device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"24Gi\")) >= 0"],
+        }))
+        .expect("alternative");
+        let mut matcher = DeviceMatcher::new(&classes);
+        let first = matcher.matches(&alt, "mi300x");
+        let ClassMatch::NoMatch(words) = &first else { panic!("{first:?}") };
+        assert!(words.contains("on class mi300x"), "{words}");
+        assert!(!words.contains("is false"), "a missing key is not a false comparison: {words}");
+        assert_eq!(matcher.matches(&alt, "mi300x"), first);
     }
 
     #[test]
