@@ -230,8 +230,8 @@ const PARALLEL_DOCUMENTS: usize = 512;
 /// fixture) stays on the caller's thread.
 pub fn parse_stream(file: &str, text: &str) -> Parsed {
     let docs = split_documents(text);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if threads < 2 || text.len() < PARALLEL_BYTES || docs.len() < PARALLEL_DOCUMENTS {
+    let threads = check_threads(text.len(), docs.len());
+    if threads < 2 {
         return parse_documents(file, &docs, 0);
     }
     let run = docs.len().div_ceil(threads);
@@ -264,6 +264,15 @@ pub fn parse_stream(file: &str, text: &str) -> Parsed {
         parsed.refused.extend(part.refused);
     }
     parsed
+}
+
+/// Threads to check a stream of `bytes` and `documents` on: one below the thresholds or on
+/// one core, else one per core up to eight.
+fn check_threads(bytes: usize, documents: usize) -> usize {
+    if bytes < PARALLEL_BYTES || documents < PARALLEL_DOCUMENTS {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
 /// Checks `docs`, the stream's documents from index `first` (0-based) on.
@@ -413,7 +422,12 @@ mod tests {
             text.push_str(clusters);
             text.push('\n');
         }
-        assert!(text.len() >= PARALLEL_BYTES, "{} bytes: too small for the threaded path", text.len());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let docs = split_documents(&text).len();
+        assert_eq!(check_threads(text.len(), docs), cores.min(8), "{} bytes, {docs} documents", text.len());
+        // A hand-written fleet (or a hostile fixture) stays on one thread, whatever the cores.
+        assert_eq!(check_threads(PARALLEL_BYTES - 1, docs), 1);
+        assert_eq!(check_threads(text.len(), PARALLEL_DOCUMENTS - 1), 1);
         let threaded = parse_stream("big.yaml", &text);
         let sequential = parse_documents("big.yaml", &split_documents(&text), 0);
         assert_eq!(threaded.problems, sequential.problems);

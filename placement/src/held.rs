@@ -115,9 +115,7 @@ impl Ctx<'_, '_> {
         let cluster = &self.snapshot.clusters[ci];
         let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
         let own_claim = format!("{}.{}", d.namespace, d.name);
-        if first_refusal(policy, cluster, sticky).is_some()
-            || cluster.pools[pi].reserved_for.as_ref().is_some_and(|k| *k != own_claim)
-        {
+        if first_refusal(policy, cluster, sticky).is_some() || cluster.pools[pi].reserved_for_another(&own_claim) {
             return false;
         }
         let cap_types = policy.capacity_types_or_default();
@@ -153,7 +151,7 @@ impl Ctx<'_, '_> {
                 continue;
             }
             for (pi, pool) in cluster.pools.iter().enumerate() {
-                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                if pool.reserved_for_another(&own_claim) {
                     continue;
                 }
                 for (ai, accepts) in class_matches.iter().enumerate() {

@@ -149,7 +149,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
                 continue;
             }
             for (pi, pool) in cluster.pools.iter().enumerate() {
-                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                if pool.reserved_for_another(&own_claim) {
                     continue;
                 }
                 for (ai, accepts) in class_matches.iter().enumerate() {

@@ -8,7 +8,7 @@ use flotilla_apis::CapacityType;
 use super::place::stage;
 use super::{Blocks, Candidate, Ctx, PerCluster};
 use crate::devices::{ClassMatch, ReplicaShape, misfit};
-use crate::filters::{first_refusal, prefers_not, static_verdicts};
+use crate::filters::{Row, first_refusal, prefers_not, static_verdicts};
 use crate::plan::{Reason, Verdict};
 use crate::snapshot::{ClusterView, DeploymentView};
 
@@ -56,6 +56,17 @@ struct Here {
     cache_ready: bool,
 }
 
+/// The first static filter that refuses cluster `ci` to `d`: the policy's memoized `row` where
+/// `d` does not run, judged as sticky where it does (a cordon or a `NoSchedule` taint keeps
+/// the replicas it runs there).
+fn static_refusal(d: &DeploymentView, row: &Row, ci: usize, cluster: &ClusterView) -> Option<Reason> {
+    if d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0) {
+        first_refusal(&d.spec.placement, cluster, true)
+    } else {
+        row.refusal(ci)
+    }
+}
+
 impl Scan {
     /// Nothing to report: a deployment whose every replica was placed, outside explain mode.
     pub(super) fn empty() -> Self {
@@ -101,14 +112,12 @@ impl Ctx<'_, '_> {
         let own_claim = format!("{}.{}", d.namespace, d.name);
         let row = self.statics.row(policy, clusters);
         for (ci, cluster) in clusters.iter().enumerate() {
-            let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
-            let refusal = if sticky_here { first_refusal(policy, cluster, true) } else { row.refusal(ci) };
-            if refusal.is_some() {
+            if static_refusal(d, &row, ci, cluster).is_some() {
                 continue;
             }
             let here = self.here(d, cluster);
             for (pi, pool) in cluster.pools.iter().enumerate() {
-                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                if pool.reserved_for_another(&own_claim) {
                     continue;
                 }
                 *self.evaluations += class_matches.len() as u64;
@@ -150,16 +159,18 @@ impl Ctx<'_, '_> {
         let own_claim = format!("{}.{}", d.namespace, d.name);
         let row = self.statics.row(policy, clusters);
         for (ci, cluster) in clusters.iter().enumerate() {
-            let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
             // Verdicts with words only in explain mode; otherwise just the first refusal
             // (finish() says the words for what it reports).
-            let v = if self.explain { static_verdicts(policy, cluster, sticky_here, true) } else { Vec::new() };
+            let v = if self.explain {
+                let sticky_here = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
+                static_verdicts(policy, cluster, sticky_here, true)
+            } else {
+                Vec::new()
+            };
             let refusal = if self.explain {
                 v.iter().find(|v| !v.pass).map(|f| f.reason.unwrap_or(Reason::ClusterNotReady))
-            } else if sticky_here {
-                first_refusal(policy, cluster, true)
             } else {
-                row.refusal(ci)
+                static_refusal(d, &row, ci, cluster)
             };
             if let Some(reason) = refusal {
                 let words = v.iter().find(|v| !v.pass).map(|f| f.detail.clone()).unwrap_or_default();
@@ -172,8 +183,7 @@ impl Ctx<'_, '_> {
             let before = candidates.len();
             let mut device_verdicts = Vec::new();
             for (pi, pool) in cluster.pools.iter().enumerate() {
-                // Capacity a claim obtained is its owner's alone.
-                if pool.reserved_for.as_ref().is_some_and(|k| *k != own_claim) {
+                if pool.reserved_for_another(&own_claim) {
                     continue;
                 }
                 for (ai, accepts) in class_matches.iter().enumerate() {

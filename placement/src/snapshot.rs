@@ -81,6 +81,14 @@ pub struct PoolView {
     pub refused_block: Option<u32>,
 }
 
+impl PoolView {
+    /// Capacity a claim obtained is its owner's alone: whether this pool is set aside for a
+    /// claim other than `own_claim` (`<namespace>.<name>` of the deployment asking).
+    pub fn reserved_for_another(&self, own_claim: &str) -> bool {
+        self.reserved_for.as_deref().is_some_and(|k| k != own_claim)
+    }
+}
+
 /// A class as the solver sees it.
 #[derive(Clone, Debug)]
 pub struct ClassView {
