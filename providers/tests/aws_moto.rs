@@ -59,6 +59,7 @@ fn eks() -> aws_sdk_eks::Client {
     aws_sdk_eks::Client::from_conf(
         aws_sdk_eks::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(aws_smithy_http_client::Builder::new().build_http())
             .region(Region::new(REGION))
             .endpoint_url(moto())
             .credentials_provider(Credentials::new("testing", "testing", None, None, "test"))

@@ -276,6 +276,28 @@ impl Signer {
     }
 }
 
+/// The providers' configuration with the HTTPS client they send with (STS, container and
+/// instance metadata): rustls on `ring`. The SDK is built without its default client (on
+/// aws-lc), and a provider without a client fails every request.
+fn provider_config() -> ProviderConfig {
+    use aws_smithy_http_client::tls::{Provider as Tls, rustls_provider::CryptoMode};
+    ProviderConfig::default().with_http_client(
+        aws_smithy_http_client::Builder::new().tls_provider(Tls::Rustls(CryptoMode::Ring)).build_https(),
+    )
+}
+
+/// The SDK's default region chain (environment, profile, instance metadata), with the client
+/// instance metadata needs (the SDK's own `DefaultRegionChain` takes none from outside).
+fn region_chain() -> aws_config::meta::region::RegionProviderChain {
+    use aws_config::environment::region::EnvironmentVariableRegionProvider;
+    use aws_config::imds::region::ImdsRegionProvider;
+    use aws_config::profile::region::ProfileFileRegionProvider;
+    let conf = provider_config();
+    aws_config::meta::region::RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+        .or_else(ProfileFileRegionProvider::builder().configure(&conf).build())
+        .or_else(ImdsRegionProvider::builder().configure(&conf).build())
+}
+
 /// The SDK's providers in the order of its default chain, configured for `region` (STS).
 fn default_chain(region: &str) -> Vec<(Provider, SharedCredentialsProvider)> {
     use aws_config::ecs::EcsCredentialsProvider;
@@ -283,7 +305,7 @@ fn default_chain(region: &str) -> Vec<(Provider, SharedCredentialsProvider)> {
     use aws_config::imds::credentials::ImdsCredentialsProvider;
     use aws_config::profile::ProfileFileCredentialsProvider;
     use aws_config::web_identity_token::WebIdentityTokenCredentialsProvider;
-    let conf = ProviderConfig::default().with_region(Some(aws_config::Region::new(region.to_string())));
+    let conf = provider_config().with_region(Some(aws_config::Region::new(region.to_string())));
     vec![
         (Provider::Environment, SharedCredentialsProvider::new(EnvironmentVariableCredentialsProvider::new())),
         (
@@ -331,9 +353,7 @@ pub async fn region(configured: Option<&str>, custom_endpoint: bool) -> String {
     if let Some(r) = configured.map(str::trim).filter(|r| !r.is_empty()) {
         return r.to_string();
     }
-    if !custom_endpoint
-        && let Some(r) = aws_config::default_provider::region::DefaultRegionChain::builder().build().region().await
-    {
+    if !custom_endpoint && let Some(r) = region_chain().region().await {
         return r.to_string();
     }
     DEFAULT_REGION.to_string()

@@ -6,6 +6,32 @@
 //! errors out; the SDK retries throttling with exponential backoff before an error becomes
 //! `Throttled`. No SDK type appears in this module's public API.
 
+/// `aws_smithy_mocks::mock_client!` without the SDK crates' `test-util` feature, which compiles
+/// the legacy hyper 0.14 / h2 0.3 client into every test build: the same mock HTTP client and
+/// response interceptor, with test credentials, region `us-east-1` and the latest behaviour.
+#[cfg(test)]
+macro_rules! mocked_client {
+    ($sdk:ident, $mode:expr, $rules:expr) => {
+        mocked_client!($sdk, $mode, $rules, |c| c)
+    };
+    ($sdk:ident, $mode:expr, $rules:expr, $more:expr) => {{
+        let mut interceptor = aws_smithy_mocks::MockResponseInterceptor::new().rule_mode($mode);
+        for rule in $rules {
+            interceptor = interceptor.with_rule(rule);
+        }
+        fn coerce<T: Fn($sdk::config::Builder) -> $sdk::config::Builder>(f: T) -> T {
+            f
+        }
+        let base = $sdk::config::Config::builder()
+            .behavior_version($sdk::config::BehaviorVersion::latest())
+            .region($sdk::config::Region::new("us-east-1"))
+            .credentials_provider($sdk::config::Credentials::new("test", "test", None, None, "test"))
+            .http_client(aws_smithy_mocks::create_mock_http_client())
+            .interceptor(interceptor);
+        $sdk::Client::from_conf(coerce($more)(base).build())
+    }};
+}
+
 mod discover;
 mod errors;
 mod named;
@@ -72,6 +98,14 @@ struct RegionClients {
     asg: aws_sdk_autoscaling::Client,
 }
 
+/// The HTTPS client every SDK client and credential provider here sends with: rustls on `ring`.
+/// The SDK is built without its default client (on aws-lc), and a client without one refuses
+/// to send.
+fn https_client() -> aws_sdk_ec2::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider as Tls, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new().tls_provider(Tls::Rustls(CryptoMode::Ring)).build_https()
+}
+
 /// The AWS adapter behind `CapacityProvider`.
 #[derive(Clone, Debug)]
 pub struct AwsProvider {
@@ -83,7 +117,7 @@ impl AwsProvider {
     /// Builds clients for every target: region from the target, credentials from the
     /// standard chain (or `static_credentials`), endpoint from `endpoint_url` if set.
     pub async fn connect(settings: AwsSettings) -> Self {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).retry_config(
+        let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(https_client()).retry_config(
             RetryConfig::standard()
                 .with_max_attempts(settings.max_attempts.max(1))
                 .with_initial_backoff(settings.initial_backoff),

@@ -25,7 +25,7 @@ use aws_sdk_eks::operation::create_nodegroup::{CreateNodegroupError, CreateNodeg
 use aws_sdk_eks::types::{
     CapacityTypes, Issue, Nodegroup, NodegroupHealth, NodegroupIssueCode, NodegroupScalingConfig, NodegroupStatus,
 };
-use aws_smithy_mocks::{Rule, RuleMode, mock, mock_client};
+use aws_smithy_mocks::{Rule, RuleMode, mock};
 use flotilla_apis::claim::{CapacityClaimSpec, CapacityPolicy, ClaimDeviceClass, PodSet};
 use flotilla_apis::class::{AwsProvisioning, InferenceClassSpec, Provisioning};
 use flotilla_apis::common::{CapacityType, DeviceSpec};
@@ -134,14 +134,14 @@ fn nodegroup(name: &str, status: NodegroupStatus) -> Nodegroup {
 }
 
 fn provider(ec2_rules: &[&Rule], eks_rules: &[&Rule], reservations: bool) -> AwsProvider {
-    let ec2 = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, ec2_rules, retries);
-    let eks = mock_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules, |c: aws_sdk_eks::config::Builder| c
+    let ec2 = mocked_client!(aws_sdk_ec2, RuleMode::MatchAny, ec2_rules, retries);
+    let eks = mocked_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules, |c: aws_sdk_eks::config::Builder| c
         .retry_config(
             aws_sdk_eks::config::retry::RetryConfig::standard()
                 .with_max_attempts(3)
                 .with_initial_backoff(Duration::from_millis(1))
         ));
-    let asg = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, &[] as &[&Rule]);
+    let asg = mocked_client!(aws_sdk_autoscaling, RuleMode::MatchAny, &[] as &[&Rule]);
     AwsProvider::from_clients(target(reservations), ec2, eks, asg)
 }
 

@@ -13,7 +13,7 @@ use aws_sdk_ec2::types::{Instance, InstanceState, InstanceStateName, Reservation
 use aws_sdk_eks::operation::describe_nodegroup::DescribeNodegroupOutput;
 use aws_sdk_eks::operation::list_nodegroups::{ListNodegroupsError, ListNodegroupsOutput};
 use aws_sdk_eks::types::{CapacityTypes, Nodegroup, NodegroupScalingConfig, NodegroupStatus};
-use aws_smithy_mocks::{Rule, RuleMode, mock, mock_client};
+use aws_smithy_mocks::{Rule, RuleMode, mock};
 
 use super::{AwsProvider, AwsTarget};
 use crate::provider::CapacityProvider;
@@ -33,9 +33,9 @@ fn target() -> AwsTarget {
 }
 
 fn provider(ec2_rules: &[&Rule], eks_rules: &[&Rule]) -> AwsProvider {
-    let ec2 = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, ec2_rules);
-    let eks = mock_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules);
-    let asg = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, &[] as &[&Rule]);
+    let ec2 = mocked_client!(aws_sdk_ec2, RuleMode::MatchAny, ec2_rules);
+    let eks = mocked_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules);
+    let asg = mocked_client!(aws_sdk_autoscaling, RuleMode::MatchAny, &[] as &[&Rule]);
     AwsProvider::from_clients(target(), ec2, eks, asg)
 }
 

@@ -17,7 +17,7 @@ use aws_sdk_eks::operation::update_nodegroup_config::UpdateNodegroupConfigOutput
 use aws_sdk_eks::types::{
     AutoScalingGroup, CapacityTypes, Nodegroup, NodegroupResources, NodegroupScalingConfig, NodegroupStatus,
 };
-use aws_smithy_mocks::{Rule, RuleMode, mock, mock_client};
+use aws_smithy_mocks::{Rule, RuleMode, mock};
 use flotilla_apis::claim::{
     CapacityClaimSpec, CapacityClaimStatus, CapacityPolicy, ClaimAllocation, ClaimDeviceClass, Consolidation,
     DisruptionPolicy, PodSet, ScaleDown,
@@ -39,9 +39,9 @@ const GROUP: &str = "ml-llama-od";
 const ASG: &str = "eks-ml-llama-od-4ec9";
 
 fn provider(eks_rules: &[&Rule], asg_rules: &[&Rule]) -> AwsProvider {
-    let ec2 = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, &[] as &[&Rule]);
-    let eks = mock_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules);
-    let asg = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, asg_rules);
+    let ec2 = mocked_client!(aws_sdk_ec2, RuleMode::MatchAny, &[] as &[&Rule]);
+    let eks = mocked_client!(aws_sdk_eks, RuleMode::MatchAny, eks_rules);
+    let asg = mocked_client!(aws_sdk_autoscaling, RuleMode::MatchAny, asg_rules);
     AwsProvider::from_clients(target(false), ec2, eks, asg)
 }
 
