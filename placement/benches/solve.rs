@@ -16,7 +16,7 @@ use flotilla_apis::cel::SelectorEngine;
 use flotilla_placement::devices::{ClassMatch, DeviceMatcher};
 use flotilla_placement::filters::static_verdicts;
 use flotilla_placement::generate::{GenSpec, generate, with_current};
-use flotilla_placement::{FleetSnapshot, SolveOptions, solve};
+use flotilla_placement::{FleetSnapshot, Replanner, SolveOptions, solve};
 
 /// As the binaries that solve (`fleetctl`, the controller) allocate.
 #[global_allocator]
@@ -63,6 +63,37 @@ fn changed_one(c: &mut Criterion) {
     group.bench_function("1000x5000/one-deployment-scaled", |b| {
         b.iter(|| solve(black_box(&changed), &SolveOptions::default()));
     });
+    group.finish();
+}
+
+/// The incremental re-plan (`Replanner`) on the 1,000 × 5,000 fleet running its own plan: one
+/// deployment scaled by +2 replicas and back, one re-plan per iteration from the other state.
+/// With the default options the plan leaves replicas for the improvement phase, so every
+/// re-plan solves whole; with the phase off (`greedy-only`) the re-plan reuses every step the
+/// change cannot reach.
+fn incremental(c: &mut Criterion) {
+    let base = fleet(1_000, 5_000);
+    let mut group = c.benchmark_group("replan-incremental");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10);
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    let greedy = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    for (label, options) in [("default", SolveOptions::default()), ("greedy-only", greedy)] {
+        let running = with_current(&base, &solve(&base, &options));
+        let mut changed = running.clone();
+        let target = changed.deployments.iter().position(|d| d.spec.replicas > 0).unwrap();
+        changed.deployments[target].spec.replicas += 2;
+        let mut r = Replanner::new(&running, options.clone());
+        r.replan(&changed);
+        eprintln!("1000x5000 one deployment scaled, {label}: {:?}", r.stats());
+        let mut flip = false;
+        group.bench_function(format!("1000x5000/one-deployment-scaled/{label}"), |b| {
+            b.iter(|| {
+                flip = !flip;
+                let snap = if flip { &running } else { &changed };
+                r.replan(black_box(snap)).deployments.len()
+            });
+        });
+    }
     group.finish();
 }
 
@@ -154,5 +185,5 @@ fn generate_fleet(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, full_solve, changed_one, parts, generate_fleet);
+criterion_group!(benches, full_solve, changed_one, incremental, parts, generate_fleet);
 criterion_main!(benches);

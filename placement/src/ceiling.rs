@@ -60,7 +60,7 @@ impl Ctx<'_, '_> {
             if n >= want {
                 break;
             }
-            let slots = shape.count(&self.free[ci][pi], want - n);
+            let slots = shape.count(&self.free[(ci, pi)], want - n);
             let affordable = (limit - cost).checked_div(price).map_or(slots, |n| n.min(u64::from(slots)) as u32);
             n += affordable;
             cost += price * u64::from(affordable);

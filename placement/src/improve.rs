@@ -175,7 +175,7 @@ impl Ctx<'_, '_> {
             changed[i] = true;
         }
         for (&(ci, pi), f) in &t.free {
-            self.free[ci][pi] = f.clone();
+            self.free[(ci, pi)] = f.clone();
             let mut u: Vec<usize> = ph.users.remove(&(ci, pi)).unwrap_or_default();
             u.extend(t.held.keys().copied());
             u.sort_unstable();
@@ -257,7 +257,7 @@ impl Ctx<'_, '_> {
             let mut mine = before.to_vec();
             add(&mut mine, c);
             t.held.insert(di, mine);
-            if dep.shape.fits(base.free.get(&p).unwrap_or(&self.free[p.0][p.1]))
+            if dep.shape.fits(base.free.get(&p).unwrap_or(&self.free[(p.0, p.1)]))
                 && let Some(done) = self.settle(ph, plans, held, t.clone(), (di, k))
             {
                 return Some(done);
@@ -357,7 +357,7 @@ impl Ctx<'_, '_> {
                         Some(b) => base = b,
                         None => continue,
                     }
-                } else if !ph.shapes[ei].fits(t.free.get(&q).unwrap_or(&self.free[q.0][q.1])) {
+                } else if !ph.shapes[ei].fits(t.free.get(&q).unwrap_or(&self.free[(q.0, q.1)])) {
                     continue;
                 }
                 let cur = held_of(&base, held, ei);
@@ -479,7 +479,7 @@ impl Ctx<'_, '_> {
         // what took its place): one with spread must still hold its skew against it, and one
         // still missing replicas must not be able to use it (it would have had first pick).
         let roomier: Vec<(usize, usize)> =
-            t.free.iter().filter(|&(&(ci, pi), f)| !no_more_room(&self.free[ci][pi], f)).map(|(&q, _)| q).collect();
+            t.free.iter().filter(|&(&(ci, pi), f)| !no_more_room(&self.free[(ci, pi)], f)).map(|(&q, _)| q).collect();
         let victim_first = t.moves.iter().any(|m| t.held.keys().any(|&i| i > m.0));
         // A replica added where its deployment runs more than it kept counts as kept (`add`),
         // and a tier packs its kept replicas before any of it places more: every deployment
@@ -583,7 +583,7 @@ impl Ctx<'_, '_> {
                 at_x = f;
                 &at_x
             } else {
-                t.free.get(&q).unwrap_or(&self.free[q.0][q.1])
+                t.free.get(&q).unwrap_or(&self.free[(q.0, q.1)])
             };
             if dep.shape.fits(free) {
                 let n = counts.get(&ix[c.cluster]).copied().unwrap_or(0);

@@ -13,4 +13,4 @@ mod solve;
 
 pub use plan::{Assignment, DeploymentPlan, InvalidSpec, Move, Plan, Preemption, Reason, Rejection};
 pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, cache_key};
-pub use solve::{SolveOptions, problem, solve};
+pub use solve::{ReplanStats, Replanner, SolveOptions, problem, solve};

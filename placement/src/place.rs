@@ -172,7 +172,7 @@ impl Ctx<'_, '_> {
                 .filter(|c| {
                     let alts = &d.spec.devices.alternatives;
                     open(alts, per_rank[(c.rank - 1) as usize], cost, state.max_cost, c)
-                        && shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool]))
+                        && shape.fits(self.room(c.cluster, c.pool))
                 })
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
                 .min()
@@ -202,21 +202,21 @@ impl Ctx<'_, '_> {
                     continue;
                 }
             }
-            let Some(next) = shape.take(&self.free[ci][pi]) else {
-                state.blocks.insert(ci, Refusal::Misfit { pool: pi, free: free_facts(&self.free[ci][pi]) });
+            let Some(next) = shape.take(&self.free[(ci, pi)]) else {
+                state.blocks.insert(ci, Refusal::Misfit { pool: pi, free: free_facts(&self.free[(ci, pi)]) });
                 continue;
             };
             if let (Some(r), Some(max)) = (&state.reserve, state.max_cost) {
                 let price = state.candidates[i].replica_price;
-                let before = std::mem::replace(&mut self.free[ci][pi], next.clone());
+                let before = std::mem::replace(&mut self.free[(ci, pi)], next.clone());
                 let ok = self.within_reserve(r, shape, state.placed(), state.cost + price, max);
-                self.free[ci][pi] = before;
+                self.free[(ci, pi)] = before;
                 if !ok {
                     state.blocks.insert(ci, Refusal::Reserve { price, placed: state.cost, max });
                     continue;
                 }
             }
-            self.free[ci][pi] = next;
+            self.free[(ci, pi)] = next;
             let c = &mut state.candidates[i];
             c.placed += 1;
             state.per_rank[(c.rank - 1) as usize] += 1;

@@ -41,7 +41,7 @@ impl Ctx<'_, '_> {
         {
             return false;
         }
-        let pools: u64 = self.free.iter().map(|c| c.len() as u64).sum();
+        let pools = self.free.len() as u64;
         let resolve: u64 = ph.cost[below..].iter().sum();
         if ph.work + resolve + pools + n as u64 >= ph.budget || !self.lower_in_reach(ph, held, di, below) {
             return false;
@@ -49,7 +49,7 @@ impl Ctx<'_, '_> {
         ph.work += pools + n as u64;
         // What to restore when nothing is gained (or a running replica would be lost).
         let saved_held = held.to_vec();
-        let saved_free = self.free.clone();
+        let saved_free = self.free.raw().clone();
         let saved_users = ph.users.clone();
         let saved_plans: Vec<DeploymentPlan> = plans[tier..below].to_vec();
         let saved_changed: Vec<bool> = changed[tier..below].to_vec();
@@ -59,7 +59,7 @@ impl Ctx<'_, '_> {
                        held: &mut [Vec<Held>],
                        changed: &mut [bool]| {
             held.clone_from_slice(&saved_held);
-            ctx.free.clone_from(&saved_free);
+            ctx.free.raw_mut().clone_from(&saved_free);
             ph.users.clone_from(&saved_users);
             plans[tier..below].clone_from_slice(&saved_plans);
             changed[tier..below].copy_from_slice(&saved_changed);
@@ -83,7 +83,7 @@ impl Ctx<'_, '_> {
                 restore(self, ph, plans, held, changed);
                 return false;
             };
-            self.free[q.0][q.1] = f;
+            self.free[(q.0, q.1)] = f;
         }
         // The move search again, the lower tiers out of its way and out of its checks.
         ph.floor = Some(prio);
@@ -103,7 +103,7 @@ impl Ctx<'_, '_> {
         }
         // The room the higher tiers leave, and the lower tiers solved on it.
         let top = below - 1;
-        let mut room = self.free.clone();
+        let mut room = self.free.raw().clone();
         for &q in ph.users.iter().filter(|(_, u)| u.last().is_some_and(|&i| i >= below)).map(|(q, _)| q) {
             let none = Tentative::default();
             match repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &none, q, top, &mut ph.work) {
@@ -114,7 +114,7 @@ impl Ctx<'_, '_> {
                 }
             }
         }
-        *self.free = room;
+        *self.free.raw_mut() = room;
         let options = SolveOptions { explain: ph.explain.clone(), max_evaluations: u64::MAX, max_improvement: 0 };
         let before = *self.evaluations;
         let solved = self.solve_tiers(&ph.order[below..], &options);

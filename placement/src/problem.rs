@@ -78,8 +78,7 @@ pub struct ProblemOption {
 
 /// The problem `solve` solves for `snapshot`, with no current placements considered.
 pub fn problem(snapshot: &FleetSnapshot) -> Problem {
-    let mut free: Vec<Vec<Vec<u32>>> =
-        snapshot.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_per_node.clone()).collect()).collect();
+    let mut free = super::Free::new(super::initial_free(snapshot));
     let mut matcher = DeviceMatcher::new(&snapshot.classes);
     let order = super::solve_order(snapshot);
     let class_ix: std::collections::HashMap<&str, usize> =

@@ -54,7 +54,7 @@ impl Ctx<'_, '_> {
         }
         // Short with room left that it may not use: spread, the ceiling or a maximum held it
         // back (short because every pool is full, no order of filling places more).
-        let room = || state.candidates.iter().any(|c| !c.sticky_only && shape.fits(&self.free[c.cluster][c.pool]));
+        let room = || state.candidates.iter().any(|c| !c.sticky_only && shape.fits(&self.free[(c.cluster, c.pool)]));
         let Some(start) = start.filter(|_| state.remaining > 0 && room()) else { return };
         // Only the pools are put back when no try wins: the fill's own state stands.
         let first = self.pools_of(state);
@@ -115,12 +115,12 @@ impl Ctx<'_, '_> {
         let mut pools: Vec<(usize, usize)> = state.candidates.iter().map(|c| (c.cluster, c.pool)).collect();
         pools.sort_unstable();
         pools.dedup();
-        pools.into_iter().map(|(ci, pi)| ((ci, pi), self.free[ci][pi].clone())).collect()
+        pools.into_iter().map(|(ci, pi)| ((ci, pi), self.free[(ci, pi)].clone())).collect()
     }
 
     fn restore_free(&mut self, free: &[((usize, usize), Vec<u32>)]) {
         for ((ci, pi), f) in free {
-            self.free[*ci][*pi].clone_from(f);
+            self.free[(*ci, *pi)].clone_from(f);
         }
     }
 
@@ -147,7 +147,7 @@ impl Ctx<'_, '_> {
             .iter()
             .filter(|c| {
                 open(alts, s.per_rank[(c.rank - 1) as usize], s.cost, s.max_cost, c)
-                    && shape.fits(self.open.map_or(&self.free[c.cluster][c.pool], |o| &o[c.cluster][c.pool]))
+                    && shape.fits(self.room(c.cluster, c.pool))
             })
             .map(|c| s.domains.get(ix[c.cluster]).copied().unwrap_or(0))
             .min();

@@ -382,7 +382,7 @@ impl Ctx<'_, '_> {
         let refused: u32 = here().map(|p| p.unschedulable.max(0) as u32).sum();
         // Read only by a proportional split and by explain: counted only for them.
         let proportional = d.spec.placement.split == Some(flotilla_apis::deployment::SplitStrategy::Proportional);
-        let initial_slots = if proportional || self.explain { shape.count(&self.free[ci][pi], u32::MAX) } else { 0 };
+        let initial_slots = if proportional || self.explain { shape.count(&self.free[(ci, pi)], u32::MAX) } else { 0 };
         // A pool backed off for this deployment, or whose scheduler found no node with room
         // for a pod this size (any deployment's refusal), takes no new replica of it.
         let backed_off = d.refused_pools.iter().any(|r| r.cluster == cluster.name && r.pool == pool.name);

@@ -15,7 +15,7 @@ use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPo
 use flotilla_apis::{CapacityType, FleetObject, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 
 /// Everything the solver looks at.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct FleetSnapshot {
     /// Member clusters.
     pub clusters: Vec<ClusterView>,
@@ -26,7 +26,7 @@ pub struct FleetSnapshot {
 }
 
 /// A member cluster as the solver sees it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterView {
     /// Name.
     pub name: String,
@@ -59,7 +59,7 @@ pub fn cache_key(namespace: &str, name: &str) -> String {
 }
 
 /// A node pool: nodes of one class and their free devices.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolView {
     /// Pool name.
     pub name: String,
@@ -90,7 +90,7 @@ impl PoolView {
 }
 
 /// A class as the solver sees it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClassView {
     /// The spec.
     pub spec: InferenceClassSpec,
@@ -109,7 +109,7 @@ impl ClassView {
 }
 
 /// A deployment to solve.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DeploymentView {
     /// Namespace.
     pub namespace: String,

@@ -70,50 +70,86 @@ struct Candidate {
 
 /// Solves the whole fleet. Same snapshot and options in, same plan out.
 pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
-    let mut free: Vec<Vec<Vec<u32>>> =
-        snapshot.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_per_node.clone()).collect()).collect();
+    let mut free = Free::new(initial_free(snapshot));
     let mut matcher = DeviceMatcher::new(&snapshot.classes);
     let order = solve_order(snapshot);
-    // Each cluster's position in name order, so ranking compares integers, not strings.
-    let mut by_name: Vec<usize> = (0..snapshot.clusters.len()).collect();
-    by_name.sort_by(|a, b| snapshot.clusters[*a].name.cmp(&snapshot.clusters[*b].name));
-    let mut name_rank = vec![0u32; by_name.len()];
-    for (rank, ci) in by_name.into_iter().enumerate() {
-        name_rank[ci] = rank as u32;
-    }
-    let class_ix: std::collections::HashMap<&str, usize> =
-        snapshot.classes.keys().enumerate().map(|(i, c)| (c.as_str(), i)).collect();
-    let pool_class: Vec<Vec<Option<usize>>> = snapshot
-        .clusters
-        .iter()
-        .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
-        .collect();
-    let domains = place::DomainIndex::new(&snapshot.clusters);
-    let class_facts: Vec<ClassFacts> = snapshot.classes.values().map(ClassFacts::of).collect();
+    let fixed = Fixed::of(snapshot);
     let mut evaluations = 0u64;
     let mut statics = StaticMemo::default();
     let mut spare = Vec::new();
-    let mut ctx = Ctx {
-        snapshot,
-        free: &mut free,
-        matcher: &mut matcher,
-        statics: &mut statics,
-        evaluations: &mut evaluations,
-        explain: false,
-        name_rank: &name_rank,
-        pool_class: &pool_class,
-        class_facts: &class_facts,
-        spare: &mut spare,
-        domains: &domains,
-        cache: None,
-        open: None,
-    };
+    let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
     let mut solved = ctx.solve_tiers(&order, options);
     let mut plan = Plan { deployments: std::mem::take(&mut solved.plans) };
     if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
         ctx.improve(&order, &mut plan.deployments, solved, options);
     }
     plan
+}
+
+/// Every pool's free devices per node, as the snapshot reports them.
+fn initial_free(snapshot: &FleetSnapshot) -> Vec<Vec<Vec<u32>>> {
+    snapshot.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_per_node.clone()).collect()).collect()
+}
+
+/// What a solve works out once from the clusters and classes: the ranking's integers and the
+/// spread domains.
+struct Fixed {
+    /// Each cluster's position in name order, so ranking compares integers, not strings.
+    name_rank: Vec<u32>,
+    /// Per cluster, per pool: the index of the pool's class in `snapshot.classes`.
+    pool_class: Vec<Vec<Option<usize>>>,
+    domains: place::DomainIndex,
+    class_facts: Vec<ClassFacts>,
+}
+
+impl Fixed {
+    fn of(snapshot: &FleetSnapshot) -> Self {
+        let mut by_name: Vec<usize> = (0..snapshot.clusters.len()).collect();
+        by_name.sort_by(|a, b| snapshot.clusters[*a].name.cmp(&snapshot.clusters[*b].name));
+        let mut name_rank = vec![0u32; by_name.len()];
+        for (rank, ci) in by_name.into_iter().enumerate() {
+            name_rank[ci] = rank as u32;
+        }
+        let class_ix: std::collections::HashMap<&str, usize> =
+            snapshot.classes.keys().enumerate().map(|(i, c)| (c.as_str(), i)).collect();
+        let pool_class = snapshot
+            .clusters
+            .iter()
+            .map(|c| c.pools.iter().map(|p| class_ix.get(p.class.as_str()).copied()).collect())
+            .collect();
+        Self {
+            name_rank,
+            pool_class,
+            domains: place::DomainIndex::new(&snapshot.clusters),
+            class_facts: snapshot.classes.values().map(ClassFacts::of).collect(),
+        }
+    }
+
+    fn ctx<'a, 's>(
+        &'a self,
+        snapshot: &'s FleetSnapshot,
+        free: &'a mut Free,
+        matcher: &'a mut DeviceMatcher<'s>,
+        statics: &'a mut StaticMemo,
+        evaluations: &'a mut u64,
+        spare: &'a mut Vec<Candidate>,
+    ) -> Ctx<'a, 's> {
+        Ctx {
+            snapshot,
+            free,
+            matcher,
+            statics,
+            evaluations,
+            explain: false,
+            name_rank: &self.name_rank,
+            pool_class: &self.pool_class,
+            class_facts: &self.class_facts,
+            spare,
+            domains: &self.domains,
+            cache: None,
+            open: None,
+        }
+    }
 }
 
 /// What the greedy pass gives a run of deployments (in solve order): their plans, where their
@@ -168,7 +204,7 @@ impl<'s> Ctx<'_, 's> {
         while start < order.len() {
             let tier = order[start].priority();
             let end = start + order[start..].iter().take_while(|d| d.priority() == tier).count();
-            let open = kept_ahead(snapshot, self.free, &cluster_ix, &order[start..end]);
+            let open = kept_ahead(snapshot, self.free.raw(), &cluster_ix, &order[start..end]);
             let mut pending: Vec<Pending> = Vec::with_capacity(end - start);
             for (i, &d) in order.iter().enumerate().take(end).skip(start) {
                 let before = *self.evaluations;
@@ -249,6 +285,7 @@ enum Pending {
 /// A deployment's placing state after its current placements were kept. The refusals found
 /// while building the candidates are not kept (one per cluster, for every deployment of a
 /// tier, would be large): they are found again only when the plan reports them.
+#[derive(Clone)]
 struct Kept {
     candidates: Vec<Candidate>,
     remaining: u32,
@@ -299,7 +336,7 @@ fn unplaced(d: &DeploymentView, reason: Reason, message: String) -> DeploymentPl
 
 struct Ctx<'a, 's> {
     snapshot: &'s FleetSnapshot,
-    free: &'a mut Vec<Vec<Vec<u32>>>,
+    free: &'a mut Free,
     matcher: &'a mut DeviceMatcher<'s>,
     /// The static filters per distinct placement policy, judged once per solve.
     statics: &'a mut StaticMemo,
@@ -364,6 +401,18 @@ impl<T> PerCluster<T> {
 }
 
 impl Ctx<'_, '_> {
+    /// The free devices of pool `(ci, pi)` as spread judges them: on the tier's `open` view
+    /// while it keeps its current placements, else as they are now.
+    fn room(&self, ci: usize, pi: usize) -> &[u32] {
+        match self.open {
+            Some(o) => {
+                self.free.note_open(ci, pi);
+                &o[ci][pi]
+            }
+            None => &self.free[(ci, pi)],
+        }
+    }
+
     /// The first step of a tier: builds `d`'s candidates and keeps its current placements;
     /// `None` when its spec is invalid (the second step says so).
     fn keep(&mut self, d: &DeploymentView) -> Option<Kept> {
@@ -586,6 +635,8 @@ impl Ctx<'_, '_> {
 
 #[path = "ceiling.rs"]
 mod ceiling;
+#[path = "free.rs"]
+mod free;
 #[path = "held.rs"]
 mod held;
 #[path = "improve.rs"]
@@ -596,7 +647,11 @@ mod place;
 pub mod problem;
 #[path = "refusal.rs"]
 mod refusal;
+#[path = "replan.rs"]
+mod replan;
 #[path = "scan.rs"]
 mod scan;
+use free::Free;
 use place::Placing;
+pub use replan::{ReplanStats, Replanner};
 use scan::{ClassFacts, Scan};

@@ -1,0 +1,450 @@
+//! Incremental re-plan. The greedy pass is a sequence of steps: per priority tier, every
+//! running deployment keeps what it runs (a keep step), then every deployment places the rest
+//! (a fill step). A step is a pure function of its deployment, the free devices of the pools it
+//! reads (`free.rs` notes them) and, for a keep step, the tier's `open` view; a fill step also
+//! takes what its keep step left. So a re-plan walks the steps again and runs only those whose
+//! deployment changed or that read a pool whose free devices differ, at that point, from the
+//! last solve (a "dirty" pool); every other step's output and writes are reused. A pool stays
+//! dirty until a step that runs again leaves it as the last solve did. Which later steps read a
+//! dirty pool comes from an index (pool → steps that read it), so the walk costs the steps that
+//! run again, not every candidate of every deployment.
+//!
+//! The plan is byte for byte the one `solve` gives for the same snapshot (a property test checks
+//! it on random change sequences). A re-plan solves the whole fleet when what it would reuse
+//! cannot stand: the first solve, another set of clusters, classes or deployments (or another
+//! solve order), explain mode, a solve whose evaluations near the budget, and whenever the plan
+//! leaves replicas unplaced and the improvement phase is on (the phase reads the whole fleet).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use super::free::{Free, StepIo};
+use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, kept_ahead, solve, solve_order};
+use crate::devices::DeviceMatcher;
+use crate::filters::StaticMemo;
+use crate::plan::{DeploymentPlan, Plan};
+use crate::snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot};
+
+/// Keeps the last plan and how it was reached, and re-plans the next snapshot from them.
+pub struct Replanner {
+    options: SolveOptions,
+    clusters: Vec<ClusterView>,
+    classes: BTreeMap<String, ClassView>,
+    /// The deployments in solve order, as last solved.
+    deployments: Vec<DeploymentView>,
+    plan: Plan,
+    /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
+    /// (the improvement phase ran, explain mode, or the evaluations neared the budget).
+    trace: Option<Trace>,
+    stats: ReplanStats,
+}
+
+/// What the last solve or re-plan did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplanStats {
+    /// The whole fleet was solved.
+    pub full: bool,
+    /// Steps of the greedy pass run.
+    pub steps_run: usize,
+    /// Steps reused from the last solve.
+    pub steps_reused: usize,
+}
+
+/// One step as it ran: what it read and wrote, and the evaluations it cost.
+#[derive(Clone, Debug, Default)]
+struct Step {
+    io: StepIo,
+    cost: u64,
+}
+
+/// A keep step and what it left for the fill step (`None`: the spec is invalid; the fill step
+/// says so).
+#[derive(Clone)]
+struct KeepStep {
+    step: Step,
+    kept: Option<Kept>,
+}
+
+struct Trace {
+    /// Per deployment in solve order: its keep step (when it ran one) and its fill step.
+    keep: Vec<Option<KeepStep>>,
+    fill: Vec<Step>,
+    /// Per deployment in solve order, the first deployment of its tier.
+    tier_start: Vec<usize>,
+    /// Per tier (by its first deployment): the `open` view its keep steps judged spread on.
+    open: HashMap<usize, Vec<Vec<Vec<u32>>>>,
+    /// Flat pool → positions (`position`) of the steps that read it, ascending.
+    readers: Vec<Vec<u64>>,
+    evaluations: u64,
+}
+
+/// A step's place in the pass: tiers in order, a tier's keep steps before its fill steps,
+/// deployments in solve order.
+fn position(tier_start: usize, fill: bool, i: usize) -> u64 {
+    ((tier_start as u64) << 33) | (u64::from(fill) << 32) | i as u64
+}
+
+impl Replanner {
+    /// Solves `snapshot` whole, keeping what a re-plan needs.
+    pub fn new(snapshot: &FleetSnapshot, options: SolveOptions) -> Self {
+        let mut r = Self {
+            options,
+            clusters: Vec::new(),
+            classes: BTreeMap::new(),
+            deployments: Vec::new(),
+            plan: Plan::default(),
+            trace: None,
+            stats: ReplanStats::default(),
+        };
+        r.full(snapshot);
+        r
+    }
+
+    /// The last plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The last plan, owned.
+    pub fn into_plan(self) -> Plan {
+        self.plan
+    }
+
+    /// What the last solve or re-plan did.
+    pub fn stats(&self) -> ReplanStats {
+        self.stats
+    }
+
+    /// The plan for `snapshot`: the one `solve` gives, reusing what its changes cannot affect.
+    pub fn replan(&mut self, snapshot: &FleetSnapshot) -> &Plan {
+        let order = solve_order(snapshot);
+        let same_frame = self.trace.is_some()
+            && order.len() == self.deployments.len()
+            && order.iter().zip(&self.deployments).all(|(a, b)| {
+                a.namespace == b.namespace && a.name == b.name && a.priority() == b.priority() && a.created == b.created
+            })
+            && snapshot.clusters == self.clusters
+            && snapshot.classes == self.classes;
+        if !same_frame {
+            self.full(snapshot);
+            return &self.plan;
+        }
+        let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
+        let prev = self.trace.take();
+        match Walk::run(snapshot, &order, &self.options, prev, &changed) {
+            Outcome::Traced(trace, plans, stats) if !self.needs_improvement(&plans) => {
+                for (i, p) in plans.into_iter().enumerate() {
+                    if let Some(p) = p {
+                        self.plan.deployments[i] = p;
+                    }
+                }
+                for (i, d) in order.iter().enumerate() {
+                    if changed[i] {
+                        self.deployments[i] = (*d).clone();
+                    }
+                }
+                self.trace = Some(trace);
+                self.stats = stats;
+            }
+            _ => self.full(snapshot),
+        }
+        &self.plan
+    }
+
+    /// Whether the plan, with `plans` replacing its entries, leaves replicas for the
+    /// improvement phase.
+    fn needs_improvement(&self, plans: &[Option<DeploymentPlan>]) -> bool {
+        self.options.max_improvement > 0
+            && self.plan.deployments.iter().zip(plans).any(|(old, new)| new.as_ref().unwrap_or(old).unplaced > 0)
+    }
+
+    /// Solves `snapshot` whole: traced when a later re-plan can start from it.
+    fn full(&mut self, snapshot: &FleetSnapshot) {
+        let order = solve_order(snapshot);
+        self.clusters = snapshot.clusters.clone();
+        self.classes = snapshot.classes.clone();
+        self.deployments = order.iter().map(|d| (*d).clone()).collect();
+        self.trace = None;
+        let n = order.len();
+        let outcome = if self.options.explain.is_none() {
+            Walk::run(snapshot, &order, &self.options, None, &vec![true; n])
+        } else {
+            Outcome::Abort
+        };
+        self.stats = ReplanStats { full: true, steps_run: 0, steps_reused: 0 };
+        match outcome {
+            Outcome::Traced(trace, plans, stats) => {
+                self.plan = Plan { deployments: plans.into_iter().flatten().collect() };
+                self.trace = Some(trace);
+                self.stats = ReplanStats { full: true, ..stats };
+            }
+            Outcome::Improved(plan) => self.plan = plan,
+            Outcome::Abort => self.plan = solve(snapshot, &self.options),
+        }
+    }
+}
+
+/// How a walk ended.
+enum Outcome {
+    /// The greedy pass, traced: per deployment its new plan where its fill step ran.
+    Traced(Trace, Vec<Option<DeploymentPlan>>, ReplanStats),
+    /// A first solve that left replicas for the improvement phase: its plan (nothing to trace).
+    Improved(Plan),
+    /// Nothing reusable: solve the fleet whole.
+    Abort,
+}
+
+/// One walk over the greedy pass, against the last one (`prev`) when there is one.
+struct Walk {
+    /// The last solve's free devices at the same point of the pass.
+    old: Vec<Vec<u32>>,
+    dirty: Vec<bool>,
+    /// (position of the next step that reads the pool, pool), for dirty pools.
+    next: BinaryHeap<Reverse<(u64, u32)>>,
+    readers: Vec<Vec<u64>>,
+    incremental: bool,
+}
+
+impl Walk {
+    fn run(
+        snapshot: &FleetSnapshot,
+        order: &[&DeploymentView],
+        options: &SolveOptions,
+        prev: Option<Trace>,
+        changed: &[bool],
+    ) -> Outcome {
+        let n = order.len();
+        let limit = options.max_evaluations / 2;
+        if prev.as_ref().is_some_and(|t| t.evaluations > limit || t.fill.len() != n) {
+            return Outcome::Abort;
+        }
+        let fixed = Fixed::of(snapshot);
+        let mut free = Free::new(initial_free(snapshot));
+        let pools = free.len();
+        free.record();
+        let incremental = prev.is_some();
+        let mut walk = Walk {
+            old: if incremental { (0..pools as u32).map(|p| free.get_flat(p).clone()).collect() } else { Vec::new() },
+            dirty: vec![false; if incremental { pools } else { 0 }],
+            next: BinaryHeap::new(),
+            readers: Vec::new(),
+            incremental,
+        };
+        let mut matcher = DeviceMatcher::new(&snapshot.classes);
+        let mut statics = StaticMemo::default();
+        let mut evaluations = 0u64;
+        let mut spare = Vec::new();
+        let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
+        let cluster_ix: HashMap<&str, usize> =
+            snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+        let (mut keep_out, mut fill_out, mut open_out, tier_start_old) = match prev {
+            Some(t) => {
+                walk.readers = t.readers;
+                (t.keep, t.fill, t.open, t.tier_start)
+            }
+            None => {
+                walk.readers = vec![Vec::new(); pools];
+                (vec![None; n], vec![Step::default(); n], HashMap::new(), Vec::new())
+            }
+        };
+        let mut tier_start = vec![0usize; n];
+        let mut plans: Vec<Option<DeploymentPlan>> = vec![None; n];
+        let mut held = vec![Vec::new(); n];
+        let mut costs = vec![0u64; n];
+        let mut stats = ReplanStats::default();
+        let mut start = 0;
+        while start < n {
+            let tier = order[start].priority();
+            let end = start + order[start..].iter().take_while(|d| d.priority() == tier).count();
+            tier_start[start..end].iter_mut().for_each(|t| *t = start);
+            if incremental && tier_start_old.get(start) != Some(&start) {
+                return Outcome::Abort;
+            }
+            // The tier's `open` view, and the pools where it differs from the last solve's.
+            let tier_changed = changed[start..end].iter().any(|&c| c);
+            let reuse_open = incremental && !tier_changed && !walk.dirty.iter().any(|&d| d);
+            let open: Option<Vec<Vec<Vec<u32>>>> = if reuse_open {
+                open_out.remove(&start)
+            } else {
+                kept_ahead(snapshot, ctx.free.raw(), &cluster_ix, &order[start..end])
+            };
+            let open_dirty: Vec<bool> = match (incremental && !reuse_open, &open, open_out.get(&start)) {
+                (true, Some(new), Some(old)) => {
+                    let mut v = vec![false; pools];
+                    for (flat, d) in v.iter_mut().enumerate() {
+                        let (ci, pi) = ctx.free.coords(flat as u32);
+                        *d = new[ci][pi] != old[ci][pi];
+                    }
+                    v
+                }
+                _ => Vec::new(),
+            };
+            // What each keep step left; `None`: reused, taken from its record if the fill runs.
+            let mut pending: Vec<Option<Pending>> = Vec::with_capacity(end - start);
+            let mut keep_ran = vec![false; end - start];
+            for i in start..end {
+                let d = order[i];
+                let runs = d.current.iter().any(|p| p.desired > 0);
+                let pos = position(start, false, i);
+                let hit = walk.pop(pos);
+                let old = keep_out[i].take();
+                let open_hit = old
+                    .as_ref()
+                    .is_some_and(|k| k.step.io.open_reads.iter().any(|&p| open_dirty.get(p as usize) == Some(&true)));
+                if !runs {
+                    if old.is_some() || !hit.is_empty() {
+                        walk.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &StepIo::default(), &hit);
+                    }
+                    pending.push(Some(Pending::Fresh));
+                    continue;
+                }
+                let reuse = incremental && !changed[i] && hit.is_empty() && !open_hit && old.is_some();
+                if let Some(o) = old.as_ref().filter(|_| reuse) {
+                    walk.reused(ctx.free, &o.step.io);
+                    *ctx.evaluations += o.step.cost;
+                    costs[i] += o.step.cost;
+                    pending.push(None);
+                    stats.steps_reused += 1;
+                    keep_out[i] = old;
+                } else {
+                    ctx.free.begin();
+                    let before = *ctx.evaluations;
+                    let kept = ctx.with(d, &options.explain, open.as_deref()).keep(d);
+                    let io = ctx.free.end();
+                    let cost = *ctx.evaluations - before;
+                    costs[i] += cost;
+                    walk.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &io, &hit);
+                    pending.push(Some(kept.clone().map_or(Pending::Fresh, Pending::Kept)));
+                    keep_out[i] = Some(KeepStep { step: Step { io, cost }, kept });
+                    keep_ran[i - start] = true;
+                    stats.steps_run += 1;
+                }
+                if *ctx.evaluations > limit {
+                    return Outcome::Abort;
+                }
+            }
+            if let Some(o) = open {
+                open_out.insert(start, o);
+            } else {
+                open_out.remove(&start);
+            }
+            for (i, pending) in (start..end).zip(pending) {
+                let d = order[i];
+                let pos = position(start, true, i);
+                let hit = walk.pop(pos);
+                let reuse = incremental && !changed[i] && !keep_ran[i - start] && hit.is_empty();
+                if reuse {
+                    let o = &fill_out[i];
+                    walk.reused(ctx.free, &o.io);
+                    *ctx.evaluations += o.cost;
+                    costs[i] += o.cost;
+                    stats.steps_reused += 1;
+                    continue;
+                }
+                let pending = pending.unwrap_or_else(|| {
+                    keep_out[i].as_ref().and_then(|k| k.kept.clone()).map_or(Pending::Fresh, Pending::Kept)
+                });
+                let kept = match pending {
+                    Pending::Kept(k) => Some(k),
+                    Pending::Fresh => None,
+                    Pending::Exhausted => return Outcome::Abort,
+                };
+                ctx.free.begin();
+                let before = *ctx.evaluations;
+                let (plan, h) = ctx.with(d, &options.explain, None).solve_one(d, kept);
+                let io = ctx.free.end();
+                let cost = *ctx.evaluations - before;
+                costs[i] += cost;
+                let old = std::mem::take(&mut fill_out[i]);
+                walk.ran(ctx.free, pos, incremental.then_some(&old.io), &io, &hit);
+                fill_out[i] = Step { io, cost };
+                plans[i] = Some(plan);
+                held[i] = h;
+                stats.steps_run += 1;
+                if *ctx.evaluations > limit {
+                    return Outcome::Abort;
+                }
+            }
+            start = end;
+        }
+        let evaluations = *ctx.evaluations;
+        // A first solve that leaves replicas unplaced: the improvement phase, on this pass's
+        // result, as `solve` runs it (no re-plan starts from it).
+        if !incremental && options.max_improvement > 0 && plans.iter().flatten().any(|p| p.unplaced > 0) {
+            ctx.free.stop();
+            let mut plan = Plan { deployments: plans.into_iter().flatten().collect() };
+            ctx.improve(order, &mut plan.deployments, Solved { plans: Vec::new(), held, cost: costs }, options);
+            return Outcome::Improved(plan);
+        }
+        let trace =
+            Trace { keep: keep_out, fill: fill_out, tier_start, open: open_out, readers: walk.readers, evaluations };
+        Outcome::Traced(trace, plans, stats)
+    }
+
+    /// The dirty pools the step at `pos` reads (their next reader was this step).
+    fn pop(&mut self, pos: u64) -> Vec<u32> {
+        let mut hit = Vec::new();
+        while let Some(&Reverse((p, pool))) = self.next.peek() {
+            if p > pos {
+                break;
+            }
+            self.next.pop();
+            if p == pos && self.dirty[pool as usize] && !hit.contains(&pool) {
+                hit.push(pool);
+            }
+        }
+        hit
+    }
+
+    /// A step reused: its writes, the same in both solves.
+    fn reused(&mut self, free: &mut Free, io: &StepIo) {
+        for (p, v) in &io.writes {
+            free.set_flat(*p, v);
+            self.old[*p as usize].clone_from(v);
+        }
+    }
+
+    /// A step that ran (`new`; it already changed `free`), in place of the last solve's
+    /// (`old`): the last solve's state moves on by `old`'s writes; pools it or `old` wrote, or
+    /// that brought it here (`hit`), are dirty when the two differ, and their next reader runs.
+    fn ran(&mut self, free: &Free, pos: u64, old: Option<&StepIo>, new: &StepIo, hit: &[u32]) {
+        if !self.incremental {
+            for &p in &new.reads {
+                self.readers[p as usize].push(pos);
+            }
+            return;
+        }
+        if let Some(o) = old {
+            for (p, v) in &o.writes {
+                self.old[*p as usize].clone_from(v);
+            }
+            for &p in &o.reads {
+                let r = &mut self.readers[p as usize];
+                if let Ok(at) = r.binary_search(&pos) {
+                    r.remove(at);
+                }
+            }
+        }
+        for &p in &new.reads {
+            let r = &mut self.readers[p as usize];
+            if let Err(at) = r.binary_search(&pos) {
+                r.insert(at, pos);
+            }
+        }
+        let touched = old.into_iter().flat_map(|o| o.writes.iter().map(|w| w.0)).chain(new.writes.iter().map(|w| w.0));
+        let mut pools: Vec<u32> = touched.chain(hit.iter().copied()).collect();
+        pools.sort_unstable();
+        pools.dedup();
+        for p in pools {
+            let dirty = *free.get_flat(p) != self.old[p as usize];
+            self.dirty[p as usize] = dirty;
+            if dirty {
+                let r = &self.readers[p as usize];
+                let at = r.partition_point(|&q| q <= pos);
+                if let Some(&q) = r.get(at) {
+                    self.next.push(Reverse((q, p)));
+                }
+            }
+        }
+    }
+}

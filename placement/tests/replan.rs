@@ -1,0 +1,290 @@
+//! The incremental re-plan (`Replanner`) against a full solve of the same snapshot, byte for
+//! byte (the plans' JSON), over random fleets and random sequences of changes: replicas scaled,
+//! deployments started where the last plan put them or stopped, ceilings and spread changed,
+//! pools refused, a deployment's priority changed, capacity lost. Then that the re-plan really
+//! is incremental: it reuses steps, and one changed deployment runs few of them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use flotilla_apis::CapacityType;
+use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPool, Spread, SpreadDomain};
+use flotilla_placement::generate::{GenSpec, generate, with_current};
+use flotilla_placement::snapshot::free_per_node;
+use flotilla_placement::{
+    ClassView, ClusterView, DeploymentView, FleetSnapshot, Plan, PoolView, Replanner, SolveOptions, solve,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use proptest::prelude::*;
+use serde_json::json;
+
+fn json(plan: &Plan) -> String {
+    serde_json::to_string(plan).unwrap()
+}
+
+/// One change to a fleet, applied to deployment (or pool) `at` modulo their number.
+#[derive(Clone, Debug)]
+enum Change {
+    Scale(usize, i32),
+    /// Every deployment now runs where the last plan put it.
+    Running,
+    /// The deployment's replicas stop running.
+    Stopped(usize),
+    Ceiling(usize, Option<u32>),
+    Spread(usize, Option<(u8, i32)>),
+    /// The member's scheduler refused the deployment's pods in the pool of its first placement.
+    Refused(usize),
+    /// Another solve order: the whole fleet is solved again.
+    Priority(usize, i32),
+    /// Half the nodes of a pool lose their free devices: the whole fleet is solved again.
+    CapacityLoss(usize),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        4 => (any::<usize>(), -2i32..=3).prop_map(|(i, k)| Change::Scale(i, k)),
+        3 => Just(Change::Running),
+        1 => any::<usize>().prop_map(Change::Stopped),
+        1 => (any::<usize>(), proptest::option::of(1u32..60)).prop_map(|(i, c)| Change::Ceiling(i, c)),
+        1 => (any::<usize>(), proptest::option::of((0u8..3, 1i32..3))).prop_map(|(i, s)| Change::Spread(i, s)),
+        1 => any::<usize>().prop_map(Change::Refused),
+        1 => (any::<usize>(), 0i32..4).prop_map(|(i, p)| Change::Priority(i, p * 100)),
+        1 => any::<usize>().prop_map(Change::CapacityLoss),
+    ]
+}
+
+fn apply(snap: &mut FleetSnapshot, last: &Plan, change: &Change) {
+    let n = snap.deployments.len();
+    match *change {
+        Change::Scale(i, k) => {
+            let d = &mut snap.deployments[i % n];
+            d.spec.replicas = (d.spec.replicas + k).max(0);
+        }
+        Change::Running => *snap = with_current(snap, last),
+        Change::Stopped(i) => snap.deployments[i % n].current.clear(),
+        Change::Ceiling(i, c) => {
+            snap.deployments[i % n].spec.placement.max_cost_per_hour = c.map(|c| c.to_string());
+        }
+        Change::Spread(i, s) => {
+            let by = |k: u8| match k {
+                0 => SpreadDomain::Cluster,
+                1 => SpreadDomain::Zone,
+                _ => SpreadDomain::Region,
+            };
+            snap.deployments[i % n].spec.placement.spread = s.map(|(k, skew)| Spread { by: by(k), max_skew: skew });
+        }
+        Change::Refused(i) => {
+            let d = &mut snap.deployments[i % n];
+            if let Some(p) = d.current.first() {
+                let refused = RefusedPool {
+                    cluster: p.cluster.clone(),
+                    pool: p.pool.clone(),
+                    retry_after: Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap()),
+                    devices_short: false,
+                    message: "0/4 nodes are available".into(),
+                };
+                d.refused_pools.push(refused);
+            }
+        }
+        Change::Priority(i, p) => snap.deployments[i % n].spec.placement.priority = Some(p),
+        Change::CapacityLoss(i) => {
+            let pools: Vec<(usize, usize)> = snap
+                .clusters
+                .iter()
+                .enumerate()
+                .flat_map(|(ci, c)| (0..c.pools.len()).map(move |pi| (ci, pi)))
+                .collect();
+            if let Some(&(ci, pi)) = pools.get(i % pools.len().max(1)) {
+                let free = &mut snap.clusters[ci].pools[pi].free_per_node;
+                let half = free.len().div_ceil(2);
+                free.iter_mut().take(half).for_each(|f| *f = 0);
+            }
+        }
+    }
+}
+
+/// Runs `changes` on the fleet of `spec`, checking every re-plan against a full solve; returns
+/// the re-plans that were incremental and the steps they reused.
+fn check_sequence(spec: &GenSpec, options: &SolveOptions, changes: &[Change]) -> Result<(usize, usize), String> {
+    let mut snap = generate(spec);
+    let mut r = Replanner::new(&snap, options.clone());
+    if json(r.plan()) != json(&solve(&snap, options)) {
+        return Err("the first plan differs from solve".into());
+    }
+    let (mut incremental, mut reused) = (0, 0);
+    for (k, c) in changes.iter().enumerate() {
+        let last = r.plan().clone();
+        apply(&mut snap, &last, c);
+        let got = json(r.replan(&snap));
+        let want = json(&solve(&snap, options));
+        if got != want {
+            return Err(format!("after change {k} ({c:?}) of {changes:?}:\nreplan {got}\nsolve  {want}"));
+        }
+        let s = r.stats();
+        if !s.full {
+            incremental += 1;
+            reused += s.steps_reused;
+        }
+    }
+    Ok((incremental, reused))
+}
+
+fn fleets() -> impl Strategy<Value = GenSpec> {
+    (1usize..=20, 1usize..=30, any::<u64>()).prop_map(|(clusters, deployments, seed)| GenSpec {
+        clusters,
+        deployments,
+        seed,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
+
+    /// With the improvement phase off, every re-plan of an unchanged frame is incremental,
+    /// short deployments and all.
+    #[test]
+    fn greedy_replans_equal_full_solves(spec in fleets(), changes in proptest::collection::vec(change(), 1..8)) {
+        let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+        if let Err(e) = check_sequence(&spec, &options, &changes) {
+            prop_assert!(false, "{spec:?}: {e}");
+        }
+    }
+
+    /// With the default options (the improvement phase re-plans whole when it has work).
+    #[test]
+    fn replans_equal_full_solves(spec in fleets(), changes in proptest::collection::vec(change(), 1..8)) {
+        if let Err(e) = check_sequence(&spec, &SolveOptions::default(), &changes) {
+            prop_assert!(false, "{spec:?}: {e}");
+        }
+    }
+}
+
+/// The properties above have teeth: over fixed seeds, most re-plans are incremental and reuse
+/// steps (a `Replanner` that always solved whole would pass them).
+#[test]
+fn replans_reuse_steps() {
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let changes = [Change::Running, Change::Scale(3, 1), Change::Scale(7, -1), Change::Stopped(2), Change::Running];
+    let (mut incremental, mut reused) = (0, 0);
+    for seed in 0..12u64 {
+        let spec = GenSpec { clusters: 8 + seed as usize, deployments: 20 + seed as usize, seed };
+        let (i, r) = check_sequence(&spec, &options, &changes).unwrap();
+        incremental += i;
+        reused += r;
+    }
+    assert_eq!(incremental, 12 * changes.len(), "every re-plan keeps the frame: none solves whole");
+    assert!(reused > 12 * 20, "re-plans reuse steps: {reused}");
+}
+
+/// One deployment scaled on a fleet that runs its plan: the re-plan runs that deployment's
+/// steps and the few its new replica touches, not the fleet's.
+#[test]
+fn one_changed_deployment_runs_few_steps() {
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let base = generate(&GenSpec { clusters: 60, deployments: 300, seed: 5 });
+    let running = with_current(&base, &solve(&base, &options));
+    let mut r = Replanner::new(&running, options.clone());
+    let total = r.stats().steps_run;
+    let mut changed = running.clone();
+    let i = changed.deployments.iter().position(|d| d.spec.replicas > 0).unwrap();
+    changed.deployments[i].spec.replicas += 1;
+    let got = json(r.replan(&changed));
+    assert_eq!(got, json(&solve(&changed, &options)));
+    let s = r.stats();
+    assert!(!s.full);
+    assert_eq!(s.steps_run + s.steps_reused, total, "every step is either run or reused");
+    assert!(s.steps_run * 10 < total, "{} of {total} steps ran", s.steps_run);
+    // And back: the same plan as before the change.
+    let back = json(r.replan(&running));
+    assert_eq!(back, json(&solve(&running, &options)));
+}
+
+fn cluster(name: &str, nodes: u32) -> ClusterView {
+    ClusterView {
+        name: name.into(),
+        labels: [("site".to_string(), name.to_string())].into_iter().collect(),
+        region: format!("{name}-region"),
+        jurisdiction: "EU".into(),
+        ready: true,
+        pools: vec![PoolView {
+            name: "h100".into(),
+            class: "h100".into(),
+            capacity_type: Some(CapacityType::OnDemand),
+            free_per_node: free_per_node(nodes, 8, 0),
+            reserved_for: None,
+            refused_block: None,
+        }],
+        ..Default::default()
+    }
+}
+
+fn deployment(name: &str, priority: i32, replicas: i32, placement: serde_json::Value) -> DeploymentView {
+    let mut placement = placement;
+    placement["priority"] = json!(priority);
+    let spec = json!({
+        "model": {"name": name, "source": "hf://org/m"},
+        "replicas": replicas,
+        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "topology": {"type": "TensorParallel", "devicesPerReplica": 8},
+        "devices": {"alternatives": [{"class": "h100"}]},
+        "placement": placement
+    });
+    DeploymentView {
+        namespace: "ml".into(),
+        name: name.into(),
+        created: 0,
+        spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
+        current: vec![],
+        refused_pools: vec![],
+    }
+}
+
+/// A keep step judges spread on the tier's view of the pools once the tier kept what it runs,
+/// and may read no free devices of a pool it counts there. `spready` (spread by cluster, a
+/// skew of one) runs both replicas in cluster `a`; while `high` (a higher tier, only on `b`) fills `b`,
+/// no other domain can take a replica and both stay. Once `high` scales to zero, `b` is open:
+/// the second replica in `a` would exceed the skew and moves to `b`. The re-plan must run
+/// `spready`'s keep step again, though nothing it reads of the pools' free devices changed.
+#[test]
+fn a_domain_a_higher_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
+    let spec: InferenceClassSpec = serde_json::from_value(json!({
+        "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
+        "devicesPerNode": 8,
+        "pricePerNodeHour": {"onDemand": "10.00"}
+    }))
+    .unwrap();
+    let high = deployment("high", 100, 1, json!({"clusterSelector": {"matchLabels": {"site": "b"}}}));
+    let mut spready = deployment("spready", 0, 2, json!({"spread": {"by": "cluster", "maxSkew": 1}}));
+    spready.current = vec![ClusterPlacement {
+        cluster: "a".into(),
+        pool: "h100".into(),
+        class: "h100".into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: 2,
+        ready: 2,
+        serving: 2,
+        unschedulable: 0,
+    }];
+    let before = FleetSnapshot {
+        classes: [("h100".to_string(), ClassView { spec })].into_iter().collect(),
+        clusters: vec![cluster("a", 2), cluster("b", 1)],
+        deployments: vec![high, spready],
+    };
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let where_spready = |plan: &Plan| -> Vec<(String, u32)> {
+        let p = plan.deployments.iter().find(|p| p.name == "spready").unwrap();
+        p.assignments.iter().map(|a| (a.cluster.clone(), a.replicas)).collect()
+    };
+    let mut r = Replanner::new(&before, options.clone());
+    assert_eq!(where_spready(r.plan()), vec![("a".to_string(), 2)]);
+    let mut after = before.clone();
+    after.deployments[0].spec.replicas = 0;
+    let got = r.replan(&after).clone();
+    assert!(!r.stats().full, "the frame is the same: a re-plan, not a solve");
+    assert_eq!(json(&got), json(&solve(&after, &options)));
+    assert_eq!(where_spready(&got), vec![("a".to_string(), 1), ("b".to_string(), 1)]);
+}
