@@ -1,6 +1,6 @@
 //! The ModelDeployment reconciler, as observe → decide → apply. Observe: the deployment's
-//! entry in the fleet plan (`placement::solve` over the informer caches, once per fleet state,
-//! off the async workers), its CapacityClaim (`claim_sync.rs`) and what its members run
+//! entry in the fleet plan (`placement::Replanner` over the informer caches, once per fleet
+//! state, off the async workers, re-planning only what a change can reach), its CapacityClaim (`claim_sync.rs`) and what its members run
 //! (`observe.rs`). Decide: `decide.rs`, pure — the make-before-break step, the objects per
 //! member, the write-ahead status, the final status, events and pace. Apply: the write-ahead,
 //! server-side apply and prune per member, the status only when it differs, the events. Which
@@ -27,7 +27,7 @@ pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::FINALIZER_MEMBER_CLEANUP;
 use flotilla_apis::deployment::ClusterPlacement;
 use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache};
-use flotilla_placement::{FleetSnapshot, Plan, SolveOptions, solve};
+use flotilla_placement::{FleetSnapshot, Plan, Replanner, SolveOptions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PatchParams;
@@ -83,6 +83,10 @@ pub struct DeploymentContext {
     /// reconciled against an unchanged fleet reuses one solve, and reconciles arriving during a
     /// solve wait for it.
     plans: crate::solve_once::SolveOnce<Solved>,
+    /// The solver's state after the last solve, which the next one re-plans from: the same plan
+    /// `solve` gives, reusing what the change cannot reach (`placement/src/replan.rs`). Taken
+    /// by the one solve that runs at a time (`plans`).
+    replanner: Arc<std::sync::Mutex<Option<Replanner>>>,
     /// The plan each deployment's last reconcile acted on (`wake.rs`).
     pub(crate) acted: wake::Acted,
 }
@@ -110,6 +114,7 @@ impl DeploymentContext {
             config,
             recorder,
             plans: Default::default(),
+            replanner: Default::default(),
             acted: Default::default(),
         }
     }
@@ -138,8 +143,28 @@ impl DeploymentContext {
             let inputs: Vec<Input> = self.deployments.state().iter().map(|d| input_of(d)).collect();
             (self.snapshot(), inputs)
         };
-        let compute = |(snapshot, inputs): (FleetSnapshot, Vec<Input>)| {
-            Solved::new(solve(&snapshot, &SolveOptions::default()), inputs)
+        let replanner = self.replanner.clone();
+        let compute = move |(snapshot, inputs): (FleetSnapshot, Vec<Input>)| {
+            // A solve that panicked left no state to trust: the next one starts whole.
+            let mut last = match replanner.lock() {
+                Ok(g) => g,
+                Err(poisoned) => {
+                    let mut g = poisoned.into_inner();
+                    *g = None;
+                    replanner.clear_poison();
+                    g
+                }
+            };
+            let plan = match last.as_mut() {
+                Some(r) => r.replan(&snapshot).clone(),
+                None => {
+                    let r = Replanner::new(&snapshot, SolveOptions::default());
+                    let plan = r.plan().clone();
+                    *last = Some(r);
+                    plan
+                }
+            };
+            Solved::new(plan, inputs)
         };
         let (seq, solved) = self.plans.get(key, still, input, compute).await.map_err(Error::Solve)?;
         Ok((seq, solved.plan.clone()))
