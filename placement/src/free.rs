@@ -111,24 +111,26 @@ impl Free {
         }
     }
 
-    /// The step ends: what it read, and what it changed.
-    pub(super) fn end(&mut self) -> StepIo {
-        let Some(r) = &mut self.rec else { return StepIo::default() };
+    /// The step ends: what it read and what it changed, and the changed pools' values before.
+    pub(super) fn end(&mut self) -> (StepIo, Vec<(u32, Vec<u32>)>) {
+        let Some(r) = &mut self.rec else { return (StepIo::default(), Vec::new()) };
         let r = r.get_mut();
         let mut reads = std::mem::take(&mut r.reads);
         reads.sort_unstable();
         let mut open_reads = std::mem::take(&mut r.open_reads);
         open_reads.sort_unstable();
         let mut writes: Vec<(u32, Vec<u32>)> = Vec::new();
+        let mut changed: Vec<(u32, Vec<u32>)> = Vec::new();
         for (flat, before) in r.before.drain(..) {
             let (ci, pi) = self.coords[flat as usize];
             let now = &self.pools[ci as usize][pi as usize];
             if *now != before {
                 writes.push((flat, now.clone()));
+                changed.push((flat, before));
             }
         }
         writes.sort_unstable_by_key(|w| w.0);
-        StepIo { reads, open_reads, writes }
+        (StepIo { reads, open_reads, writes }, changed)
     }
 
     /// The step read pool `(ci, pi)` of the tier's `open` view.

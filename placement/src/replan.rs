@@ -19,7 +19,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use super::free::{Free, StepIo};
-use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, kept_ahead, solve, solve_order};
+use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, kept_ahead, order_indices, solve, solve_cmp};
 use crate::devices::DeviceMatcher;
 use crate::filters::StaticMemo;
 use crate::plan::{DeploymentPlan, Plan};
@@ -32,6 +32,12 @@ pub struct Replanner {
     classes: BTreeMap<String, ClassView>,
     /// The deployments in solve order, as last solved.
     deployments: Vec<DeploymentView>,
+    /// Their positions in the last snapshot's list, and whether no two share a place in the
+    /// order (then the same names at the same positions are the same order).
+    order_ix: Vec<usize>,
+    unique: bool,
+    /// What the solve works out once from the clusters and classes.
+    fixed: Option<Fixed>,
     plan: Plan,
     /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
     /// (the improvement phase ran, explain mode, or the evaluations neared the budget).
@@ -92,6 +98,9 @@ impl Replanner {
             clusters: Vec::new(),
             classes: BTreeMap::new(),
             deployments: Vec::new(),
+            order_ix: Vec::new(),
+            unique: false,
+            fixed: None,
             plan: Plan::default(),
             trace: None,
             stats: ReplanStats::default(),
@@ -117,26 +126,35 @@ impl Replanner {
 
     /// The plan for `snapshot`: the one `solve` gives, reusing what its changes cannot affect.
     pub fn replan(&mut self, snapshot: &FleetSnapshot) -> &Plan {
-        let order = solve_order(snapshot);
+        let same_key = |a: &DeploymentView, b: &DeploymentView| {
+            a.namespace == b.namespace && a.name == b.name && a.priority() == b.priority() && a.created == b.created
+        };
+        let n = self.deployments.len();
+        // The last order still holds when every position names the same deployment and no two
+        // tie; otherwise sort again.
+        let kept_order = self.unique
+            && snapshot.deployments.len() == n
+            && self.order_ix.iter().zip(&self.deployments).all(|(&i, b)| same_key(&snapshot.deployments[i], b));
+        let order_ix = if kept_order { std::mem::take(&mut self.order_ix) } else { order_indices(snapshot) };
+        let order: Vec<&DeploymentView> = order_ix.iter().map(|&i| &snapshot.deployments[i]).collect();
         let same_frame = self.trace.is_some()
-            && order.len() == self.deployments.len()
-            && order.iter().zip(&self.deployments).all(|(a, b)| {
-                a.namespace == b.namespace && a.name == b.name && a.priority() == b.priority() && a.created == b.created
-            })
+            && order.len() == n
+            && (kept_order || order.iter().zip(&self.deployments).all(|(a, b)| same_key(a, b)))
             && snapshot.clusters == self.clusters
             && snapshot.classes == self.classes;
-        if !same_frame {
+        self.order_ix = order_ix;
+        let Some(fixed) = self.fixed.take().filter(|_| same_frame) else {
             self.full(snapshot);
             return &self.plan;
-        }
+        };
         let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
         let prev = self.trace.take();
-        match Walk::run(snapshot, &order, &self.options, prev, &changed) {
+        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, &changed);
+        self.fixed = Some(fixed);
+        match outcome {
             Outcome::Traced(trace, plans, stats) if !self.needs_improvement(&plans) => {
-                for (i, p) in plans.into_iter().enumerate() {
-                    if let Some(p) = p {
-                        self.plan.deployments[i] = p;
-                    }
+                for (i, p) in plans {
+                    self.plan.deployments[i] = p;
                 }
                 for (i, d) in order.iter().enumerate() {
                     if changed[i] {
@@ -153,28 +171,36 @@ impl Replanner {
 
     /// Whether the plan, with `plans` replacing its entries, leaves replicas for the
     /// improvement phase.
-    fn needs_improvement(&self, plans: &[Option<DeploymentPlan>]) -> bool {
+    fn needs_improvement(&self, plans: &[(usize, DeploymentPlan)]) -> bool {
+        let mut new = plans.iter().peekable();
         self.options.max_improvement > 0
-            && self.plan.deployments.iter().zip(plans).any(|(old, new)| new.as_ref().unwrap_or(old).unplaced > 0)
+            && self.plan.deployments.iter().enumerate().any(|(i, old)| {
+                let p = new.next_if(|(j, _)| *j == i).map_or(old, |(_, p)| p);
+                p.unplaced > 0
+            })
     }
 
     /// Solves `snapshot` whole: traced when a later re-plan can start from it.
     fn full(&mut self, snapshot: &FleetSnapshot) {
-        let order = solve_order(snapshot);
+        self.order_ix = order_indices(snapshot);
+        let order: Vec<&DeploymentView> = self.order_ix.iter().map(|&i| &snapshot.deployments[i]).collect();
+        self.unique = order.windows(2).all(|w| solve_cmp(w[0], w[1]) == std::cmp::Ordering::Less);
         self.clusters = snapshot.clusters.clone();
         self.classes = snapshot.classes.clone();
         self.deployments = order.iter().map(|d| (*d).clone()).collect();
         self.trace = None;
+        let fixed = Fixed::of(snapshot);
         let n = order.len();
         let outcome = if self.options.explain.is_none() {
-            Walk::run(snapshot, &order, &self.options, None, &vec![true; n])
+            Walk::run(snapshot, &fixed, &order, &self.options, None, &vec![true; n])
         } else {
             Outcome::Abort
         };
+        self.fixed = Some(fixed);
         self.stats = ReplanStats { full: true, steps_run: 0, steps_reused: 0 };
         match outcome {
             Outcome::Traced(trace, plans, stats) => {
-                self.plan = Plan { deployments: plans.into_iter().flatten().collect() };
+                self.plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };
             }
@@ -187,7 +213,7 @@ impl Replanner {
 /// How a walk ended.
 enum Outcome {
     /// The greedy pass, traced: per deployment its new plan where its fill step ran.
-    Traced(Trace, Vec<Option<DeploymentPlan>>, ReplanStats),
+    Traced(Trace, Vec<(usize, DeploymentPlan)>, ReplanStats),
     /// A first solve that left replicas for the improvement phase: its plan (nothing to trace).
     Improved(Plan),
     /// Nothing reusable: solve the fleet whole.
@@ -196,9 +222,9 @@ enum Outcome {
 
 /// One walk over the greedy pass, against the last one (`prev`) when there is one.
 struct Walk {
-    /// The last solve's free devices at the same point of the pass.
-    old: Vec<Vec<u32>>,
-    dirty: Vec<bool>,
+    /// The dirty pools: where the last solve's free devices, at the same point of the pass,
+    /// differ from this walk's, with the last solve's. Every other pool is the same in both.
+    old: HashMap<u32, Vec<u32>>,
     /// (position of the next step that reads the pool, pool), for dirty pools.
     next: BinaryHeap<Reverse<(u64, u32)>>,
     readers: Vec<Vec<u64>>,
@@ -208,6 +234,7 @@ struct Walk {
 impl Walk {
     fn run(
         snapshot: &FleetSnapshot,
+        fixed: &Fixed,
         order: &[&DeploymentView],
         options: &SolveOptions,
         prev: Option<Trace>,
@@ -218,18 +245,11 @@ impl Walk {
         if prev.as_ref().is_some_and(|t| t.evaluations > limit || t.fill.len() != n) {
             return Outcome::Abort;
         }
-        let fixed = Fixed::of(snapshot);
         let mut free = Free::new(initial_free(snapshot));
         let pools = free.len();
         free.record();
         let incremental = prev.is_some();
-        let mut walk = Walk {
-            old: if incremental { (0..pools as u32).map(|p| free.get_flat(p).clone()).collect() } else { Vec::new() },
-            dirty: vec![false; if incremental { pools } else { 0 }],
-            next: BinaryHeap::new(),
-            readers: Vec::new(),
-            incremental,
-        };
+        let mut walk = Walk { old: HashMap::new(), next: BinaryHeap::new(), readers: Vec::new(), incremental };
         let mut matcher = DeviceMatcher::new(&snapshot.classes);
         let mut statics = StaticMemo::default();
         let mut evaluations = 0u64;
@@ -248,8 +268,9 @@ impl Walk {
             }
         };
         let mut tier_start = vec![0usize; n];
-        let mut plans: Vec<Option<DeploymentPlan>> = vec![None; n];
-        let mut held = vec![Vec::new(); n];
+        // The plans of the fill steps that ran, in solve order; their placements on a first solve.
+        let mut plans: Vec<(usize, DeploymentPlan)> = Vec::new();
+        let mut held = Vec::new();
         let mut costs = vec![0u64; n];
         let mut stats = ReplanStats::default();
         let mut start = 0;
@@ -262,7 +283,7 @@ impl Walk {
             }
             // The tier's `open` view, and the pools where it differs from the last solve's.
             let tier_changed = changed[start..end].iter().any(|&c| c);
-            let reuse_open = incremental && !tier_changed && !walk.dirty.iter().any(|&d| d);
+            let reuse_open = incremental && !tier_changed && walk.old.is_empty();
             let open: Option<Vec<Vec<Vec<u32>>>> = if reuse_open {
                 open_out.remove(&start)
             } else {
@@ -293,7 +314,7 @@ impl Walk {
                     .is_some_and(|k| k.step.io.open_reads.iter().any(|&p| open_dirty.get(p as usize) == Some(&true)));
                 if !runs {
                     if old.is_some() || !hit.is_empty() {
-                        walk.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &StepIo::default(), &hit);
+                        walk.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &StepIo::default(), Vec::new(), &hit);
                     }
                     pending.push(Some(Pending::Fresh));
                     continue;
@@ -310,10 +331,10 @@ impl Walk {
                     ctx.free.begin();
                     let before = *ctx.evaluations;
                     let kept = ctx.with(d, &options.explain, open.as_deref()).keep(d);
-                    let io = ctx.free.end();
+                    let (io, changed_from) = ctx.free.end();
                     let cost = *ctx.evaluations - before;
                     costs[i] += cost;
-                    walk.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &io, &hit);
+                    walk.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &io, changed_from, &hit);
                     pending.push(Some(kept.clone().map_or(Pending::Fresh, Pending::Kept)));
                     keep_out[i] = Some(KeepStep { step: Step { io, cost }, kept });
                     keep_ran[i - start] = true;
@@ -352,14 +373,16 @@ impl Walk {
                 ctx.free.begin();
                 let before = *ctx.evaluations;
                 let (plan, h) = ctx.with(d, &options.explain, None).solve_one(d, kept);
-                let io = ctx.free.end();
+                let (io, changed_from) = ctx.free.end();
                 let cost = *ctx.evaluations - before;
                 costs[i] += cost;
                 let old = std::mem::take(&mut fill_out[i]);
-                walk.ran(ctx.free, pos, incremental.then_some(&old.io), &io, &hit);
+                walk.ran(ctx.free, pos, incremental.then_some(&old.io), &io, changed_from, &hit);
                 fill_out[i] = Step { io, cost };
-                plans[i] = Some(plan);
-                held[i] = h;
+                plans.push((i, plan));
+                if !incremental {
+                    held.push(h);
+                }
                 stats.steps_run += 1;
                 if *ctx.evaluations > limit {
                     return Outcome::Abort;
@@ -370,9 +393,9 @@ impl Walk {
         let evaluations = *ctx.evaluations;
         // A first solve that leaves replicas unplaced: the improvement phase, on this pass's
         // result, as `solve` runs it (no re-plan starts from it).
-        if !incremental && options.max_improvement > 0 && plans.iter().flatten().any(|p| p.unplaced > 0) {
+        if !incremental && options.max_improvement > 0 && plans.iter().any(|(_, p)| p.unplaced > 0) {
             ctx.free.stop();
-            let mut plan = Plan { deployments: plans.into_iter().flatten().collect() };
+            let mut plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
             ctx.improve(order, &mut plan.deployments, Solved { plans: Vec::new(), held, cost: costs }, options);
             return Outcome::Improved(plan);
         }
@@ -389,34 +412,47 @@ impl Walk {
                 break;
             }
             self.next.pop();
-            if p == pos && self.dirty[pool as usize] && !hit.contains(&pool) {
+            if p == pos && self.old.contains_key(&pool) && !hit.contains(&pool) {
                 hit.push(pool);
             }
         }
         hit
     }
 
-    /// A step reused: its writes, the same in both solves.
+    /// A step reused: its writes, the same in both solves (a pool it writes is clean, or it
+    /// would have run).
     fn reused(&mut self, free: &mut Free, io: &StepIo) {
         for (p, v) in &io.writes {
             free.set_flat(*p, v);
-            self.old[*p as usize].clone_from(v);
         }
     }
 
     /// A step that ran (`new`; it already changed `free`), in place of the last solve's
     /// (`old`): the last solve's state moves on by `old`'s writes; pools it or `old` wrote, or
     /// that brought it here (`hit`), are dirty when the two differ, and their next reader runs.
-    fn ran(&mut self, free: &Free, pos: u64, old: Option<&StepIo>, new: &StepIo, hit: &[u32]) {
+    /// `before`: the pools `new` changed, with their values before it.
+    fn ran(
+        &mut self,
+        free: &Free,
+        pos: u64,
+        old: Option<&StepIo>,
+        new: &StepIo,
+        before: Vec<(u32, Vec<u32>)>,
+        hit: &[u32],
+    ) {
         if !self.incremental {
             for &p in &new.reads {
                 self.readers[p as usize].push(pos);
             }
             return;
         }
+        // A clean pool this step changed had, in the last solve, the value it had before.
+        for (p, v) in before {
+            self.old.entry(p).or_insert(v);
+        }
         if let Some(o) = old {
             for (p, v) in &o.writes {
-                self.old[*p as usize].clone_from(v);
+                self.old.insert(*p, v.clone());
             }
             for &p in &o.reads {
                 let r = &mut self.readers[p as usize];
@@ -436,9 +472,10 @@ impl Walk {
         pools.sort_unstable();
         pools.dedup();
         for p in pools {
-            let dirty = *free.get_flat(p) != self.old[p as usize];
-            self.dirty[p as usize] = dirty;
-            if dirty {
+            if self.old.get(&p).is_some_and(|o| o == free.get_flat(p)) {
+                self.old.remove(&p);
+            }
+            if self.old.contains_key(&p) {
                 let r = &self.readers[p as usize];
                 let at = r.partition_point(|&q| q <= pos);
                 if let Some(&q) = r.get(at) {

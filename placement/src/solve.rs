@@ -298,15 +298,23 @@ struct Kept {
 /// Deployments in the order they are solved: priority (highest first), creation, namespace,
 /// name.
 fn solve_order(snapshot: &FleetSnapshot) -> Vec<&DeploymentView> {
-    let mut order: Vec<&DeploymentView> = snapshot.deployments.iter().collect();
-    order.sort_by(|a, b| {
-        b.priority()
-            .cmp(&a.priority())
-            .then(a.created.cmp(&b.created))
-            .then(a.namespace.cmp(&b.namespace))
-            .then(a.name.cmp(&b.name))
-    });
-    order
+    order_indices(snapshot).into_iter().map(|i| &snapshot.deployments[i]).collect()
+}
+
+/// [`solve_order`] as positions in `snapshot.deployments`.
+fn order_indices(snapshot: &FleetSnapshot) -> Vec<usize> {
+    let d = &snapshot.deployments;
+    let mut ix: Vec<usize> = (0..d.len()).collect();
+    ix.sort_by(|&a, &b| solve_cmp(&d[a], &d[b]));
+    ix
+}
+
+fn solve_cmp(a: &DeploymentView, b: &DeploymentView) -> std::cmp::Ordering {
+    b.priority()
+        .cmp(&a.priority())
+        .then(a.created.cmp(&b.created))
+        .then(a.namespace.cmp(&b.namespace))
+        .then(a.name.cmp(&b.name))
 }
 
 fn budget_exhausted(d: &DeploymentView) -> DeploymentPlan {
