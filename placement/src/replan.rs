@@ -14,6 +14,7 @@
 //! cannot stand: the first solve, another set of clusters, classes or deployments (or another
 //! solve order), explain mode, a solve whose evaluations near the budget, and whenever the plan
 //! leaves replicas unplaced and the improvement phase is on (the phase reads the whole fleet).
+//! While the fleet stays short that way, whole solves are not traced (nothing would be reused).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -38,6 +39,8 @@ pub struct Replanner {
     unique: bool,
     /// What the solve works out once from the clusters and classes.
     fixed: Option<Fixed>,
+    /// The last solve left replicas unplaced for the improvement phase.
+    short: bool,
     plan: Plan,
     /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
     /// (the improvement phase ran, explain mode, or the evaluations neared the budget).
@@ -101,6 +104,7 @@ impl Replanner {
             order_ix: Vec::new(),
             unique: false,
             fixed: None,
+            short: false,
             plan: Plan::default(),
             trace: None,
             stats: ReplanStats::default(),
@@ -164,7 +168,12 @@ impl Replanner {
                 self.trace = Some(trace);
                 self.stats = stats;
             }
-            _ => self.full(snapshot),
+            Outcome::Traced(..) => {
+                // Short now: the improvement phase has work, on a whole solve.
+                self.short = true;
+                self.full(snapshot);
+            }
+            Outcome::Improved(_) | Outcome::Abort => self.full(snapshot),
         }
         &self.plan
     }
@@ -191,7 +200,10 @@ impl Replanner {
         self.trace = None;
         let fixed = Fixed::of(snapshot);
         let n = order.len();
-        let outcome = if self.options.explain.is_none() {
+        // A fleet still short after the last solve will most likely need the improvement phase
+        // again, and then nothing of this solve is reused: not traced (tracing costs about a
+        // tenth more). Once a solve leaves nothing unplaced, the next one is traced.
+        let outcome = if self.options.explain.is_none() && !self.short {
             Walk::run(snapshot, &fixed, &order, &self.options, None, &vec![true; n])
         } else {
             Outcome::Abort
@@ -203,9 +215,16 @@ impl Replanner {
                 self.plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };
+                self.short = false;
             }
-            Outcome::Improved(plan) => self.plan = plan,
-            Outcome::Abort => self.plan = solve(snapshot, &self.options),
+            Outcome::Improved(plan) => {
+                self.plan = plan;
+                self.short = true;
+            }
+            Outcome::Abort => {
+                self.plan = solve(snapshot, &self.options);
+                self.short = self.options.max_improvement > 0 && self.plan.deployments.iter().any(|p| p.unplaced > 0);
+            }
         }
     }
 }
