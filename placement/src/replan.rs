@@ -41,6 +41,11 @@ pub struct Replanner {
     fixed: Option<Fixed>,
     /// The last solve left replicas unplaced for the improvement phase.
     short: bool,
+    /// Entries a trace may hold (`MAX_TRACE_ENTRIES`).
+    limit: u64,
+    /// A whole solve's trace outgrew `limit` (or its evaluations neared the budget): every
+    /// solve is whole from then on, untraced.
+    untraceable: bool,
     plan: Plan,
     /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
     /// (the improvement phase ran, explain mode, or the evaluations neared the budget).
@@ -57,6 +62,8 @@ pub struct ReplanStats {
     pub steps_run: usize,
     /// Steps reused from the last solve.
     pub steps_reused: usize,
+    /// Entries the trace kept for the next re-plan holds (0: none kept).
+    pub trace_entries: u64,
 }
 
 /// One step as it ran: what it read and wrote, and the evaluations it cost.
@@ -85,6 +92,18 @@ struct Trace {
     /// Flat pool → positions (`position`) of the steps that read it, ascending.
     readers: Vec<Vec<u64>>,
     evaluations: u64,
+    /// Entries held (`entries`).
+    entries: u64,
+}
+
+/// Entries (pools read, values written) a trace may hold by default, about 12 bytes each with
+/// the index: a fleet whose trace would be larger is solved whole every time rather than hold
+/// it (the 1,000 × 5,000 benchmark fleet needs a fraction of this).
+pub const MAX_TRACE_ENTRIES: u64 = 16_000_000;
+
+/// What one step adds to the trace.
+fn entries(io: &StepIo) -> u64 {
+    (io.reads.len() + io.open_reads.len() + io.writes.iter().map(|w| 1 + w.1.len()).sum::<usize>()) as u64
 }
 
 /// A step's place in the pass: tiers in order, a tier's keep steps before its fill steps,
@@ -96,6 +115,11 @@ fn position(tier_start: usize, fill: bool, i: usize) -> u64 {
 impl Replanner {
     /// Solves `snapshot` whole, keeping what a re-plan needs.
     pub fn new(snapshot: &FleetSnapshot, options: SolveOptions) -> Self {
+        Self::with_limit(snapshot, options, MAX_TRACE_ENTRIES)
+    }
+
+    /// As [`Replanner::new`], with the trace held to `limit` entries (`MAX_TRACE_ENTRIES`).
+    pub fn with_limit(snapshot: &FleetSnapshot, options: SolveOptions, limit: u64) -> Self {
         let mut r = Self {
             options,
             clusters: Vec::new(),
@@ -105,10 +129,13 @@ impl Replanner {
             unique: false,
             fixed: None,
             short: false,
+            limit: MAX_TRACE_ENTRIES,
+            untraceable: false,
             plan: Plan::default(),
             trace: None,
             stats: ReplanStats::default(),
         };
+        r.limit = limit;
         r.full(snapshot);
         r
     }
@@ -153,7 +180,7 @@ impl Replanner {
         };
         let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
         let prev = self.trace.take();
-        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, &changed);
+        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, &changed, self.limit);
         self.fixed = Some(fixed);
         match outcome {
             Outcome::Traced(trace, plans, stats) if !self.needs_improvement(&plans) => {
@@ -203,13 +230,13 @@ impl Replanner {
         // A fleet still short after the last solve will most likely need the improvement phase
         // again, and then nothing of this solve is reused: not traced (tracing costs about a
         // tenth more). Once a solve leaves nothing unplaced, the next one is traced.
-        let outcome = if self.options.explain.is_none() && !self.short {
-            Walk::run(snapshot, &fixed, &order, &self.options, None, &vec![true; n])
+        let outcome = if self.options.explain.is_none() && !self.short && !self.untraceable {
+            Walk::run(snapshot, &fixed, &order, &self.options, None, &vec![true; n], self.limit)
         } else {
             Outcome::Abort
         };
         self.fixed = Some(fixed);
-        self.stats = ReplanStats { full: true, steps_run: 0, steps_reused: 0 };
+        self.stats = ReplanStats { full: true, ..ReplanStats::default() };
         match outcome {
             Outcome::Traced(trace, plans, stats) => {
                 self.plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
@@ -222,6 +249,7 @@ impl Replanner {
                 self.short = true;
             }
             Outcome::Abort => {
+                self.untraceable |= self.options.explain.is_none() && !self.short;
                 self.plan = solve(snapshot, &self.options);
                 self.short = self.options.max_improvement > 0 && self.plan.deployments.iter().any(|p| p.unplaced > 0);
             }
@@ -248,6 +276,8 @@ struct Walk {
     next: BinaryHeap<Reverse<(u64, u32)>>,
     readers: Vec<Vec<u64>>,
     incremental: bool,
+    /// Entries the trace holds so far (`entries`).
+    entries: u64,
 }
 
 impl Walk {
@@ -258,6 +288,7 @@ impl Walk {
         options: &SolveOptions,
         prev: Option<Trace>,
         changed: &[bool],
+        max_entries: u64,
     ) -> Outcome {
         let n = order.len();
         let limit = options.max_evaluations / 2;
@@ -268,7 +299,13 @@ impl Walk {
         let pools = free.len();
         free.record();
         let incremental = prev.is_some();
-        let mut walk = Walk { old: HashMap::new(), next: BinaryHeap::new(), readers: Vec::new(), incremental };
+        let mut walk = Walk {
+            old: HashMap::new(),
+            next: BinaryHeap::new(),
+            readers: Vec::new(),
+            incremental,
+            entries: prev.as_ref().map_or(0, |t| t.entries),
+        };
         let mut matcher = DeviceMatcher::new(&snapshot.classes);
         let mut statics = StaticMemo::default();
         let mut evaluations = 0u64;
@@ -359,7 +396,7 @@ impl Walk {
                     keep_ran[i - start] = true;
                     stats.steps_run += 1;
                 }
-                if *ctx.evaluations > limit {
+                if *ctx.evaluations > limit || walk.entries > max_entries {
                     return Outcome::Abort;
                 }
             }
@@ -403,7 +440,7 @@ impl Walk {
                     held.push(h);
                 }
                 stats.steps_run += 1;
-                if *ctx.evaluations > limit {
+                if *ctx.evaluations > limit || walk.entries > max_entries {
                     return Outcome::Abort;
                 }
             }
@@ -418,8 +455,16 @@ impl Walk {
             ctx.improve(order, &mut plan.deployments, Solved { plans: Vec::new(), held, cost: costs }, options);
             return Outcome::Improved(plan);
         }
-        let trace =
-            Trace { keep: keep_out, fill: fill_out, tier_start, open: open_out, readers: walk.readers, evaluations };
+        let trace = Trace {
+            keep: keep_out,
+            fill: fill_out,
+            tier_start,
+            open: open_out,
+            readers: walk.readers,
+            evaluations,
+            entries: walk.entries,
+        };
+        let stats = ReplanStats { trace_entries: trace.entries, ..stats };
         Outcome::Traced(trace, plans, stats)
     }
 
@@ -459,6 +504,7 @@ impl Walk {
         before: Vec<(u32, Vec<u32>)>,
         hit: &[u32],
     ) {
+        self.entries = (self.entries + entries(new)).saturating_sub(old.map_or(0, entries));
         if !self.incremental {
             for &p in &new.reads {
                 self.readers[p as usize].push(pos);

@@ -288,3 +288,21 @@ fn a_domain_a_higher_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
     assert_eq!(json(&got), json(&solve(&after, &options)));
     assert_eq!(where_spready(&got), vec![("a".to_string(), 1), ("b".to_string(), 1)]);
 }
+
+/// A fleet whose trace outgrows its limit is solved whole, untraced, from then on: the same
+/// plans, and no memory held for re-plans (the controller's bound on a huge fleet).
+#[test]
+fn a_fleet_whose_trace_outgrows_its_limit_is_solved_whole() {
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let snap = generate(&GenSpec { clusters: 10, deployments: 30, seed: 3 });
+    let mut next = with_current(&snap, &solve(&snap, &options));
+    next.deployments[0].spec.replicas += 1;
+    let mut small = Replanner::with_limit(&snap, options.clone(), 10);
+    assert_eq!(json(small.plan()), json(&solve(&snap, &options)));
+    assert_eq!(json(small.replan(&next)), json(&solve(&next, &options)));
+    assert!(small.stats().full);
+    assert_eq!(small.stats().steps_run, 0, "solved whole without a trace: {:?}", small.stats());
+    let mut ample = Replanner::with_limit(&snap, options.clone(), u64::MAX);
+    assert_eq!(json(ample.replan(&next)), json(&solve(&next, &options)));
+    assert!(!ample.stats().full);
+}
