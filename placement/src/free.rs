@@ -66,6 +66,10 @@ impl Free {
         self.coords.len()
     }
 
+    pub(super) fn flat(&self, ci: usize, pi: usize) -> u32 {
+        self.first[ci] + pi as u32
+    }
+
     pub(super) fn coords(&self, flat: u32) -> (usize, usize) {
         let (ci, pi) = self.coords[flat as usize];
         (ci as usize, pi as usize)

@@ -11,7 +11,9 @@
 //!
 //! The plan is byte for byte the one `solve` gives for the same snapshot (a property test checks
 //! it on random change sequences). A re-plan solves the whole fleet when what it would reuse
-//! cannot stand: the first solve, another set of clusters, classes or deployments (or another
+//! cannot stand: the first solve, clusters that changed in more than their pools' free devices
+//! (capacity observed: those pools are dirty from the start), other classes, another set of
+//! deployments (or another
 //! solve order), explain mode, a solve whose evaluations near the budget, and whenever the plan
 //! leaves replicas unplaced and the improvement phase is on (the phase reads the whole fleet).
 //! While the fleet stays short that way, whole solves are not traced (nothing would be reused).
@@ -24,7 +26,7 @@ use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, kept_ahead
 use crate::devices::DeviceMatcher;
 use crate::filters::StaticMemo;
 use crate::plan::{DeploymentPlan, Plan};
-use crate::snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot};
+use crate::snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView};
 
 /// Keeps the last plan and how it was reached, and re-plans the next snapshot from them.
 pub struct Replanner {
@@ -171,21 +173,28 @@ impl Replanner {
         let same_frame = self.trace.is_some()
             && order.len() == n
             && (kept_order || order.iter().zip(&self.deployments).all(|(a, b)| same_key(a, b)))
-            && snapshot.clusters == self.clusters
             && snapshot.classes == self.classes;
+        // Clusters may differ in their pools' free devices (capacity observed), nothing else.
+        let capacity = if same_frame { free_changes(&snapshot.clusters, &self.clusters) } else { None };
         self.order_ix = order_ix;
-        let Some(fixed) = self.fixed.take().filter(|_| same_frame) else {
+        let (Some(fixed), Some(capacity)) = (self.fixed.take().filter(|_| same_frame), capacity) else {
             self.full(snapshot);
             return &self.plan;
         };
         let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
         let prev = self.trace.take();
-        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, &changed, self.limit);
+        let changes = Changes { deployments: &changed, capacity: &capacity };
+        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, changes, self.limit);
         self.fixed = Some(fixed);
         match outcome {
             Outcome::Traced(trace, plans, stats) if !self.needs_improvement(&plans) => {
                 for (i, p) in plans {
                     self.plan.deployments[i] = p;
+                }
+                for (ci, pi, _) in capacity {
+                    self.clusters[ci].pools[pi]
+                        .free_per_node
+                        .clone_from(&snapshot.clusters[ci].pools[pi].free_per_node);
                 }
                 for (i, d) in order.iter().enumerate() {
                     if changed[i] {
@@ -231,7 +240,8 @@ impl Replanner {
         // again, and then nothing of this solve is reused: not traced (tracing costs about a
         // tenth more). Once a solve leaves nothing unplaced, the next one is traced.
         let outcome = if self.options.explain.is_none() && !self.short && !self.untraceable {
-            Walk::run(snapshot, &fixed, &order, &self.options, None, &vec![true; n], self.limit)
+            let changes = Changes { deployments: &vec![true; n], capacity: &[] };
+            Walk::run(snapshot, &fixed, &order, &self.options, None, changes, self.limit)
         } else {
             Outcome::Abort
         };
@@ -255,6 +265,69 @@ impl Replanner {
             }
         }
     }
+}
+
+/// The pools whose free devices per node differ between `new` and `old` (not their number of
+/// nodes), as (cluster, pool, the old value); `None` when the clusters differ in anything else
+/// (names, labels, readiness, taints, pools, caches...), which the static filters read.
+fn free_changes(new: &[ClusterView], old: &[ClusterView]) -> Option<Vec<(usize, usize, Vec<u32>)>> {
+    if new.len() != old.len() {
+        return None;
+    }
+    let mut changes = Vec::new();
+    for (ci, (a, b)) in new.iter().zip(old).enumerate() {
+        // Every field named, so that a new one is not left out of the comparison.
+        let ClusterView {
+            name,
+            labels,
+            region,
+            zones,
+            jurisdiction,
+            ready,
+            not_ready_reason,
+            cordoned,
+            taints,
+            pools,
+            ready_caches,
+        } = a;
+        let same = *name == b.name
+            && *labels == b.labels
+            && *region == b.region
+            && *zones == b.zones
+            && *jurisdiction == b.jurisdiction
+            && *ready == b.ready
+            && *not_ready_reason == b.not_ready_reason
+            && *cordoned == b.cordoned
+            && *taints == b.taints
+            && *ready_caches == b.ready_caches
+            && pools.len() == b.pools.len();
+        if !same {
+            return None;
+        }
+        for (pi, (p, q)) in pools.iter().zip(&b.pools).enumerate() {
+            let PoolView { name, class, capacity_type, free_per_node, reserved_for, refused_block } = p;
+            let same = *name == q.name
+                && *class == q.class
+                && *capacity_type == q.capacity_type
+                && *reserved_for == q.reserved_for
+                && *refused_block == q.refused_block
+                && free_per_node.len() == q.free_per_node.len();
+            if !same {
+                return None;
+            }
+            if *free_per_node != q.free_per_node {
+                changes.push((ci, pi, q.free_per_node.clone()));
+            }
+        }
+    }
+    Some(changes)
+}
+
+/// What changed since the last solve: per deployment in solve order, and the pools whose free
+/// devices the snapshot reports otherwise (`free_changes`).
+struct Changes<'c> {
+    deployments: &'c [bool],
+    capacity: &'c [(usize, usize, Vec<u32>)],
 }
 
 /// How a walk ended.
@@ -287,9 +360,10 @@ impl Walk {
         order: &[&DeploymentView],
         options: &SolveOptions,
         prev: Option<Trace>,
-        changed: &[bool],
+        changes: Changes<'_>,
         max_entries: u64,
     ) -> Outcome {
+        let Changes { deployments: changed, capacity } = changes;
         let n = order.len();
         let limit = options.max_evaluations / 2;
         if prev.as_ref().is_some_and(|t| t.evaluations > limit || t.fill.len() != n) {
@@ -323,6 +397,17 @@ impl Walk {
                 (vec![None; n], vec![Step::default(); n], HashMap::new(), Vec::new())
             }
         };
+        // Pools whose free devices the snapshot reports otherwise than the last one: dirty from
+        // the start, with the last solve's value.
+        for (ci, pi, was) in capacity {
+            let p = ctx.free.flat(*ci, *pi);
+            if ctx.free.get_flat(p) != was {
+                walk.old.insert(p, was.clone());
+                if let Some(&q) = walk.readers[p as usize].first() {
+                    walk.next.push(Reverse((q, p)));
+                }
+            }
+        }
         let mut tier_start = vec![0usize; n];
         // The plans of the fill steps that ran, in solve order; their placements on a first solve.
         let mut plans: Vec<(usize, DeploymentPlan)> = Vec::new();

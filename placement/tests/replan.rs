@@ -1,7 +1,8 @@
 //! The incremental re-plan (`Replanner`) against a full solve of the same snapshot, byte for
 //! byte (the plans' JSON), over random fleets and random sequences of changes: replicas scaled,
 //! deployments started where the last plan put them or stopped, ceilings and spread changed,
-//! pools refused, a deployment's priority changed, capacity lost. Then that the re-plan really
+//! pools refused, a deployment's priority changed, capacity lost or regained, a cluster
+//! cordoned. Then that the re-plan really
 //! is incremental: it reuses steps, and one changed deployment runs few of them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -36,8 +37,12 @@ enum Change {
     Refused(usize),
     /// Another solve order: the whole fleet is solved again.
     Priority(usize, i32),
-    /// Half the nodes of a pool lose their free devices: the whole fleet is solved again.
+    /// Half the nodes of a pool lose their free devices (capacity observed: incremental).
     CapacityLoss(usize),
+    /// Every node of a pool has all its devices free again.
+    CapacityGain(usize),
+    /// A pool's cluster is cordoned: the whole fleet is solved again.
+    Cordon(usize),
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -50,6 +55,8 @@ fn change() -> impl Strategy<Value = Change> {
         1 => any::<usize>().prop_map(Change::Refused),
         1 => (any::<usize>(), 0i32..4).prop_map(|(i, p)| Change::Priority(i, p * 100)),
         1 => any::<usize>().prop_map(Change::CapacityLoss),
+        1 => any::<usize>().prop_map(Change::CapacityGain),
+        1 => any::<usize>().prop_map(Change::Cordon),
     ]
 }
 
@@ -88,19 +95,32 @@ fn apply(snap: &mut FleetSnapshot, last: &Plan, change: &Change) {
         }
         Change::Priority(i, p) => snap.deployments[i % n].spec.placement.priority = Some(p),
         Change::CapacityLoss(i) => {
-            let pools: Vec<(usize, usize)> = snap
-                .clusters
-                .iter()
-                .enumerate()
-                .flat_map(|(ci, c)| (0..c.pools.len()).map(move |pi| (ci, pi)))
-                .collect();
-            if let Some(&(ci, pi)) = pools.get(i % pools.len().max(1)) {
+            if let Some((ci, pi)) = pool(snap, i) {
                 let free = &mut snap.clusters[ci].pools[pi].free_per_node;
                 let half = free.len().div_ceil(2);
                 free.iter_mut().take(half).for_each(|f| *f = 0);
             }
         }
+        Change::CapacityGain(i) => {
+            if let Some((ci, pi)) = pool(snap, i) {
+                let class = snap.clusters[ci].pools[pi].class.clone();
+                let per_node = snap.classes.get(&class).map_or(8, |c| c.devices_per_node());
+                snap.clusters[ci].pools[pi].free_per_node.iter_mut().for_each(|f| *f = per_node);
+            }
+        }
+        Change::Cordon(i) => {
+            if let Some((ci, _)) = pool(snap, i) {
+                snap.clusters[ci].cordoned = !snap.clusters[ci].cordoned;
+            }
+        }
     }
+}
+
+/// The `i`-th pool of the fleet, modulo their number.
+fn pool(snap: &FleetSnapshot, i: usize) -> Option<(usize, usize)> {
+    let pools: Vec<(usize, usize)> =
+        snap.clusters.iter().enumerate().flat_map(|(ci, c)| (0..c.pools.len()).map(move |pi| (ci, pi))).collect();
+    pools.get(i % pools.len().max(1)).copied()
 }
 
 /// Runs `changes` on the fleet of `spec`, checking every re-plan against a full solve; returns
@@ -167,7 +187,15 @@ proptest! {
 #[test]
 fn replans_reuse_steps() {
     let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
-    let changes = [Change::Running, Change::Scale(3, 1), Change::Scale(7, -1), Change::Stopped(2), Change::Running];
+    let changes = [
+        Change::Running,
+        Change::Scale(3, 1),
+        Change::Scale(7, -1),
+        Change::CapacityLoss(5),
+        Change::Stopped(2),
+        Change::CapacityGain(5),
+        Change::Running,
+    ];
     let (mut incremental, mut reused) = (0, 0);
     for seed in 0..12u64 {
         let spec = GenSpec { clusters: 8 + seed as usize, deployments: 20 + seed as usize, seed };
