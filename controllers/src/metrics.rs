@@ -48,6 +48,34 @@ pub enum Wake {
     ClassChanged,
 }
 
+/// How a fleet plan was reached (`placement::Replanner`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum SolveMode {
+    /// The whole fleet solved.
+    Whole,
+    /// Only the steps the changes reach run again; the rest reused.
+    Incremental,
+}
+
+/// What became of one step of the solver's greedy pass in a solve.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum StepUse {
+    /// Run.
+    Run,
+    /// Reused from the last solve.
+    Reused,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SolveLabels {
+    mode: SolveMode,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: StepUse,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WakeLabels {
     reason: Wake,
@@ -73,6 +101,9 @@ pub struct Metrics {
     status_writes: Family<KindLabels, Counter>,
     wakes: Family<WakeLabels, Counter>,
     fleet_passes: Counter,
+    solves: Family<SolveLabels, Counter>,
+    solve_durations: Family<SolveLabels, Histogram>,
+    solve_steps: Family<StepLabels, Counter>,
     leader: Gauge,
 }
 
@@ -86,6 +117,11 @@ impl Default for Metrics {
         let status_writes = Family::<KindLabels, Counter>::default();
         let wakes = Family::<WakeLabels, Counter>::default();
         let fleet_passes = Counter::default();
+        let solves = Family::<SolveLabels, Counter>::default();
+        let solve_durations = Family::<SolveLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+        });
+        let solve_steps = Family::<StepLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register("reconciles", "Reconciles by kind and outcome", reconciles.clone());
         registry.register("reconcile_duration_seconds", "Reconcile duration", durations.clone());
@@ -100,8 +136,26 @@ impl Default for Metrics {
             "Passes of the fleet trigger (one solve and one wake computation each)",
             fleet_passes.clone(),
         );
+        registry.register("solves", "Fleet plans solved, whole or incrementally", solves.clone());
+        registry.register("solve_duration_seconds", "Time to solve the fleet plan", solve_durations.clone());
+        registry.register(
+            "solve_steps",
+            "Steps of the solver's greedy pass, run or reused from the last solve",
+            solve_steps.clone(),
+        );
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
-        Self { registry: Arc::new(registry), reconciles, durations, status_writes, wakes, fleet_passes, leader }
+        Self {
+            registry: Arc::new(registry),
+            reconciles,
+            durations,
+            status_writes,
+            wakes,
+            fleet_passes,
+            solves,
+            solve_durations,
+            solve_steps,
+            leader,
+        }
     }
 }
 
@@ -132,6 +186,19 @@ impl Metrics {
         self.fleet_passes.inc();
     }
 
+    /// Counts one solve of the fleet plan: how, how long, and its steps run and reused.
+    pub fn solved(&self, mode: SolveMode, took: Duration, run: usize, reused: usize) {
+        self.solves.get_or_create(&SolveLabels { mode }).inc();
+        self.solve_durations.get_or_create(&SolveLabels { mode }).observe(took.as_secs_f64());
+        self.solve_steps.get_or_create(&StepLabels { step: StepUse::Run }).inc_by(run as u64);
+        self.solve_steps.get_or_create(&StepLabels { step: StepUse::Reused }).inc_by(reused as u64);
+    }
+
+    /// Solves so far, by mode.
+    pub fn solves(&self, mode: SolveMode) -> u64 {
+        self.solves.get_or_create(&SolveLabels { mode }).get()
+    }
+
     /// Sets the leader gauge.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
@@ -144,5 +211,29 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn solves_are_counted_by_mode_with_their_steps() {
+        let m = Metrics::default();
+        m.solved(SolveMode::Whole, Duration::from_millis(40), 120, 0);
+        m.solved(SolveMode::Incremental, Duration::from_micros(900), 3, 117);
+        m.solved(SolveMode::Incremental, Duration::from_micros(800), 2, 118);
+        assert_eq!(m.solves(SolveMode::Whole), 1);
+        assert_eq!(m.solves(SolveMode::Incremental), 2);
+        let text = m.encode();
+        for line in [
+            "flotilla_controller_solves_total{mode=\"Incremental\"} 2",
+            "flotilla_controller_solve_steps_total{step=\"Run\"} 125",
+            "flotilla_controller_solve_steps_total{step=\"Reused\"} 235",
+            "flotilla_controller_solve_duration_seconds_count{mode=\"Whole\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

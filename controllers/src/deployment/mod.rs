@@ -38,7 +38,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::member::{MemberClients, brief};
-use crate::metrics::{Kind, Metrics, Outcome};
+use crate::metrics::{Kind, Metrics, Outcome, SolveMode};
 use crate::{ControllerConfig, Error};
 use decide::Pace;
 
@@ -144,7 +144,9 @@ impl DeploymentContext {
             (self.snapshot(), inputs)
         };
         let replanner = self.replanner.clone();
+        let metrics = self.metrics.clone();
         let compute = move |(snapshot, inputs): (FleetSnapshot, Vec<Input>)| {
+            let started = Instant::now();
             // A solve that panicked left no state to trust: the next one starts whole.
             let mut last = match replanner.lock() {
                 Ok(g) => g,
@@ -155,15 +157,18 @@ impl DeploymentContext {
                     g
                 }
             };
-            let plan = match last.as_mut() {
-                Some(r) => r.replan(&snapshot).clone(),
-                None => {
-                    let r = Replanner::new(&snapshot, SolveOptions::default());
-                    let plan = r.plan().clone();
-                    *last = Some(r);
-                    plan
+            let r = match last.take() {
+                Some(mut r) => {
+                    r.replan(&snapshot);
+                    r
                 }
+                None => Replanner::new(&snapshot, SolveOptions::default()),
             };
+            let stats = r.stats();
+            let mode = if stats.full { SolveMode::Whole } else { SolveMode::Incremental };
+            metrics.solved(mode, started.elapsed(), stats.steps_run, stats.steps_reused);
+            let plan = r.plan().clone();
+            *last = Some(r);
             Solved::new(plan, inputs)
         };
         let (seq, solved) = self.plans.get(key, still, input, compute).await.map_err(Error::Solve)?;
