@@ -7,7 +7,8 @@
 //! Flotilla's resources in that minute (`apiserver_request_total`); a member Deployment edited by hand is restored with a
 //! `DriftCorrected` event; a replica whose pod its member's scheduler refuses is placed on
 //! another member with a `ReplicasUnschedulable` Warning (`e2e_deployment/unschedulable.rs`);
-//! a stopped member's replicas are re-placed in the EU with
+//! a deployment scaled on a fully placed fleet is re-planned incrementally (the controller's
+//! `solves_total{mode="Incremental"}`); a stopped member's replicas are re-placed in the EU with
 //! make-before-break, its loss and return logged once each; poison objects (a deep selector, a
 //! costly one, a class whose capacity overflows a Quantity) are refused naming their field
 //! while the healthy ones stay Ready; a ModelDeployment in `kube-system` is refused and reaches
@@ -229,7 +230,7 @@ async fn poison(control: &Client, api: &Api<ModelDeployment>, members: &BTreeMap
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn model_deployment_controller_on_real_api_servers() {
-    let fleet = Fleet::up("deploy", &["control", "eu1", "eu2", "us1"]);
+    let fleet = Fleet::up_audited("deploy", &["control", "eu1", "eu2", "us1"]);
     fleet.gpu_nodes("eu1", "h100", 3, "h100", "eu-central-1");
     fleet.gpu_nodes("eu2", "h100", 1, "h100", "eu-west-3");
     fleet.gpu_nodes("us1", "h100", 2, "h100", "us-east-1");
@@ -397,6 +398,30 @@ async fn model_deployment_controller_on_real_api_servers() {
         assert!(member_deployments(&members[eu], "us-model").await.is_empty(), "the US model stays in the US");
     }
 
+    // The fleet fully placed, one deployment scaled down and back: re-planned incrementally
+    // (the solver runs the steps the change reaches and reuses the rest), not solved whole.
+    let incremental = |ctl: &ControllerProcess| ctl.metric_sum("flotilla_controller_solves_total", "Incremental");
+    let before = incremental(&ctl);
+    for n in [2, 3] {
+        api.patch("us-model", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": n}}))).await.unwrap();
+        wait_for(&format!("us-model Ready {n}/{n}"), Duration::from_secs(60), || async {
+            let s = status_of(&api, "us-model").await;
+            (s.replicas == n && s.ready_replicas == n && s.conditions.is_true("Ready")).then_some(())
+        })
+        .await;
+    }
+    if incremental(&ctl) <= before {
+        let all: Vec<_> = Api::<ModelDeployment>::all(control.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|d| (d.name_any(), d.status.map(|s| (s.replicas, s.unplaced))))
+            .collect();
+        panic!("a scale of one deployment re-plans incrementally: {all:?}\n{}", ctl.metrics());
+    }
+
     // Poison next to the healthy: a selector nested 60 deep, one whose cost passes DRA's
     // budget, and one evaluated on a class whose capacity overflows a Quantity (a pool of it
     // added to us1), beside a healthy deployment whose selector runs on every class, that one
@@ -467,7 +492,15 @@ async fn model_deployment_controller_on_real_api_servers() {
             flotilla + 0.0
         );
         let bad = flotilla_lists_and_writes(&grown);
-        assert!(bad.is_empty(), "a settled fleet LISTs or writes Flotilla's resources on member {name}: {bad:?}");
+        if !bad.is_empty() {
+            // Who sent them, from the member's audit log (LISTs and writes, with User-Agent).
+            let audit = fleet.audit_log(name).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+            let lists: Vec<&str> = audit.lines().filter(|l| l.contains("\"verb\":\"list\"")).collect();
+            panic!(
+                "a settled fleet LISTs or writes Flotilla's resources on member {name}: {bad:?}\nits LISTs:\n{}",
+                lists.join("\n")
+            );
+        }
     }
 
     // Drift: nothing was corrected while nobody touched the members (what the API server
