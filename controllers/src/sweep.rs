@@ -292,9 +292,18 @@ pub async fn pass(ctx: &SweepContext) {
                 Ok(h) => h,
                 Err(e) => return tracing::debug!(cluster = %name, "sweep skipped: {e}"),
             };
+            let first = !handle.objects.swept_once.load(std::sync::atomic::Ordering::Relaxed);
             match member(&handle, owners, namespaces, GRACE, ctx.timeouts, false).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(cluster = %name, deleted = n, "sweep removed objects no ModelDeployment or ModelCache owns"),
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(cluster = %name, deleted = n, "sweep removed objects no ModelDeployment or ModelCache owns");
+                    }
+                    // The first pass lists what the caches do not hold (objects from before this
+                    // controller); later ones read the caches only.
+                    if first {
+                        tracing::debug!(cluster = %name, "sweep: first pass over the member done");
+                    }
+                }
                 Err(e) => tracing::debug!(cluster = %name, "sweep skipped: {e}"),
             }
         }

@@ -435,6 +435,17 @@ async fn model_deployment_controller_on_real_api_servers() {
         assert!(s.ready_replicas == n && s.conditions.is_true("Ready"), "{name} unaffected by the poison: {s:?}");
     }
 
+    // The controller's first sweep of each member lists what its caches do not hold, once: the
+    // quiet minute starts after it (a fleet that settles faster than the sweep's period would
+    // otherwise count it).
+    wait_for("every member swept once", Duration::from_secs(60), || async {
+        let logs = ctl.logs();
+        let swept =
+            |m: &str| logs.lines().any(|l| l.contains("sweep: first pass over the member done") && l.contains(m));
+        MEMBERS.iter().all(|(m, _, _)| swept(m)).then_some(())
+    })
+    .await;
+
     // Steady state: 60 s without change → no ModelDeployment writes, no member spec writes.
     let generations = |c: Client| async move {
         Api::<Deployment>::namespaced(c, "ml")
