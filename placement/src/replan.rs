@@ -13,10 +13,10 @@
 //! it on random change sequences). A re-plan solves the whole fleet when what it would reuse
 //! cannot stand: the first solve, clusters that changed in more than their pools' free devices
 //! (capacity observed: those pools are dirty from the start), other classes, another set of
-//! deployments (or another
-//! solve order), explain mode, a solve whose evaluations near the budget, and whenever the plan
-//! leaves replicas unplaced and the improvement phase is on (the phase reads the whole fleet).
-//! While the fleet stays short that way, whole solves are not traced (nothing would be reused).
+//! deployments (or another solve order), explain mode, a solve whose evaluations near the budget
+//! or whose trace would outgrow its bound, and whenever the plan leaves replicas unplaced and the
+//! improvement phase is on (the phase reads the whole fleet). While the fleet stays short that
+//! way, whole solves are not traced (nothing would be reused).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
