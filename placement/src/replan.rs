@@ -22,6 +22,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use super::free::{Free, StepIo};
+use super::held::Held;
 use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, kept_ahead, order_indices, solve, solve_cmp};
 use crate::devices::DeviceMatcher;
 use crate::filters::StaticMemo;
@@ -41,16 +42,17 @@ pub struct Replanner {
     unique: bool,
     /// What the solve works out once from the clusters and classes.
     fixed: Option<Fixed>,
-    /// The last solve left replicas unplaced for the improvement phase.
-    short: bool,
     /// Entries a trace may hold (`MAX_TRACE_ENTRIES`).
     limit: u64,
     /// A whole solve's trace outgrew `limit` (or its evaluations neared the budget): every
     /// solve is whole from then on, untraced.
     untraceable: bool,
+    /// The greedy pass's plan (the plan, unless the improvement phase ran).
     plan: Plan,
+    /// The plan after the improvement phase, when it ran.
+    improved: Option<Plan>,
     /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
-    /// (the improvement phase ran, explain mode, or the evaluations neared the budget).
+    /// (explain mode, the evaluations neared the budget, the trace outgrew its bound).
     trace: Option<Trace>,
     stats: ReplanStats,
 }
@@ -96,6 +98,9 @@ struct Trace {
     evaluations: u64,
     /// Entries held (`entries`).
     entries: u64,
+    /// Per deployment in solve order, where the greedy pass put its replicas (what the
+    /// improvement phase starts from).
+    held: Vec<Vec<Held>>,
 }
 
 /// Entries (pools read, values written) a trace may hold by default, about 12 bytes each with
@@ -130,10 +135,10 @@ impl Replanner {
             order_ix: Vec::new(),
             unique: false,
             fixed: None,
-            short: false,
             limit: MAX_TRACE_ENTRIES,
             untraceable: false,
             plan: Plan::default(),
+            improved: None,
             trace: None,
             stats: ReplanStats::default(),
         };
@@ -144,12 +149,12 @@ impl Replanner {
 
     /// The last plan.
     pub fn plan(&self) -> &Plan {
-        &self.plan
+        self.improved.as_ref().unwrap_or(&self.plan)
     }
 
     /// The last plan, owned.
     pub fn into_plan(self) -> Plan {
-        self.plan
+        self.improved.unwrap_or(self.plan)
     }
 
     /// What the last solve or re-plan did.
@@ -179,18 +184,20 @@ impl Replanner {
         self.order_ix = order_ix;
         let (Some(fixed), Some(capacity)) = (self.fixed.take().filter(|_| same_frame), capacity) else {
             self.full(snapshot);
-            return &self.plan;
+            return self.plan();
         };
         let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
         let prev = self.trace.take();
-        let changes = Changes { deployments: &changed, capacity: &capacity };
+        let changes = Changes { greedy: &self.plan.deployments, deployments: &changed, capacity: &capacity };
         let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, changes, self.limit);
         self.fixed = Some(fixed);
         match outcome {
-            Outcome::Traced(trace, plans, stats) if !self.needs_improvement(&plans) => {
+            Outcome::Traced(t) => {
+                let Traced { trace, plans, stats, improved } = *t;
                 for (i, p) in plans {
                     self.plan.deployments[i] = p;
                 }
+                self.improved = improved;
                 for (ci, pi, _) in capacity {
                     self.clusters[ci].pools[pi]
                         .free_per_node
@@ -204,25 +211,9 @@ impl Replanner {
                 self.trace = Some(trace);
                 self.stats = stats;
             }
-            Outcome::Traced(..) => {
-                // Short now: the improvement phase has work, on a whole solve.
-                self.short = true;
-                self.full(snapshot);
-            }
-            Outcome::Improved(_) | Outcome::Abort => self.full(snapshot),
+            Outcome::Abort => self.full(snapshot),
         }
-        &self.plan
-    }
-
-    /// Whether the plan, with `plans` replacing its entries, leaves replicas for the
-    /// improvement phase.
-    fn needs_improvement(&self, plans: &[(usize, DeploymentPlan)]) -> bool {
-        let mut new = plans.iter().peekable();
-        self.options.max_improvement > 0
-            && self.plan.deployments.iter().enumerate().any(|(i, old)| {
-                let p = new.next_if(|(j, _)| *j == i).map_or(old, |(_, p)| p);
-                p.unplaced > 0
-            })
+        self.plan()
     }
 
     /// Solves `snapshot` whole: traced when a later re-plan can start from it.
@@ -236,11 +227,8 @@ impl Replanner {
         self.trace = None;
         let fixed = Fixed::of(snapshot);
         let n = order.len();
-        // A fleet still short after the last solve will most likely need the improvement phase
-        // again, and then nothing of this solve is reused: not traced (tracing costs about a
-        // tenth more). Once a solve leaves nothing unplaced, the next one is traced.
-        let outcome = if self.options.explain.is_none() && !self.short && !self.untraceable {
-            let changes = Changes { deployments: &vec![true; n], capacity: &[] };
+        let outcome = if self.options.explain.is_none() && !self.untraceable {
+            let changes = Changes { greedy: &[], deployments: &vec![true; n], capacity: &[] };
             Walk::run(snapshot, &fixed, &order, &self.options, None, changes, self.limit)
         } else {
             Outcome::Abort
@@ -248,20 +236,17 @@ impl Replanner {
         self.fixed = Some(fixed);
         self.stats = ReplanStats { full: true, ..ReplanStats::default() };
         match outcome {
-            Outcome::Traced(trace, plans, stats) => {
+            Outcome::Traced(t) => {
+                let Traced { trace, plans, stats, improved } = *t;
                 self.plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
+                self.improved = improved;
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };
-                self.short = false;
-            }
-            Outcome::Improved(plan) => {
-                self.plan = plan;
-                self.short = true;
             }
             Outcome::Abort => {
-                self.untraceable |= self.options.explain.is_none() && !self.short;
+                self.untraceable |= self.options.explain.is_none();
                 self.plan = solve(snapshot, &self.options);
-                self.short = self.options.max_improvement > 0 && self.plan.deployments.iter().any(|p| p.unplaced > 0);
+                self.improved = None;
             }
         }
     }
@@ -326,16 +311,25 @@ fn free_changes(new: &[ClusterView], old: &[ClusterView]) -> Option<Vec<(usize, 
 /// What changed since the last solve: per deployment in solve order, and the pools whose free
 /// devices the snapshot reports otherwise (`free_changes`).
 struct Changes<'c> {
+    /// The greedy pass's plans of the last solve, in solve order (empty for a first solve).
+    greedy: &'c [DeploymentPlan],
     deployments: &'c [bool],
     capacity: &'c [(usize, usize, Vec<u32>)],
 }
 
+/// A traced walk: per deployment its new plan where its fill step ran, and the plan after the
+/// improvement phase when the greedy pass left it work.
+struct Traced {
+    trace: Trace,
+    plans: Vec<(usize, DeploymentPlan)>,
+    stats: ReplanStats,
+    improved: Option<Plan>,
+}
+
 /// How a walk ended.
 enum Outcome {
-    /// The greedy pass, traced: per deployment its new plan where its fill step ran.
-    Traced(Trace, Vec<(usize, DeploymentPlan)>, ReplanStats),
-    /// A first solve that left replicas for the improvement phase: its plan (nothing to trace).
-    Improved(Plan),
+    /// The greedy pass, traced.
+    Traced(Box<Traced>),
     /// Nothing reusable: solve the fleet whole.
     Abort,
 }
@@ -363,7 +357,7 @@ impl Walk {
         changes: Changes<'_>,
         max_entries: u64,
     ) -> Outcome {
-        let Changes { deployments: changed, capacity } = changes;
+        let Changes { greedy, deployments: changed, capacity } = changes;
         let n = order.len();
         let limit = options.max_evaluations / 2;
         if prev.as_ref().is_some_and(|t| t.evaluations > limit || t.fill.len() != n) {
@@ -387,14 +381,14 @@ impl Walk {
         let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
         let cluster_ix: HashMap<&str, usize> =
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
-        let (mut keep_out, mut fill_out, mut open_out, tier_start_old) = match prev {
+        let (mut keep_out, mut fill_out, mut open_out, tier_start_old, mut held) = match prev {
             Some(t) => {
                 walk.readers = t.readers;
-                (t.keep, t.fill, t.open, t.tier_start)
+                (t.keep, t.fill, t.open, t.tier_start, t.held)
             }
             None => {
                 walk.readers = vec![Vec::new(); pools];
-                (vec![None; n], vec![Step::default(); n], HashMap::new(), Vec::new())
+                (vec![None; n], vec![Step::default(); n], HashMap::new(), Vec::new(), vec![Vec::new(); n])
             }
         };
         // Pools whose free devices the snapshot reports otherwise than the last one: dirty from
@@ -409,9 +403,8 @@ impl Walk {
             }
         }
         let mut tier_start = vec![0usize; n];
-        // The plans of the fill steps that ran, in solve order; their placements on a first solve.
+        // The plans of the fill steps that ran, in solve order.
         let mut plans: Vec<(usize, DeploymentPlan)> = Vec::new();
-        let mut held = Vec::new();
         let mut costs = vec![0u64; n];
         let mut stats = ReplanStats::default();
         let mut start = 0;
@@ -521,9 +514,7 @@ impl Walk {
                 walk.ran(ctx.free, pos, incremental.then_some(&old.io), &io, changed_from, &hit);
                 fill_out[i] = Step { io, cost };
                 plans.push((i, plan));
-                if !incremental {
-                    held.push(h);
-                }
+                held[i] = h;
                 stats.steps_run += 1;
                 if *ctx.evaluations > limit || walk.entries > max_entries {
                     return Outcome::Abort;
@@ -532,14 +523,38 @@ impl Walk {
             start = end;
         }
         let evaluations = *ctx.evaluations;
-        // A first solve that leaves replicas unplaced: the improvement phase, on this pass's
-        // result, as `solve` runs it (no re-plan starts from it).
-        if !incremental && options.max_improvement > 0 && plans.iter().any(|(_, p)| p.unplaced > 0) {
-            ctx.free.stop();
-            let mut plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
-            ctx.improve(order, &mut plan.deployments, Solved { plans: Vec::new(), held, cost: costs }, options);
-            return Outcome::Improved(plan);
-        }
+        // The greedy pass's plans: the last ones with those of the fill steps that ran.
+        let merged = || -> Vec<DeploymentPlan> {
+            if !incremental {
+                return plans.iter().map(|(_, p)| p.clone()).collect();
+            }
+            let mut all = greedy.to_vec();
+            for (i, p) in &plans {
+                all[*i] = p.clone();
+            }
+            all
+        };
+        // Replicas left unplaced: the improvement phase, on this pass's result, as `solve` runs
+        // it (the same plans, placements, costs and free devices; the phase itself is not traced).
+        let improved = {
+            let short_now = options.max_improvement > 0
+                && if incremental {
+                    let mut new = plans.iter().peekable();
+                    greedy
+                        .iter()
+                        .enumerate()
+                        .any(|(i, old)| new.next_if(|(j, _)| *j == i).map_or(old, |(_, p)| p).unplaced > 0)
+                } else {
+                    plans.iter().any(|(_, p)| p.unplaced > 0)
+                };
+            short_now.then(|| {
+                ctx.free.stop();
+                let mut all = merged();
+                let solved = Solved { plans: Vec::new(), held: held.clone(), cost: costs.clone() };
+                ctx.improve(order, &mut all, solved, options);
+                Plan { deployments: all }
+            })
+        };
         let trace = Trace {
             keep: keep_out,
             fill: fill_out,
@@ -548,9 +563,10 @@ impl Walk {
             readers: walk.readers,
             evaluations,
             entries: walk.entries,
+            held,
         };
         let stats = ReplanStats { trace_entries: trace.entries, ..stats };
-        Outcome::Traced(trace, plans, stats)
+        Outcome::Traced(Box::new(Traced { trace, plans, stats, improved }))
     }
 
     /// The dirty pools the step at `pos` reads (their next reader was this step).

@@ -334,3 +334,26 @@ fn a_fleet_whose_trace_outgrows_its_limit_is_solved_whole() {
     assert_eq!(json(ample.replan(&next)), json(&solve(&next, &options)));
     assert!(!ample.stats().full);
 }
+
+/// With the improvement phase on (the default), a fleet that leaves replicas unplaced is still
+/// re-planned incrementally: the greedy pass reuses its steps and the phase runs on its result,
+/// giving `solve`'s plan.
+#[test]
+fn a_short_fleet_replans_incrementally_with_the_improvement_phase() {
+    let options = SolveOptions::default();
+    let (mut short, mut incremental) = (0, 0);
+    for seed in 0..12u64 {
+        let snap = generate(&GenSpec { clusters: 8 + seed as usize, deployments: 25, seed });
+        let mut r = Replanner::new(&snap, options.clone());
+        let mut next = with_current(&snap, r.plan());
+        next.deployments[1].spec.replicas += 1;
+        let got = json(r.replan(&next));
+        assert_eq!(got, json(&solve(&next, &options)), "seed {seed}");
+        if r.plan().deployments.iter().any(|p| p.unplaced > 0) {
+            short += 1;
+            incremental += usize::from(!r.stats().full);
+        }
+    }
+    assert!(short >= 3, "the generated fleets leave replicas unplaced: {short}");
+    assert_eq!(incremental, short, "every short fleet re-planned incrementally");
+}
