@@ -14,9 +14,9 @@
 //! cannot stand: the first solve, clusters that changed in more than their pools' free devices
 //! (capacity observed: those pools are dirty from the start), other classes, another set of
 //! deployments (or another solve order), explain mode, a solve whose evaluations near the budget
-//! or whose trace would outgrow its bound, and whenever the plan leaves replicas unplaced and the
-//! improvement phase is on (the phase reads the whole fleet). While the fleet stays short that
-//! way, whole solves are not traced (nothing would be reused).
+//! or whose trace would outgrow its bound. When the greedy pass leaves replicas unplaced and the
+//! improvement phase is on, the phase runs whole on the replayed pass's result (it is not
+//! traced): the greedy plans, placements and costs are kept for it.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
