@@ -194,11 +194,6 @@ impl Metrics {
         self.solve_steps.get_or_create(&StepLabels { step: StepUse::Reused }).inc_by(reused as u64);
     }
 
-    /// Solves so far, by mode.
-    pub fn solves(&self, mode: SolveMode) -> u64 {
-        self.solves.get_or_create(&SolveLabels { mode }).get()
-    }
-
     /// Sets the leader gauge.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
@@ -224,10 +219,9 @@ mod tests {
         m.solved(SolveMode::Whole, Duration::from_millis(40), 120, 0);
         m.solved(SolveMode::Incremental, Duration::from_micros(900), 3, 117);
         m.solved(SolveMode::Incremental, Duration::from_micros(800), 2, 118);
-        assert_eq!(m.solves(SolveMode::Whole), 1);
-        assert_eq!(m.solves(SolveMode::Incremental), 2);
         let text = m.encode();
         for line in [
+            "flotilla_controller_solves_total{mode=\"Whole\"} 1",
             "flotilla_controller_solves_total{mode=\"Incremental\"} 2",
             "flotilla_controller_solve_steps_total{step=\"Run\"} 125",
             "flotilla_controller_solve_steps_total{step=\"Reused\"} 235",

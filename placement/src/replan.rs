@@ -135,14 +135,13 @@ impl Replanner {
             order_ix: Vec::new(),
             unique: false,
             fixed: None,
-            limit: MAX_TRACE_ENTRIES,
+            limit,
             untraceable: false,
             plan: Plan::default(),
             improved: None,
             trace: None,
             stats: ReplanStats::default(),
         };
-        r.limit = limit;
         r.full(snapshot);
         r
     }
@@ -164,9 +163,8 @@ impl Replanner {
 
     /// The plan for `snapshot`: the one `solve` gives, reusing what its changes cannot affect.
     pub fn replan(&mut self, snapshot: &FleetSnapshot) -> &Plan {
-        let same_key = |a: &DeploymentView, b: &DeploymentView| {
-            a.namespace == b.namespace && a.name == b.name && a.priority() == b.priority() && a.created == b.created
-        };
+        // The same place in the solve order: priority, creation, namespace and name.
+        let same_key = |a: &DeploymentView, b: &DeploymentView| solve_cmp(a, b).is_eq();
         let n = self.deployments.len();
         // The last order still holds when every position names the same deployment and no two
         // tie; otherwise sort again.
@@ -306,6 +304,20 @@ fn free_changes(new: &[ClusterView], old: &[ClusterView]) -> Option<Vec<(usize, 
         }
     }
     Some(changes)
+}
+
+/// The greedy pass's `n` plans in solve order: those of the fill steps that ran (`ran`, in
+/// solve order; all of them on a first solve), the last solve's (`last`) for the rest.
+fn greedy_plans<'a>(
+    last: &'a [DeploymentPlan],
+    ran: &'a [(usize, DeploymentPlan)],
+    n: usize,
+) -> impl Iterator<Item = &'a DeploymentPlan> {
+    let mut ran = ran.iter().peekable();
+    (0..n).map(move |i| match ran.next_if(|(j, _)| *j == i) {
+        Some((_, p)) => p,
+        None => &last[i],
+    })
 }
 
 /// What changed since the last solve: per deployment in solve order, and the pools whose free
@@ -523,38 +535,15 @@ impl Walk {
             start = end;
         }
         let evaluations = *ctx.evaluations;
-        // The greedy pass's plans: the last ones with those of the fill steps that ran.
-        let merged = || -> Vec<DeploymentPlan> {
-            if !incremental {
-                return plans.iter().map(|(_, p)| p.clone()).collect();
-            }
-            let mut all = greedy.to_vec();
-            for (i, p) in &plans {
-                all[*i] = p.clone();
-            }
-            all
-        };
         // Replicas left unplaced: the improvement phase, on this pass's result, as `solve` runs
         // it (the same plans, placements, costs and free devices; the phase itself is not traced).
-        let improved = {
-            let short_now = options.max_improvement > 0
-                && if incremental {
-                    let mut new = plans.iter().peekable();
-                    greedy
-                        .iter()
-                        .enumerate()
-                        .any(|(i, old)| new.next_if(|(j, _)| *j == i).map_or(old, |(_, p)| p).unplaced > 0)
-                } else {
-                    plans.iter().any(|(_, p)| p.unplaced > 0)
-                };
-            short_now.then(|| {
-                ctx.free.stop();
-                let mut all = merged();
-                let solved = Solved { plans: Vec::new(), held: held.clone(), cost: costs.clone() };
-                ctx.improve(order, &mut all, solved, options);
-                Plan { deployments: all }
-            })
-        };
+        let short = options.max_improvement > 0 && greedy_plans(greedy, &plans, n).any(|p| p.unplaced > 0);
+        let improved = short.then(|| {
+            ctx.free.stop();
+            let mut all: Vec<DeploymentPlan> = greedy_plans(greedy, &plans, n).cloned().collect();
+            ctx.improve(order, &mut all, Solved { plans: Vec::new(), held: held.clone(), cost: costs }, options);
+            Plan { deployments: all }
+        });
         let trace = Trace {
             keep: keep_out,
             fill: fill_out,

@@ -1,7 +1,7 @@
 //! The ModelDeployment reconciler, as observe → decide → apply. Observe: the deployment's
 //! entry in the fleet plan (`placement::Replanner` over the informer caches, once per fleet
-//! state, off the async workers, re-planning only what a change can reach), its CapacityClaim (`claim_sync.rs`) and what its members run
-//! (`observe.rs`). Decide: `decide.rs`, pure — the make-before-break step, the objects per
+//! state, off the async workers, re-planning only what a change can reach), its CapacityClaim
+//! (`claim_sync.rs`) and what its members run (`observe.rs`). Decide: `decide.rs`, pure — the make-before-break step, the objects per
 //! member, the write-ahead status, the final status, events and pace. Apply: the write-ahead,
 //! server-side apply and prune per member, the status only when it differs, the events. Which
 //! deployments a fleet change concerns is `wake.rs`, driven by `trigger.rs`. A ModelDeployment
