@@ -50,6 +50,20 @@ impl<'s> DeviceMatcher<'s> {
         }
     }
 
+    /// A matcher over `classes` that starts from what another one over the same classes
+    /// compiled and judged (`into_memo`).
+    pub(crate) fn resume(classes: &'s std::collections::BTreeMap<String, ClassView>, memo: MatcherMemo) -> Self {
+        let MatcherMemo { engine, selectors, devices, verdicts } = memo;
+        Self { engine, classes, selectors, devices, verdicts }
+    }
+
+    /// What this matcher compiled and judged: a pure function of the expressions and the
+    /// classes, so another matcher over the same classes may start from it.
+    pub(crate) fn into_memo(self) -> MatcherMemo {
+        let Self { engine, selectors, devices, verdicts, .. } = self;
+        MatcherMemo { engine, selectors, devices, verdicts }
+    }
+
     /// The first selector of `alternatives` that can never run (does not compile, nests too
     /// deep, costs too much, names an unknown variable): its field and the error.
     pub fn invalid_selector(&mut self, alternatives: &[DeviceAlternative]) -> Option<(String, String)> {
@@ -112,6 +126,21 @@ impl<'s> DeviceMatcher<'s> {
             }
         }
         ClassMatch::Match
+    }
+}
+
+/// A matcher's compiled selectors, device values and verdicts, without its classes.
+pub(crate) struct MatcherMemo {
+    engine: SelectorEngine,
+    selectors: HashMap<String, Result<Selector, SelectorError>>,
+    devices: HashMap<String, Result<CelValue, SelectorError>>,
+    verdicts: HashMap<(String, String), Option<String>>,
+}
+
+impl MatcherMemo {
+    /// Entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.selectors.len() + self.devices.len() + self.verdicts.len()
     }
 }
 

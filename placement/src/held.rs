@@ -268,3 +268,60 @@ pub(super) fn users_of(held: &[Vec<Held>]) -> BTreeMap<(usize, usize), Vec<usize
 pub(super) fn watched(order: &[&DeploymentView], plans: &[DeploymentPlan]) -> Vec<usize> {
     (0..order.len()).filter(|&i| order[i].spec.placement.spread.is_some() || plans[i].unplaced > 0).collect()
 }
+
+/// The plans the improvement phase works on, in solve order. For a re-plan it keeps, on first
+/// change, the greedy pass's plan of every deployment it changes, so that the next walk starts
+/// from the greedy plans without the phase copying all of them.
+pub(super) struct Plans<'p> {
+    v: &'p mut [DeploymentPlan],
+    /// Per deployment, whether its greedy plan is in `saved` (`None`: nothing is kept).
+    seen: Option<Vec<bool>>,
+    saved: Vec<(usize, DeploymentPlan)>,
+}
+
+impl<'p> Plans<'p> {
+    pub(super) fn new(v: &'p mut [DeploymentPlan], keep_greedy: bool) -> Self {
+        let seen = keep_greedy.then(|| vec![false; v.len()]);
+        Self { v, seen, saved: Vec::new() }
+    }
+
+    /// Every plan, to read.
+    pub(super) fn all(&self) -> &[DeploymentPlan] {
+        self.v
+    }
+
+    /// Whether deployment `i`'s plan may have changed since the phase began.
+    pub(super) fn touched(&self, i: usize) -> bool {
+        self.seen.as_ref().is_none_or(|s| s[i])
+    }
+
+    /// The greedy plans of the deployments the phase changed (empty unless kept).
+    pub(super) fn into_saved(self) -> Vec<(usize, DeploymentPlan)> {
+        self.saved
+    }
+}
+
+impl std::ops::Deref for Plans<'_> {
+    type Target = [DeploymentPlan];
+    fn deref(&self) -> &[DeploymentPlan] {
+        self.v
+    }
+}
+
+impl std::ops::Index<usize> for Plans<'_> {
+    type Output = DeploymentPlan;
+    fn index(&self, i: usize) -> &DeploymentPlan {
+        &self.v[i]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Plans<'_> {
+    fn index_mut(&mut self, i: usize) -> &mut DeploymentPlan {
+        if let Some(seen) = &mut self.seen
+            && !std::mem::replace(&mut seen[i], true)
+        {
+            self.saved.push((i, self.v[i].clone()));
+        }
+        &mut self.v[i]
+    }
+}

@@ -22,7 +22,8 @@ use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SpreadDomain;
 
 use super::held::{
-    Held, Tentative, add, cost, held_of, movable, name, no_more_room, open, per_rank, record, repack, users_of, watched,
+    Held, Plans, Tentative, add, cost, held_of, movable, name, no_more_room, open, per_rank, record, repack, users_of,
+    watched,
 };
 use super::{Candidate, Ctx, SolveOptions, Solved};
 use crate::devices::ReplicaShape;
@@ -63,6 +64,25 @@ struct Dep {
     spread: Option<(SpreadDomain, u32)>,
 }
 
+/// Deployments' phase data (`Dep`, and the work building it charged), kept from one re-plan to
+/// the next by solve-order index: a deployment that did not change has the same candidates as
+/// the phase reads them (its spec, the clusters' static facts and the classes are the same; of
+/// the free devices a candidate notes only `initial_slots`, which the phase never reads), and
+/// building them again would charge the same work.
+#[derive(Default)]
+pub(super) struct PhaseMemo {
+    deps: Vec<Option<(Dep, u64)>>,
+}
+
+impl PhaseMemo {
+    /// Forgets deployment `i`'s data (its spec changed).
+    pub(super) fn forget(&mut self, i: usize) {
+        if let Some(d) = self.deps.get_mut(i) {
+            *d = None;
+        }
+    }
+}
+
 /// The phase's state: lazily built deployment data, pool users, work spent.
 struct Phase<'o, 's> {
     order: &'o [&'s DeploymentView],
@@ -70,6 +90,10 @@ struct Phase<'o, 's> {
     /// Per deployment, its priority (tiers pack in turn, `repack`).
     prios: Vec<i32>,
     deps: Vec<Option<Dep>>,
+    /// Per deployment: the work building its `Dep` charged.
+    dep_work: Vec<u64>,
+    /// Data kept from the last re-plan, taken as first used.
+    memo: Vec<Option<(Dep, u64)>>,
     /// Per pool, the deployments (solve-order indexes, ascending) with replicas on it.
     users: BTreeMap<(usize, usize), Vec<usize>>,
     /// Per deployment: a valid spec that was solved (the phase may change its plan).
@@ -88,20 +112,33 @@ struct Phase<'o, 's> {
 }
 
 impl Ctx<'_, '_> {
-    /// Runs the phase over the greedy's plans and placements (both in solve order).
+    /// Runs the phase over the greedy's plans and placements (both in solve order). For a
+    /// re-plan (`memo`), returns the greedy plan of every deployment whose plan it changed, and
+    /// leaves in `memo` the deployment data it built or reused.
     pub(super) fn improve(
         &mut self,
         order: &[&DeploymentView],
         plans: &mut [DeploymentPlan],
         solved: Solved,
         options: &SolveOptions,
-    ) {
+        mut memo: Option<&mut PhaseMemo>,
+    ) -> Vec<(usize, DeploymentPlan)> {
         let Solved { mut held, cost, .. } = solved;
+        let mut phase_plans = Plans::new(plans, memo.is_some());
+        let plans = &mut phase_plans;
         let mut ph = Phase {
             order,
             shapes: order.iter().map(|d| ReplicaShape::of(&d.spec.topology)).collect(),
             prios: order.iter().map(|d| d.priority()).collect(),
             deps: (0..order.len()).map(|_| None).collect(),
+            dep_work: vec![0; order.len()],
+            memo: match memo.as_deref_mut() {
+                Some(m) => {
+                    m.deps.resize_with(order.len(), || None);
+                    std::mem::take(&mut m.deps)
+                }
+                None => Vec::new(),
+            },
             users: users_of(&held),
             movable: plans.iter().map(movable).collect(),
             watched: watched(order, plans),
@@ -135,13 +172,22 @@ impl Ctx<'_, '_> {
                 self.refresh(d, &mut plans[i], &held[i]);
             }
         }
+        if let Some(m) = memo {
+            m.deps = ph.memo;
+            for (i, (d, w)) in ph.deps.into_iter().zip(ph.dep_work).enumerate() {
+                if let Some(d) = d {
+                    m.deps[i] = Some((d, w));
+                }
+            }
+        }
+        phase_plans.into_saved()
     }
 
     /// Places what moves can of deployment `di`'s missing replicas, within the budget.
     fn moves(
         &mut self,
         ph: &mut Phase<'_, '_>,
-        plans: &mut [DeploymentPlan],
+        plans: &mut Plans<'_>,
         held: &mut [Vec<Held>],
         changed: &mut [bool],
         di: usize,
@@ -163,7 +209,7 @@ impl Ctx<'_, '_> {
     fn apply(
         &mut self,
         ph: &mut Phase<'_, '_>,
-        plans: &mut [DeploymentPlan],
+        plans: &mut Plans<'_>,
         held: &mut [Vec<Held>],
         changed: &mut [bool],
         t: Tentative,
@@ -209,9 +255,17 @@ impl Ctx<'_, '_> {
     /// Builds the deployment's phase data on first use.
     fn dep(&mut self, ph: &mut Phase<'_, '_>, i: usize) {
         if ph.deps[i].is_none() {
+            if let Some((dep, work)) = ph.memo.get_mut(i).and_then(Option::take) {
+                ph.work += work;
+                ph.dep_work[i] = work;
+                ph.deps[i] = Some(dep);
+                return;
+            }
             let d = ph.order[i];
             self.cache = d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c));
+            let before = ph.work;
             let cands = self.candidates_of(d, &ph.shapes[i], &mut ph.work);
+            ph.dep_work[i] = ph.work - before;
             let policy = &d.spec.placement;
             ph.deps[i] = Some(Dep {
                 shape: ph.shapes[i].clone(),

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::super::held::{Held, Tentative, movable, name, record, repack, users_of, watched};
+use super::super::held::{Held, Plans, Tentative, movable, name, record, repack, users_of, watched};
 use super::super::{Ctx, SolveOptions};
 use super::Phase;
 use crate::plan::{DeploymentPlan, Move, Preemption, Reason, Rejection};
@@ -25,7 +25,7 @@ impl Ctx<'_, '_> {
     pub(super) fn preempt(
         &mut self,
         ph: &mut Phase<'_, '_>,
-        plans: &mut [DeploymentPlan],
+        plans: &mut Plans<'_>,
         held: &mut [Vec<Held>],
         changed: &mut [bool],
         di: usize,
@@ -37,7 +37,7 @@ impl Ctx<'_, '_> {
         let n = ph.order.len();
         if below == n
             || !held[below..].iter().any(|hs| hs.iter().any(|h| h.count > h.kept))
-            || plans[below..].iter().any(|p| p.rejections.iter().any(|r| r.reason == Reason::BudgetExhausted))
+            || plans.all()[below..].iter().any(|p| p.rejections.iter().any(|r| r.reason == Reason::BudgetExhausted))
         {
             return false;
         }
@@ -51,17 +51,22 @@ impl Ctx<'_, '_> {
         let saved_held = held.to_vec();
         let saved_free = self.free.raw().clone();
         let saved_users = ph.users.clone();
-        let saved_plans: Vec<DeploymentPlan> = plans[tier..below].to_vec();
+        let saved_plans: Vec<DeploymentPlan> = plans.all()[tier..below].to_vec();
         let saved_changed: Vec<bool> = changed[tier..below].to_vec();
         let restore = |ctx: &mut Self,
                        ph: &mut Phase<'_, '_>,
-                       plans: &mut [DeploymentPlan],
+                       plans: &mut Plans<'_>,
                        held: &mut [Vec<Held>],
                        changed: &mut [bool]| {
             held.clone_from_slice(&saved_held);
             ctx.free.raw_mut().clone_from(&saved_free);
             ph.users.clone_from(&saved_users);
-            plans[tier..below].clone_from_slice(&saved_plans);
+            // A plan not changed since the phase began is still what was saved.
+            for (i, p) in (tier..below).zip(&saved_plans) {
+                if plans.touched(i) {
+                    plans[i].clone_from(p);
+                }
+            }
             changed[tier..below].copy_from_slice(&saved_changed);
             ph.floor = None;
         };

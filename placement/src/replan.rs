@@ -23,11 +23,13 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use super::free::{Free, StepIo};
 use super::held::Held;
-use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, kept_ahead, order_indices, solve, solve_cmp};
-use crate::devices::DeviceMatcher;
+use super::improve::PhaseMemo;
+use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, order_indices, solve, solve_cmp};
+use crate::devices::{DeviceMatcher, MatcherMemo};
 use crate::filters::StaticMemo;
 use crate::plan::{DeploymentPlan, Plan};
 use crate::snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView};
+use tier_open::TierOpen;
 
 /// Keeps the last plan and how it was reached, and re-plans the next snapshot from them.
 pub struct Replanner {
@@ -47,10 +49,11 @@ pub struct Replanner {
     /// A whole solve's trace outgrew `limit` (or its evaluations neared the budget): every
     /// solve is whole from then on, untraced.
     untraceable: bool,
-    /// The greedy pass's plan (the plan, unless the improvement phase ran).
+    /// The last plan (after the improvement phase, when it ran).
     plan: Plan,
-    /// The plan after the improvement phase, when it ran.
-    improved: Option<Plan>,
+    /// The greedy pass's plans that the improvement phase changed (solve-order index, plan):
+    /// with `plan`, the last greedy pass, which the next walk starts from.
+    greedy_saved: Vec<(usize, DeploymentPlan)>,
     /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
     /// (explain mode, the evaluations neared the budget, the trace outgrew its bound).
     trace: Option<Trace>,
@@ -92,7 +95,7 @@ struct Trace {
     /// Per deployment in solve order, the first deployment of its tier.
     tier_start: Vec<usize>,
     /// Per tier (by its first deployment): the `open` view its keep steps judged spread on.
-    open: HashMap<usize, Vec<Vec<Vec<u32>>>>,
+    open: HashMap<usize, TierOpen>,
     /// Flat pool → positions (`position`) of the steps that read it, ascending.
     readers: Vec<Vec<u64>>,
     evaluations: u64,
@@ -101,6 +104,10 @@ struct Trace {
     /// Per deployment in solve order, where the greedy pass put its replicas (what the
     /// improvement phase starts from).
     held: Vec<Vec<Held>>,
+    /// The improvement phase's deployment data, for the next re-plan's phase.
+    phase: PhaseMemo,
+    /// What the device matcher compiled and judged (the classes are the same in a re-plan).
+    matcher: Option<MatcherMemo>,
 }
 
 /// Entries (pools read, values written) a trace may hold by default, about 12 bytes each with
@@ -138,7 +145,7 @@ impl Replanner {
             limit,
             untraceable: false,
             plan: Plan::default(),
-            improved: None,
+            greedy_saved: Vec::new(),
             trace: None,
             stats: ReplanStats::default(),
         };
@@ -148,12 +155,12 @@ impl Replanner {
 
     /// The last plan.
     pub fn plan(&self) -> &Plan {
-        self.improved.as_ref().unwrap_or(&self.plan)
+        &self.plan
     }
 
     /// The last plan, owned.
     pub fn into_plan(self) -> Plan {
-        self.improved.unwrap_or(self.plan)
+        self.plan
     }
 
     /// What the last solve or re-plan did.
@@ -186,16 +193,18 @@ impl Replanner {
         };
         let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
         let prev = self.trace.take();
-        let changes = Changes { greedy: &self.plan.deployments, deployments: &changed, capacity: &capacity };
-        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, changes, self.limit);
+        // The walk starts from the last greedy pass's plans.
+        for (i, p) in self.greedy_saved.drain(..) {
+            self.plan.deployments[i] = p;
+        }
+        let changes = Changes { deployments: &changed, capacity: &capacity };
+        let plans = &mut self.plan.deployments;
+        let outcome = Walk::run(snapshot, &fixed, &order, &self.options, prev, changes, plans, self.limit);
         self.fixed = Some(fixed);
         match outcome {
             Outcome::Traced(t) => {
-                let Traced { trace, plans, stats, improved } = *t;
-                for (i, p) in plans {
-                    self.plan.deployments[i] = p;
-                }
-                self.improved = improved;
+                let Traced { trace, stats, greedy_saved } = *t;
+                self.greedy_saved = greedy_saved;
                 for (ci, pi, _) in capacity {
                     self.clusters[ci].pools[pi]
                         .free_per_node
@@ -223,11 +232,13 @@ impl Replanner {
         self.classes = snapshot.classes.clone();
         self.deployments = order.iter().map(|d| (*d).clone()).collect();
         self.trace = None;
+        self.greedy_saved = Vec::new();
         let fixed = Fixed::of(snapshot);
         let n = order.len();
+        let mut plans = Vec::with_capacity(n);
         let outcome = if self.options.explain.is_none() && !self.untraceable {
-            let changes = Changes { greedy: &[], deployments: &vec![true; n], capacity: &[] };
-            Walk::run(snapshot, &fixed, &order, &self.options, None, changes, self.limit)
+            let changes = Changes { deployments: &vec![true; n], capacity: &[] };
+            Walk::run(snapshot, &fixed, &order, &self.options, None, changes, &mut plans, self.limit)
         } else {
             Outcome::Abort
         };
@@ -235,16 +246,15 @@ impl Replanner {
         self.stats = ReplanStats { full: true, ..ReplanStats::default() };
         match outcome {
             Outcome::Traced(t) => {
-                let Traced { trace, plans, stats, improved } = *t;
-                self.plan = Plan { deployments: plans.into_iter().map(|(_, p)| p).collect() };
-                self.improved = improved;
+                let Traced { trace, stats, greedy_saved } = *t;
+                self.plan = Plan { deployments: plans };
+                self.greedy_saved = greedy_saved;
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };
             }
             Outcome::Abort => {
                 self.untraceable |= self.options.explain.is_none();
                 self.plan = solve(snapshot, &self.options);
-                self.improved = None;
             }
         }
     }
@@ -306,36 +316,19 @@ fn free_changes(new: &[ClusterView], old: &[ClusterView]) -> Option<Vec<(usize, 
     Some(changes)
 }
 
-/// The greedy pass's `n` plans in solve order: those of the fill steps that ran (`ran`, in
-/// solve order; all of them on a first solve), the last solve's (`last`) for the rest.
-fn greedy_plans<'a>(
-    last: &'a [DeploymentPlan],
-    ran: &'a [(usize, DeploymentPlan)],
-    n: usize,
-) -> impl Iterator<Item = &'a DeploymentPlan> {
-    let mut ran = ran.iter().peekable();
-    (0..n).map(move |i| match ran.next_if(|(j, _)| *j == i) {
-        Some((_, p)) => p,
-        None => &last[i],
-    })
-}
-
 /// What changed since the last solve: per deployment in solve order, and the pools whose free
 /// devices the snapshot reports otherwise (`free_changes`).
 struct Changes<'c> {
-    /// The greedy pass's plans of the last solve, in solve order (empty for a first solve).
-    greedy: &'c [DeploymentPlan],
     deployments: &'c [bool],
     capacity: &'c [(usize, usize, Vec<u32>)],
 }
 
-/// A traced walk: per deployment its new plan where its fill step ran, and the plan after the
-/// improvement phase when the greedy pass left it work.
+/// A traced walk (its plans are written in place), and the greedy plans the improvement phase
+/// changed when the greedy pass left it work.
 struct Traced {
     trace: Trace,
-    plans: Vec<(usize, DeploymentPlan)>,
     stats: ReplanStats,
-    improved: Option<Plan>,
+    greedy_saved: Vec<(usize, DeploymentPlan)>,
 }
 
 /// How a walk ended.
@@ -360,6 +353,9 @@ struct Walk {
 }
 
 impl Walk {
+    /// Walks the greedy pass; `plans` holds the last pass's plans (empty on a first solve) and
+    /// is left with this pass's, then the improvement phase's.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         snapshot: &FleetSnapshot,
         fixed: &Fixed,
@@ -367,9 +363,10 @@ impl Walk {
         options: &SolveOptions,
         prev: Option<Trace>,
         changes: Changes<'_>,
+        plans: &mut Vec<DeploymentPlan>,
         max_entries: u64,
     ) -> Outcome {
-        let Changes { greedy, deployments: changed, capacity } = changes;
+        let Changes { deployments: changed, capacity } = changes;
         let n = order.len();
         let limit = options.max_evaluations / 2;
         if prev.as_ref().is_some_and(|t| t.evaluations > limit || t.fill.len() != n) {
@@ -386,23 +383,37 @@ impl Walk {
             incremental,
             entries: prev.as_ref().map_or(0, |t| t.entries),
         };
-        let mut matcher = DeviceMatcher::new(&snapshot.classes);
+        // A matcher that starts from the last one's, unless that holds more than this snapshot's
+        // expressions could need (a bound on what changed specs leave behind).
+        let mut prev = prev;
+        let exprs: usize =
+            snapshot.deployments.iter().flat_map(|d| &d.spec.devices.alternatives).map(|a| a.selectors.len()).sum();
+        let classes = snapshot.classes.len();
+        let bound = 2 * (exprs + classes) * (classes + 1) + 1024;
+        let mut matcher = match prev.as_mut().and_then(|t| t.matcher.take()) {
+            Some(m) if m.len() <= bound => DeviceMatcher::resume(&snapshot.classes, m),
+            _ => DeviceMatcher::new(&snapshot.classes),
+        };
         let mut statics = StaticMemo::default();
         let mut evaluations = 0u64;
         let mut spare = Vec::new();
         let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
         let cluster_ix: HashMap<&str, usize> =
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
-        let (mut keep_out, mut fill_out, mut open_out, tier_start_old, mut held) = match prev {
+        let (mut keep_out, mut fill_out, mut open_out, tier_start_old, mut held, mut phase) = match prev {
             Some(t) => {
                 walk.readers = t.readers;
-                (t.keep, t.fill, t.open, t.tier_start, t.held)
+                (t.keep, t.fill, t.open, t.tier_start, t.held, t.phase)
             }
             None => {
                 walk.readers = vec![Vec::new(); pools];
-                (vec![None; n], vec![Step::default(); n], HashMap::new(), Vec::new(), vec![Vec::new(); n])
+                let none = vec![None; n];
+                (none, vec![Step::default(); n], HashMap::new(), Vec::new(), vec![Vec::new(); n], PhaseMemo::default())
             }
         };
+        for i in (0..n).filter(|&i| changed[i]) {
+            phase.forget(i);
+        }
         // Pools whose free devices the snapshot reports otherwise than the last one: dirty from
         // the start, with the last solve's value.
         for (ci, pi, was) in capacity {
@@ -415,8 +426,6 @@ impl Walk {
             }
         }
         let mut tier_start = vec![0usize; n];
-        // The plans of the fill steps that ran, in solve order.
-        let mut plans: Vec<(usize, DeploymentPlan)> = Vec::new();
         let mut costs = vec![0u64; n];
         let mut stats = ReplanStats::default();
         let mut start = 0;
@@ -428,24 +437,18 @@ impl Walk {
                 return Outcome::Abort;
             }
             // The tier's `open` view, and the pools where it differs from the last solve's.
-            let tier_changed = changed[start..end].iter().any(|&c| c);
-            let reuse_open = incremental && !tier_changed && walk.old.is_empty();
-            let open: Option<Vec<Vec<Vec<u32>>>> = if reuse_open {
-                open_out.remove(&start)
-            } else {
-                kept_ahead(snapshot, ctx.free.raw(), &cluster_ix, &order[start..end])
-            };
-            let open_dirty: Vec<bool> = match (incremental && !reuse_open, &open, open_out.get(&start)) {
-                (true, Some(new), Some(old)) => {
-                    let mut v = vec![false; pools];
-                    for (flat, d) in v.iter_mut().enumerate() {
-                        let (ci, pi) = ctx.free.coords(flat as u32);
-                        *d = new[ci][pi] != old[ci][pi];
-                    }
-                    v
-                }
-                _ => Vec::new(),
-            };
+            let mut open_dirty = Vec::new();
+            let open = TierOpen::of(
+                snapshot,
+                &cluster_ix,
+                &order[start..end],
+                &changed[start..end],
+                ctx.free,
+                walk.old.keys().copied(),
+                if incremental { open_out.remove(&start) } else { None },
+                &mut open_dirty,
+            );
+            let view = open.as_ref().map(|o| o.view.as_slice());
             // What each keep step left; `None`: reused, taken from its record if the fill runs.
             let mut pending: Vec<Option<Pending>> = Vec::with_capacity(end - start);
             let mut keep_ran = vec![false; end - start];
@@ -476,7 +479,7 @@ impl Walk {
                 } else {
                     ctx.free.begin();
                     let before = *ctx.evaluations;
-                    let kept = ctx.with(d, &options.explain, open.as_deref()).keep(d);
+                    let kept = ctx.with(d, &options.explain, view).keep(d);
                     let (io, changed_from) = ctx.free.end();
                     let cost = *ctx.evaluations - before;
                     costs[i] += cost;
@@ -525,7 +528,12 @@ impl Walk {
                 let old = std::mem::take(&mut fill_out[i]);
                 walk.ran(ctx.free, pos, incremental.then_some(&old.io), &io, changed_from, &hit);
                 fill_out[i] = Step { io, cost };
-                plans.push((i, plan));
+                if i < plans.len() {
+                    plans[i] = plan;
+                } else {
+                    // A first solve: every fill step runs, in solve order.
+                    plans.push(plan);
+                }
                 held[i] = h;
                 stats.steps_run += 1;
                 if *ctx.evaluations > limit || walk.entries > max_entries {
@@ -537,13 +545,14 @@ impl Walk {
         let evaluations = *ctx.evaluations;
         // Replicas left unplaced: the improvement phase, on this pass's result, as `solve` runs
         // it (the same plans, placements, costs and free devices; the phase itself is not traced).
-        let short = options.max_improvement > 0 && greedy_plans(greedy, &plans, n).any(|p| p.unplaced > 0);
-        let improved = short.then(|| {
+        let short = options.max_improvement > 0 && plans.iter().any(|p| p.unplaced > 0);
+        let greedy_saved = if short {
             ctx.free.stop();
-            let mut all: Vec<DeploymentPlan> = greedy_plans(greedy, &plans, n).cloned().collect();
-            ctx.improve(order, &mut all, Solved { plans: Vec::new(), held: held.clone(), cost: costs }, options);
-            Plan { deployments: all }
-        });
+            let solved = Solved { plans: Vec::new(), held: held.clone(), cost: costs };
+            ctx.improve(order, plans, solved, options, Some(&mut phase))
+        } else {
+            Vec::new()
+        };
         let trace = Trace {
             keep: keep_out,
             fill: fill_out,
@@ -553,9 +562,11 @@ impl Walk {
             evaluations,
             entries: walk.entries,
             held,
+            phase,
+            matcher: Some(matcher.into_memo()),
         };
         let stats = ReplanStats { trace_entries: trace.entries, ..stats };
-        Outcome::Traced(Box::new(Traced { trace, plans, stats, improved }))
+        Outcome::Traced(Box::new(Traced { trace, stats, greedy_saved }))
     }
 
     /// The dirty pools the step at `pos` reads (their next reader was this step).
@@ -640,3 +651,6 @@ impl Walk {
         }
     }
 }
+
+#[path = "tier_open.rs"]
+mod tier_open;

@@ -81,7 +81,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     let mut solved = ctx.solve_tiers(&order, options);
     let mut plan = Plan { deployments: std::mem::take(&mut solved.plans) };
     if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
-        ctx.improve(&order, &mut plan.deployments, solved, options);
+        ctx.improve(&order, &mut plan.deployments, solved, options, None);
     }
     plan
 }
@@ -253,7 +253,25 @@ fn kept_ahead(
         return None;
     }
     let mut open = free.to_vec();
-    for d in tier.iter().filter(runs) {
+    kept_in_tier(snapshot, cluster_ix, tier, |_, ci, pi, shape, desired| {
+        for _ in 0..desired {
+            let Some(next) = shape.take(&open[ci][pi]) else { break };
+            open[ci][pi] = next;
+        }
+    });
+    Some(open)
+}
+
+/// Every replica `kept_ahead` keeps, in its order: (position in the tier, cluster, pool, shape,
+/// replicas) per current placement of the tier's running deployments where the cluster still
+/// allows it. A pool's open view reads only its own free devices and these.
+fn kept_in_tier(
+    snapshot: &FleetSnapshot,
+    cluster_ix: &std::collections::HashMap<&str, usize>,
+    tier: &[&DeploymentView],
+    mut keep: impl FnMut(usize, usize, usize, &ReplicaShape, u32),
+) {
+    for (k, d) in tier.iter().enumerate().filter(|(_, d)| d.current.iter().any(|p| p.desired > 0)) {
         let shape = ReplicaShape::of(&d.spec.topology);
         for p in d.current.iter().filter(|p| p.desired > 0) {
             let Some(&ci) = cluster_ix.get(p.cluster.as_str()) else { continue };
@@ -262,13 +280,9 @@ fn kept_ahead(
             if crate::filters::first_refusal(&d.spec.placement, cluster, true).is_some() {
                 continue;
             }
-            for _ in 0..p.desired {
-                let Some(next) = shape.take(&open[ci][pi]) else { break };
-                open[ci][pi] = next;
-            }
+            keep(k, ci, pi, &shape, p.desired as u32);
         }
     }
-    Some(open)
 }
 
 /// A deployment of the tier being solved, between keeping its current placements and placing

@@ -317,6 +317,60 @@ fn a_domain_a_higher_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
     assert_eq!(where_spready(&got), vec![("a".to_string(), 1), ("b".to_string(), 1)]);
 }
 
+/// The same through a deployment of the keep step's own tier: `other` (same priority as
+/// `spready`, only on `b`) runs its replica on `b`, so the tier's view has no room there and
+/// `spready` keeps both replicas in `a`. Once `other` stops, `b` is open in the view (the free
+/// devices at the tier's start are the same: only what the tier keeps changed) and `spready`'s
+/// second replica moves to `b`.
+#[test]
+fn a_domain_a_deployment_of_the_same_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
+    let spec: InferenceClassSpec = serde_json::from_value(json!({
+        "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
+        "devicesPerNode": 8,
+        "pricePerNodeHour": {"onDemand": "10.00"}
+    }))
+    .unwrap();
+    let runs_on = |cluster: &str, replicas: i32| ClusterPlacement {
+        cluster: cluster.into(),
+        pool: "h100".into(),
+        class: "h100".into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: replicas,
+        ready: replicas,
+        serving: replicas,
+        unschedulable: 0,
+    };
+    let mut other = deployment("other", 0, 1, json!({"clusterSelector": {"matchLabels": {"site": "b"}}}));
+    other.current = vec![runs_on("b", 1)];
+    let mut spready = deployment("spready", 0, 2, json!({"spread": {"by": "cluster", "maxSkew": 1}}));
+    spready.current = vec![runs_on("a", 2)];
+    let before = FleetSnapshot {
+        classes: [("h100".to_string(), ClassView { spec })].into_iter().collect(),
+        clusters: vec![cluster("a", 2), cluster("b", 1)],
+        deployments: vec![other, spready],
+    };
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let where_spready = |plan: &Plan| -> Vec<(String, u32)> {
+        let p = plan.deployments.iter().find(|p| p.name == "spready").unwrap();
+        p.assignments.iter().map(|a| (a.cluster.clone(), a.replicas)).collect()
+    };
+    let mut r = Replanner::new(&before, options.clone());
+    assert_eq!(where_spready(r.plan()), vec![("a".to_string(), 2)]);
+    let mut after = before.clone();
+    after.deployments[0].spec.replicas = 0;
+    after.deployments[0].current.clear();
+    let got = r.replan(&after).clone();
+    assert!(!r.stats().full, "the frame is the same: a re-plan, not a solve");
+    assert_eq!(json(&got), json(&solve(&after, &options)));
+    assert_eq!(where_spready(&got), vec![("a".to_string(), 1), ("b".to_string(), 1)]);
+    // And back: `other` runs on `b` again, which closes `b` in the view.
+    let back = r.replan(&before).clone();
+    assert!(!r.stats().full);
+    assert_eq!(json(&back), json(&solve(&before, &options)));
+    assert_eq!(where_spready(&back), vec![("a".to_string(), 2)]);
+}
+
 /// A fleet whose trace outgrows its limit is solved whole, untraced, from then on: the same
 /// plans, and no memory held for re-plans (the controller's bound on a huge fleet).
 #[test]
