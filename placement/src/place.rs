@@ -67,18 +67,20 @@ pub(super) fn open(alts: &[DeviceAlternative], on_rank: u32, cost: u64, max_cost
 }
 
 /// Replicas per alternative and cost the deployment uses, for [`open`]. While it keeps its
-/// current placements (`keeping`), the replicas it runs and has not kept yet count too: a new
-/// replica would come on top of them.
-fn used(state: &Placing, keeping: bool) -> (std::borrow::Cow<'_, [u32]>, u64) {
+/// current placements (`keeping`), the replicas it runs and has not kept yet count too, as
+/// many as `keepable` says still fit where they run: a new replica would come on top of them.
+/// One whose pool has no room left for it (capacity lost) will not be kept and costs nothing.
+fn used(state: &Placing, keeping: bool, keepable: impl Fn(&Candidate) -> u32) -> (std::borrow::Cow<'_, [u32]>, u64) {
     if !keeping {
         return (std::borrow::Cow::Borrowed(&state.per_rank), state.cost);
     }
     let (mut per_rank, mut cost) = (state.per_rank.clone(), state.cost);
     for k in state.candidates.iter().filter(|k| k.sticky_quota > 0) {
-        if let Some(n) = per_rank.get_mut((k.rank - 1) as usize) {
-            *n += k.sticky_quota;
+        let n = keepable(k);
+        if let Some(r) = per_rank.get_mut((k.rank - 1) as usize) {
+            *r += n;
         }
-        cost += k.replica_price * u64::from(k.sticky_quota);
+        cost += k.replica_price * u64::from(n);
     }
     (std::borrow::Cow::Owned(per_rank), cost)
 }
@@ -165,7 +167,8 @@ impl Ctx<'_, '_> {
         // The emptiest domain that can still take a replica of this deployment (`open`); None
         // when nothing can take one (then the pool's own refusal is the reason).
         let min_domain = spread_ix.and_then(|((ix, _), _)| {
-            let (per_rank, cost) = used(state, keeping);
+            let free = &*self.free;
+            let (per_rank, cost) = used(state, keeping, |k| shape.count(&free[(k.cluster, k.pool)], k.sticky_quota));
             state
                 .candidates
                 .iter()

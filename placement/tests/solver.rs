@@ -421,6 +421,52 @@ fn spread_rebalances_when_more_domains_become_eligible() {
     assert_eq!((on(&plan, "eu-1"), on(&plan, "us-1")), (0, 4), "{:?}", plan.assignments);
 }
 
+/// A running replica whose pool lost its capacity will not be kept, so it does not count
+/// against the ceiling when the replicas that stay are judged for spread. `m` (spread by
+/// cluster, skew 1, an $18/h ceiling) runs 2 replicas on `a` ($2.50 each) and 1 on `c`'s
+/// H100 ($12.25, $17.25 in all), whose node is now full. Counting that replica, no other
+/// cluster would be affordable ($19.75) while `a` keeps its two, so both would stay; the lost
+/// one then goes to `b`, and `d` is left empty and affordable ($10 with it) while `a` has 2:
+/// over the skew. Judged without it, `a` keeps one and the plan spreads 1 + 1 + 1.
+#[test]
+fn a_replica_that_cannot_be_kept_does_not_count_against_the_ceiling_for_spread() {
+    let od = CapacityType::OnDemand;
+    let mut snap = FleetSnapshot {
+        classes: [
+            class("l40s", "48Gi", "Ada", 4, "10.00", "4.00"),
+            class("h100", "80Gi", "Hopper", 8, "98.00", "40.00"),
+        ]
+        .into_iter()
+        .collect(),
+        clusters: vec![
+            cluster("a", "r-a", "EU", vec![pool("l40s", "l40s", 1, 4, od)]),
+            cluster("b", "r-b", "EU", vec![pool("l40s", "l40s", 1, 4, od)]),
+            cluster("c", "r-c", "EU", vec![pool("h100", "h100", 1, 8, od)]),
+            cluster("d", "r-d", "EU", vec![pool("l40s", "l40s", 1, 4, od)]),
+        ],
+        deployments: vec![deployment(
+            "m",
+            3,
+            json!({
+                "topology": {"type": "Standalone", "devicesPerReplica": 1},
+                "devices": {"alternatives": [{"selectors": [
+                    "device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"40Gi\")) >= 0"
+                ]}]},
+                "placement": {"spread": {"by": "cluster", "maxSkew": 1}, "maxCostPerHour": "18.00",
+                    "sovereignty": {"allowedJurisdictions": ["EU"]}}
+            }),
+        )],
+    };
+    snap.deployments[0].current = vec![placement("a", "l40s", 1, 2), placement("c", "h100", 1, 1)];
+    // Twin: while `c` still has room, the replica there is kept and counts: nothing moves.
+    let plan = solve1(&snap);
+    let spread = |p: &DeploymentPlan| ["a", "b", "c", "d"].map(|c| on(p, c));
+    assert_eq!(spread(&plan), [2, 0, 1, 0], "{:?}", plan.assignments);
+    snap.clusters[2].pools[0].free_per_node = free_per_node(1, 8, 8);
+    let plan = solve1(&snap);
+    assert_eq!(spread(&plan), [1, 1, 0, 1], "{:?}", plan.assignments);
+}
+
 #[test]
 fn stickiness_keeps_a_healthy_placement() {
     let mut snap = fleet(vec![deployment("m", 2, json!({}))]);
