@@ -188,7 +188,8 @@ impl Ctx<'_, '_> {
 
 /// Whether the phase may change a deployment's plan: a valid spec that was solved.
 pub(super) fn movable(plan: &DeploymentPlan) -> bool {
-    plan.invalid.is_none() && !plan.rejections.iter().any(|r| r.cluster == "*")
+    // A rejection for every cluster (`*`) is a plan's only one when made, so it stays first.
+    plan.invalid.is_none() && plan.rejections.first().is_none_or(|r| r.cluster != "*")
 }
 
 /// Pool `q`'s free devices per node after packing every replica the deployments have on it
@@ -252,16 +253,19 @@ pub(super) fn record(moves: &mut Vec<Move>, m: Move) {
 
 /// Per pool, the deployments (solve-order indexes, ascending) with replicas on it.
 pub(super) fn users_of(held: &[Vec<Held>]) -> BTreeMap<(usize, usize), Vec<usize>> {
-    let mut users: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
-    for (i, hs) in held.iter().enumerate() {
-        for h in hs {
-            let u = users.entry((h.cluster, h.pool)).or_default();
-            if u.last() != Some(&i) {
-                u.push(i);
-            }
+    // Sorted pairs, then the map built from them in order (cheaper than an insert each).
+    let mut pairs: Vec<((usize, usize), usize)> =
+        held.iter().enumerate().flat_map(|(i, hs)| hs.iter().map(move |h| ((h.cluster, h.pool), i))).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    let mut users: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+    for (q, i) in pairs {
+        match users.last_mut() {
+            Some((last, u)) if *last == q => u.push(i),
+            _ => users.push((q, vec![i])),
         }
     }
-    users
+    users.into_iter().collect()
 }
 
 /// Deployments whose spread or unplaced replicas make room a move frees matter.

@@ -343,7 +343,8 @@ fn invalid_spec(d: &DeploymentView, field: String, message: String) -> Deploymen
     DeploymentPlan { invalid: Some(InvalidSpec { field, message }), ..unplaced(d, Reason::SelectorError, rejection) }
 }
 
-/// Every replica of `d` unplaced, for one reason that holds on every cluster (`*`).
+/// Every replica of `d` unplaced, for one reason that holds on every cluster (`*`): the plan's
+/// first rejection (`held::movable` reads only that one).
 fn unplaced(d: &DeploymentView, reason: Reason, message: String) -> DeploymentPlan {
     DeploymentPlan {
         namespace: d.namespace.clone(),

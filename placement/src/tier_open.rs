@@ -42,9 +42,27 @@ impl TierOpen {
                     return None;
                 }
                 let mut kept = Vec::new();
-                kept_in_tier(snapshot, cluster_ix, tier, |k, ci, pi, _, desired| {
-                    kept.push((free.flat(ci, pi), k, desired));
-                });
+                match &last {
+                    // The unchanged deployments keep what they kept; only the changed ones are
+                    // looked at again (the list is in tier order).
+                    Some(l) => {
+                        let mut old = l.kept.iter().peekable();
+                        for (k, d) in tier.iter().enumerate() {
+                            let mine = std::iter::from_fn(|| old.next_if(|e| e.1 == k));
+                            if changed[k] {
+                                mine.for_each(drop);
+                                kept_in_tier(snapshot, cluster_ix, std::slice::from_ref(d), |_, ci, pi, _, desired| {
+                                    kept.push((free.flat(ci, pi), k, desired));
+                                });
+                            } else {
+                                kept.extend(mine);
+                            }
+                        }
+                    }
+                    None => kept_in_tier(snapshot, cluster_ix, tier, |k, ci, pi, _, desired| {
+                        kept.push((free.flat(ci, pi), k, desired));
+                    }),
+                }
                 Some(kept)
             }
         };
