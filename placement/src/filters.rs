@@ -198,7 +198,7 @@ pub fn prefers_not(policy: &PlacementPolicy, cluster: &ClusterView) -> bool {
 /// callers ask [`first_refusal`] directly (a deployment runs on a few clusters).
 #[derive(Default)]
 pub struct StaticMemo {
-    rows: std::collections::HashMap<String, std::rc::Rc<Row>>,
+    rows: std::collections::HashMap<String, std::sync::Arc<Row>>,
 }
 
 /// One policy's verdicts over every cluster of the snapshot, by cluster index.
@@ -207,7 +207,7 @@ pub struct Row {
     /// The words of a refusal, said once per (policy, cluster) and only for what is reported;
     /// allocated on first use (most policies never report a refusal, and a fleet may have as many
     /// policies as deployments).
-    words: std::cell::RefCell<Vec<Option<String>>>,
+    words: std::sync::OnceLock<Vec<std::sync::OnceLock<String>>>,
 }
 
 impl Row {
@@ -218,14 +218,11 @@ impl Row {
 
     /// The words of that refusal (as [`static_verdicts`] says them), computed once.
     pub fn words(&self, ci: usize, policy: &PlacementPolicy, cluster: &ClusterView) -> String {
-        let mut words = self.words.borrow_mut();
-        if words.is_empty() {
-            words.resize(self.refusals.len(), None);
-        }
-        let Some(slot) = words.get_mut(ci) else {
+        let words = self.words.get_or_init(|| (0..self.refusals.len()).map(|_| std::sync::OnceLock::new()).collect());
+        let Some(slot) = words.get(ci) else {
             return refusal_words(policy, cluster, false);
         };
-        slot.get_or_insert_with(|| refusal_words(policy, cluster, false)).clone()
+        slot.get_or_init(|| refusal_words(policy, cluster, false)).clone()
     }
 }
 
@@ -243,16 +240,26 @@ pub fn refusal_words(policy: &PlacementPolicy, cluster: &ClusterView, sticky: bo
 }
 
 impl StaticMemo {
+    /// Policies judged.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no policy was judged yet.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     /// The verdicts of `policy` over `clusters`, judged on first use.
-    pub fn row(&mut self, policy: &PlacementPolicy, clusters: &[ClusterView]) -> std::rc::Rc<Row> {
+    pub fn row(&mut self, policy: &PlacementPolicy, clusters: &[ClusterView]) -> std::sync::Arc<Row> {
         // Exactly the fields `static_check` reads (Debug is deterministic for these types).
         let key = format!("{:?}\u{0}{:?}\u{0}{:?}", policy.cluster_selector, policy.sovereignty, policy.tolerations);
         self.rows
             .entry(key)
             .or_insert_with(|| {
-                std::rc::Rc::new(Row {
+                std::sync::Arc::new(Row {
                     refusals: clusters.iter().map(|c| first_refusal(policy, c, false)).collect(),
-                    words: std::cell::RefCell::new(Vec::new()),
+                    words: std::sync::OnceLock::new(),
                 })
             })
             .clone()
@@ -283,15 +290,15 @@ mod tests {
         assert_eq!(row.refusal(0), None);
         assert_eq!(row.refusal(1), Some(Reason::JurisdictionNotAllowed));
         // An equal policy (another deployment's) gets the same row; another policy its own.
-        assert!(std::rc::Rc::ptr_eq(&row, &memo.row(&eu_only(), &clusters)));
+        assert!(std::sync::Arc::ptr_eq(&row, &memo.row(&eu_only(), &clusters)));
         let open = memo.row(&PlacementPolicy::default(), &clusters);
-        assert!(!std::rc::Rc::ptr_eq(&row, &open));
+        assert!(!std::sync::Arc::ptr_eq(&row, &open));
         assert_eq!(open.refusal(1), None, "no sovereignty: the US cluster passes");
         // No words are held until a refusal is reported: a row costs a byte per cluster.
-        assert!(row.words.borrow().is_empty());
+        assert!(row.words.get().is_none());
         let words = row.words(1, &eu_only(), &clusters[1]);
         assert_eq!(words, refusal_words(&eu_only(), &clusters[1], false));
         assert!(words.contains("jurisdiction US not in allowed [EU]"), "{words}");
-        assert_eq!(row.words.borrow().len(), clusters.len());
+        assert_eq!(row.words.get().map(Vec::len), Some(clusters.len()));
     }
 }

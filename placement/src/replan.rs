@@ -108,6 +108,8 @@ struct Trace {
     phase: PhaseMemo,
     /// What the device matcher compiled and judged (the classes are the same in a re-plan).
     matcher: Option<MatcherMemo>,
+    /// The static filters' verdicts per policy (the clusters' static facts are the same).
+    statics: StaticMemo,
 }
 
 /// Entries (pools read, values written) a trace may hold by default, about 12 bytes each with
@@ -394,7 +396,11 @@ impl Walk {
             Some(m) if m.len() <= bound => DeviceMatcher::resume(&snapshot.classes, m),
             _ => DeviceMatcher::new(&snapshot.classes),
         };
-        let mut statics = StaticMemo::default();
+        // The same for the static filters' verdicts: one row per policy.
+        let mut statics = match prev.as_mut().map(|t| std::mem::take(&mut t.statics)) {
+            Some(s) if s.len() <= 2 * snapshot.deployments.len() + 64 => s,
+            _ => StaticMemo::default(),
+        };
         let mut evaluations = 0u64;
         let mut spare = Vec::new();
         let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
@@ -564,6 +570,7 @@ impl Walk {
             held,
             phase,
             matcher: Some(matcher.into_memo()),
+            statics,
         };
         let stats = ReplanStats { trace_entries: trace.entries, ..stats };
         Outcome::Traced(Box::new(Traced { trace, stats, greedy_saved }))
