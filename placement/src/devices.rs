@@ -206,6 +206,38 @@ impl ReplicaShape {
         Some(free)
     }
 
+    /// [`Self::take`] in place: true when the replica fit (`free` is then what is left), false
+    /// (and `free` unchanged) when it does not. No allocation.
+    pub fn take_in(&self, free: &mut [u32]) -> bool {
+        if let [pod] = self.pods[..] {
+            let Some(b) = free.iter().enumerate().filter(|(_, f)| **f >= pod).min_by_key(|(i, f)| (**f, *i)) else {
+                return false;
+            };
+            let b = b.0;
+            free[b] -= pod;
+            return true;
+        }
+        // Nodes taken so far (a few pods per replica); given back when a pod does not fit.
+        let mut used: Vec<usize> = Vec::with_capacity(self.pods.len());
+        for &pod in &self.pods {
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(i, f)| **f >= pod && !(self.distinct_nodes && used.contains(i)))
+                .min_by_key(|(i, f)| (**f, *i))
+                .map(|(i, _)| i);
+            let Some(b) = best else {
+                for (&i, &p) in used.iter().zip(&self.pods) {
+                    free[i] += p;
+                }
+                return false;
+            };
+            free[b] -= pod;
+            used.push(b);
+        }
+        true
+    }
+
     /// Whether one more replica fits in `free` (no allocation for single-pod replicas).
     pub fn fits(&self, free: &[u32]) -> bool {
         if self.pods.len() == 1 {
@@ -224,14 +256,8 @@ impl ReplicaShape {
         }
         let mut free = free.to_vec();
         let mut n = 0;
-        while n < cap {
-            match self.take(&free) {
-                Some(next) => {
-                    free = next;
-                    n += 1;
-                }
-                None => break,
-            }
+        while n < cap && self.take_in(&mut free) {
+            n += 1;
         }
         n
     }
@@ -313,6 +339,26 @@ mod tests {
         assert_eq!(s.count(&[3, 3, 3], 10), 0, "9 free but no node has 4");
         assert_eq!(s.count(&[8, 4, 3], 10), 3);
         assert_eq!(s.count(&[8, 8], 3), 3, "capped");
+    }
+
+    /// `take_in` is `take` in place: the same nodes left, and nothing changed when the
+    /// replica does not fit (a pod that fits before one that does not is given back).
+    #[test]
+    fn take_in_is_take_in_place() {
+        let frees: [&[u32]; 7] = [&[8, 2], &[4, 4], &[3, 3, 3], &[8, 8, 8], &[16], &[0, 7, 1, 8], &[]];
+        for pods in [&[4u32][..], &[8], &[8, 8], &[4, 2], &[8, 4, 4], &[1]] {
+            for distinct in [false, true] {
+                let s = shape(pods, distinct);
+                for free in frees {
+                    let mut mine = free.to_vec();
+                    let fit = s.take_in(&mut mine);
+                    match s.take(free) {
+                        Some(next) => assert!(fit && mine == next, "{pods:?} {distinct} {free:?}"),
+                        None => assert!(!fit && mine == free, "{pods:?} {distinct} {free:?}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]

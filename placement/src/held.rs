@@ -225,7 +225,9 @@ pub(super) fn repack(
                     let n = if kept { h.kept.min(h.count) } else { h.count.saturating_sub(h.kept) };
                     for _ in 0..n {
                         *work += free.len() as u64;
-                        free = shapes[i].take(&free)?;
+                        if !shapes[i].take_in(&mut free) {
+                            return None;
+                        }
                     }
                 }
             }

@@ -255,8 +255,9 @@ fn kept_ahead(
     let mut open = free.to_vec();
     kept_in_tier(snapshot, cluster_ix, tier, |_, ci, pi, shape, desired| {
         for _ in 0..desired {
-            let Some(next) = shape.take(&open[ci][pi]) else { break };
-            open[ci][pi] = next;
+            if !shape.take_in(&mut open[ci][pi]) {
+                break;
+            }
         }
     });
     Some(open)

@@ -104,9 +104,10 @@ impl TierOpen {
 }
 
 /// `replicas` of `shape` out of `free`, as many as fit.
-fn take(shape: &ReplicaShape, free: &mut Vec<u32>, replicas: u32) {
+fn take(shape: &ReplicaShape, free: &mut [u32], replicas: u32) {
     for _ in 0..replicas {
-        let Some(next) = shape.take(free) else { break };
-        *free = next;
+        if !shape.take_in(free) {
+            break;
+        }
     }
 }
