@@ -33,6 +33,7 @@ impl Ctx<'_, '_> {
         self.dep(ph, di);
         let (by, skew) = ph.deps[di].as_ref()?.spread?;
         let ix = self.domains.of(by).0.clone();
+        super::phase_trace::note_dep(di);
         let mut counts: BTreeMap<usize, u32> = BTreeMap::new();
         for h in &held[di] {
             *counts.entry(ix[h.cluster]).or_default() += h.count;
@@ -84,6 +85,8 @@ impl Ctx<'_, '_> {
                 // Earlier deployments of the tier, the last solved first, and their replicas
                 // not kept where they run, on any other pool.
                 let mut next = None;
+                let tier_start = ph.prios.partition_point(|&p| p > prio);
+                super::phase_trace::note_range(tier_start, di);
                 let earlier: Vec<usize> = (0..di).rev().filter(|&i| ph.prios[i] == prio && ph.movable[i]).collect();
                 'find: for ei in earlier {
                     let from: Vec<(usize, usize, u32)> = held_of(&t, held, ei)

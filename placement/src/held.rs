@@ -60,6 +60,7 @@ pub(super) struct Tentative {
 }
 
 pub(super) fn held_of<'a>(t: &'a Tentative, held: &'a [Vec<Held>], i: usize) -> &'a [Held] {
+    super::improve::phase_trace::note_dep(i);
     t.held.get(&i).map_or(held[i].as_slice(), Vec::as_slice)
 }
 
@@ -211,6 +212,7 @@ pub(super) fn repack(
     work: &mut u64,
 ) -> Option<Vec<u32>> {
     let mut free = snapshot.clusters[q.0].pools[q.1].free_per_node.clone();
+    super::improve::phase_trace::note_pool(q);
     let mut ids: Vec<usize> = users.get(&q).cloned().unwrap_or_default();
     ids.extend(t.held.keys().copied());
     ids.sort_unstable();

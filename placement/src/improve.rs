@@ -29,9 +29,12 @@ use super::{Candidate, Ctx, SolveOptions, Solved};
 use crate::devices::ReplicaShape;
 use crate::plan::{DeploymentPlan, Move};
 use crate::snapshot::DeploymentView;
+use phase_trace::{DepWrite, Dirty, PhaseTrace, PoolWrite, Unit, Writes};
 
 #[path = "close.rs"]
 mod close;
+#[path = "phase_trace.rs"]
+pub(super) mod phase_trace;
 #[path = "preempt.rs"]
 mod preempt;
 
@@ -76,9 +79,28 @@ struct Dep {
 #[derive(Default)]
 pub(super) struct PhaseMemo {
     deps: Vec<Option<(Dep, u64)>>,
+    /// The last run's first loop (`phase_trace.rs`), when the phase ran on the last greedy pass.
+    trace: Option<PhaseTrace>,
+    /// What differs from that run when this one starts: set by the walk.
+    pub(super) dirty: Dirty,
+    /// Units of the first loop the last run ran, and reused.
+    pub(super) units_run: usize,
+    pub(super) units_reused: usize,
 }
 
 impl PhaseMemo {
+    /// Entries the last run's trace holds.
+    pub(super) fn trace_entries(&self) -> u64 {
+        self.trace.as_ref().map_or(0, PhaseTrace::entries)
+    }
+
+    /// The phase did not run on this greedy pass: the next has no trace to start from.
+    pub(super) fn skipped(&mut self) {
+        self.trace = None;
+        self.dirty = Dirty::default();
+        (self.units_run, self.units_reused) = (0, 0);
+    }
+
     /// Forgets deployment `i`'s data (its spec changed).
     pub(super) fn forget(&mut self, i: usize) {
         if let Some(d) = self.deps.get_mut(i) {
@@ -155,9 +177,14 @@ impl Ctx<'_, '_> {
         let mut changed = vec![false; order.len()];
         // Moves first, for every deployment; preemption only with the budget they leave, so
         // attempts that gain nothing never cost a deployment a move.
-        for di in 0..order.len() {
-            self.moves(&mut ph, plans, &mut held, &mut changed, di);
+        if let Some(m) = memo.as_deref_mut() {
+            self.traced_moves(&mut ph, plans, &mut held, &mut changed, m);
+        } else {
+            for di in 0..order.len() {
+                self.moves(&mut ph, plans, &mut held, &mut changed, di);
+            }
         }
+        self.free.stop();
         for di in 0..order.len() {
             while ph.movable[di]
                 && plans[di].unplaced > 0
@@ -190,6 +217,112 @@ impl Ctx<'_, '_> {
             }
         }
         phase_plans.into_saved()
+    }
+
+    /// The first loop for a re-plan: each deployment's unit reused from the last run when it
+    /// may stand (`Unit::reusable`), else run and noted; the trace left in `m` for the next.
+    fn traced_moves(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &mut Plans<'_>,
+        held: &mut [Vec<Held>],
+        changed: &mut [bool],
+        m: &mut PhaseMemo,
+    ) {
+        let n = ph.order.len();
+        let mut last = m.trace.take().map(|t| t.units).unwrap_or_default();
+        let mut dirty = std::mem::take(&mut m.dirty);
+        let mut units: Vec<Option<Unit>> = Vec::with_capacity(n);
+        (m.units_run, m.units_reused) = (0, 0);
+        for di in 0..n {
+            let old = last.get_mut(di).and_then(Option::take);
+            if !(ph.movable[di] && plans[di].unplaced > 0 && ph.work < ph.budget) {
+                if let Some(u) = &old {
+                    dirty.wrote(Some(&u.writes), &Writes::default());
+                }
+                units.push(None);
+                continue;
+            }
+            let reuse = old.as_ref().is_some_and(|u| {
+                let deps = &ph.deps;
+                u.reusable(di, &dirty, |i| deps[i].is_some(), ph.work, ph.budget)
+            });
+            let old = match old {
+                Some(u) if reuse => Some(u),
+                other => {
+                    m.units_run += 1;
+                    self.run_unit(ph, plans, held, changed, di, other, &mut dirty, &mut units);
+                    continue;
+                }
+            };
+            if let Some(mut u) = old {
+                m.units_reused += 1;
+                let start = ph.work;
+                for i in u.built_here() {
+                    self.dep(ph, i);
+                }
+                for w in &u.writes.deps {
+                    held[w.i].clone_from(&w.held);
+                    changed[w.i] |= w.changed;
+                    plans[w.i].moves.clone_from(&w.moves);
+                    plans[w.i].unplaced = w.unplaced;
+                }
+                for w in &u.writes.pools {
+                    self.free.raw_mut()[w.q.0][w.q.1].clone_from(&w.free);
+                    match &w.users {
+                        Some(v) => ph.users.insert(w.q, v.clone()),
+                        None => ph.users.remove(&w.q),
+                    };
+                }
+                ph.work = start + (u.end - u.start);
+                (u.start, u.end) = (start, ph.work);
+                units.push(Some(u));
+            }
+        }
+        m.trace = Some(PhaseTrace { units });
+    }
+
+    /// Runs deployment `di`'s unit, noting what it reads and writes; what it wrote otherwise
+    /// than the last run's unit (`old`) is dirty from now on.
+    #[allow(clippy::too_many_arguments)]
+    fn run_unit(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &mut Plans<'_>,
+        held: &mut [Vec<Held>],
+        changed: &mut [bool],
+        di: usize,
+        old: Option<Unit>,
+        dirty: &mut Dirty,
+        units: &mut Vec<Option<Unit>>,
+    ) {
+        phase_trace::begin();
+        self.free.begin();
+        let start = ph.work;
+        self.moves(ph, plans, held, changed, di);
+        let (io, _) = self.free.end();
+        let reads = phase_trace::end();
+        let writes = Writes {
+            deps: reads
+                .wrote_deps()
+                .iter()
+                .map(|&i| DepWrite {
+                    i,
+                    held: held[i].clone(),
+                    moves: plans[i].moves.clone(),
+                    unplaced: plans[i].unplaced,
+                    changed: changed[i],
+                })
+                .collect(),
+            pools: reads
+                .wrote_pools()
+                .iter()
+                .map(|&q| PoolWrite { q, free: self.free.raw()[q.0][q.1].clone(), users: ph.users.get(&q).cloned() })
+                .collect(),
+        };
+        dirty.wrote(old.as_ref().map(|u| &u.writes), &writes);
+        let free_reads = io.reads.iter().map(|&f| self.free.coords(f)).collect();
+        units.push(Some(Unit { reads, free_reads, writes, start, end: ph.work }));
     }
 
     /// Places what moves can of deployment `di`'s missing replicas, within the budget.
@@ -226,10 +359,13 @@ impl Ctx<'_, '_> {
     ) {
         let order = ph.order;
         for (&i, h) in &t.held {
+            phase_trace::note_wrote_dep(i);
             held[i] = h.clone();
             changed[i] = true;
         }
+        phase_trace::note_wrote_dep(di);
         for (&(ci, pi), f) in &t.free {
+            phase_trace::note_wrote_pool((ci, pi));
             self.free[(ci, pi)] = f.clone();
             let mut u: Vec<usize> = ph.users.remove(&(ci, pi)).unwrap_or_default();
             u.extend(t.held.keys().copied());
@@ -248,6 +384,7 @@ impl Ctx<'_, '_> {
                 closes_spread_domain: n < t.closing,
             };
             for i in [ei, di] {
+                phase_trace::note_wrote_dep(i);
                 record(&mut plans[i].moves, m.clone());
             }
         }
@@ -263,6 +400,7 @@ impl Ctx<'_, '_> {
 
     /// Builds the deployment's phase data on first use.
     fn dep(&mut self, ph: &mut Phase<'_, '_>, i: usize) {
+        phase_trace::note_built(i, ph.deps[i].is_none());
         if ph.deps[i].is_none() {
             if let Some((dep, work)) = ph.memo.get_mut(i).and_then(Option::take) {
                 ph.work += work;
@@ -328,11 +466,13 @@ impl Ctx<'_, '_> {
             // Victims: equal- or lower-priority replicas on the pool not kept where they ran,
             // lowest priority first, then the last solved first.
             let mut victims: Vec<(usize, u32)> = Vec::new();
+            phase_trace::note_pool(p);
             let mut ids: Vec<usize> = ph.users.get(&p).cloned().unwrap_or_default();
             ids.extend(base.held.keys().copied());
             ids.sort_unstable();
             ids.dedup();
             for i in ids {
+                phase_trace::note_dep(i);
                 if i == di || !ph.movable[i] || ph.order[i].priority() > prio {
                     continue;
                 }
@@ -463,11 +603,13 @@ impl Ctx<'_, '_> {
         q: (usize, usize),
     ) -> Option<Tentative> {
         let mut victims: Vec<(usize, u32)> = Vec::new();
+        phase_trace::note_pool(q);
         let mut ids: Vec<usize> = ph.users.get(&q).cloned().unwrap_or_default();
         ids.extend(t.held.keys().copied());
         ids.sort_unstable();
         ids.dedup();
         for i in ids {
+            phase_trace::note_dep(i);
             if i == mover.di || i == ei || !ph.movable[i] || ph.order[i].priority() > mover.prio {
                 continue;
             }
@@ -548,12 +690,15 @@ impl Ctx<'_, '_> {
         // and a tier packs its kept replicas before any of it places more: every deployment
         // of that tier saw the pool change.
         let kept = |hs: &[Held]| hs.iter().map(|h| h.kept).sum::<u32>();
+        t.held.keys().for_each(|&i| phase_trace::note_dep(i));
         let kept_grew = t.held.iter().filter(|&(&i, h)| kept(h) > kept(&held[i])).map(|(&i, _)| i).min();
         if !roomier.is_empty() || victim_first || kept_grew.is_some() {
             let changed_first = t.held.keys().copied().min().unwrap_or(0);
             let first =
                 kept_grew.map_or(changed_first, |i| changed_first.min(ph.prios.partition_point(|&p| p > ph.prios[i])));
             let last = t.held.keys().copied().max().unwrap_or(0);
+            // Every later deployment may be looked at (the watched ones, as the last run saw them).
+            phase_trace::note_range(first, ph.order.len());
             let from = ph.watched.partition_point(|&x| x < first);
             for w in from..ph.watched.len() {
                 let x = ph.watched[w];
@@ -635,6 +780,7 @@ impl Ctx<'_, '_> {
                 continue;
             }
             // Deployments solved after `x` on this pool do not count.
+            phase_trace::note_pool(q);
             let later = ph.users.get(&q).is_some_and(|u| u.last().is_some_and(|&i| i > x))
                 || t.held.keys().any(|&i| i > x && held_of(t, held_all, i).iter().any(|h| (h.cluster, h.pool) == q));
             let at_x;

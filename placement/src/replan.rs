@@ -22,7 +22,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use super::free::{Free, StepIo};
-use super::held::Held;
+use super::held::{Held, movable};
 use super::improve::PhaseMemo;
 use super::{Fixed, Kept, Pending, SolveOptions, Solved, initial_free, order_indices, solve, solve_cmp};
 use crate::devices::{DeviceMatcher, MatcherMemo};
@@ -71,6 +71,10 @@ pub struct ReplanStats {
     pub steps_reused: usize,
     /// Entries the trace kept for the next re-plan holds (0: none kept).
     pub trace_entries: u64,
+    /// The improvement phase's move attempts (one per deployment left short, until its budget
+    /// is spent) run, and reused from the last solve.
+    pub phase_run: usize,
+    pub phase_reused: usize,
 }
 
 /// One step as it ran: what it read and wrote, and the evaluations it cost.
@@ -419,10 +423,13 @@ impl Walk {
         };
         for i in (0..n).filter(|&i| changed[i]) {
             phase.forget(i);
+            phase.dirty.dep(i);
         }
         // Pools whose free devices the snapshot reports otherwise than the last one: dirty from
         // the start, with the last solve's value.
         for (ci, pi, was) in capacity {
+            // The phase re-packs pools from the snapshot's free devices.
+            phase.dirty.pool((*ci, *pi));
             let p = ctx.free.flat(*ci, *pi);
             if ctx.free.get_flat(p) != was {
                 walk.old.insert(p, was.clone());
@@ -534,6 +541,17 @@ impl Walk {
                 let old = std::mem::take(&mut fill_out[i]);
                 walk.ran(ctx.free, pos, incremental.then_some(&old.io), &io, changed_from, &hit);
                 fill_out[i] = Step { io, cost };
+                // What the improvement phase will see otherwise than in the last run: this
+                // deployment, and the users of the pools it had or has replicas on.
+                if incremental
+                    && (held[i] != h
+                        || plans.get(i).is_none_or(|o| {
+                            (o.unplaced, o.desired, movable(o)) != (plan.unplaced, plan.desired, movable(&plan))
+                        }))
+                {
+                    phase.dirty.dep(i);
+                    held[i].iter().chain(&h).for_each(|x| phase.dirty.pool((x.cluster, x.pool)));
+                }
                 if i < plans.len() {
                     plans[i] = plan;
                 } else {
@@ -553,10 +571,19 @@ impl Walk {
         // it (the same plans, placements, costs and free devices; the phase itself is not traced).
         let short = options.max_improvement > 0 && plans.iter().any(|p| p.unplaced > 0);
         let greedy_saved = if short {
-            ctx.free.stop();
+            // Pools whose free devices differ from the last pass's at its end.
+            for &p in walk.old.keys() {
+                phase.dirty.pool(ctx.free.coords(p));
+            }
             let solved = Solved { plans: Vec::new(), held: held.clone(), cost: costs };
-            ctx.improve(order, plans, solved, options, Some(&mut phase))
+            let saved = ctx.improve(order, plans, solved, options, Some(&mut phase));
+            // The phase's trace within the same bound: beyond it, the next phase runs whole.
+            if walk.entries + phase.trace_entries() > max_entries {
+                phase.skipped();
+            }
+            saved
         } else {
+            phase.skipped();
             Vec::new()
         };
         let trace = Trace {
@@ -572,7 +599,12 @@ impl Walk {
             matcher: Some(matcher.into_memo()),
             statics,
         };
-        let stats = ReplanStats { trace_entries: trace.entries, ..stats };
+        let stats = ReplanStats {
+            trace_entries: trace.entries + trace.phase.trace_entries(),
+            phase_run: trace.phase.units_run,
+            phase_reused: trace.phase.units_reused,
+            ..stats
+        };
         Outcome::Traced(Box::new(Traced { trace, stats, greedy_saved }))
     }
 

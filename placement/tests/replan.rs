@@ -126,7 +126,15 @@ fn pool(snap: &FleetSnapshot, i: usize) -> Option<(usize, usize)> {
 /// Runs `changes` on the fleet of `spec`, checking every re-plan against a full solve; returns
 /// the re-plans that were incremental and the steps they reused.
 fn check_sequence(spec: &GenSpec, options: &SolveOptions, changes: &[Change]) -> Result<(usize, usize), String> {
-    let mut snap = generate(spec);
+    check_snapshot(generate(spec), options, changes)
+}
+
+/// [`check_sequence`] from a given fleet.
+fn check_snapshot(
+    mut snap: FleetSnapshot,
+    options: &SolveOptions,
+    changes: &[Change],
+) -> Result<(usize, usize), String> {
     let mut r = Replanner::new(&snap, options.clone());
     if json(r.plan()) != json(&solve(&snap, options)) {
         return Err("the first plan differs from solve".into());
@@ -157,6 +165,47 @@ fn fleets() -> impl Strategy<Value = GenSpec> {
     })
 }
 
+fn crowded() -> impl Strategy<Value = GenSpec> {
+    (2usize..=6, 15usize..=40, any::<u64>()).prop_map(|(clusters, deployments, seed)| GenSpec {
+        clusters,
+        deployments,
+        seed,
+    })
+}
+
+/// A fleet where the order of placement matters: 3–7 clusters of 1–3 nodes (one replica each)
+/// and 4–14 deployments in two tiers, each allowed on 1–3 of them, so that the greedy pass
+/// leaves replicas unplaced that moves place, and one attempt's moves change what the next
+/// finds.
+fn matching() -> impl Strategy<Value = FleetSnapshot> {
+    let deployment_ = (0i32..2, 1i32..=3, proptest::collection::vec(0usize..7, 1..=3));
+    (3usize..=7, proptest::collection::vec(1u32..=3, 7), proptest::collection::vec(deployment_, 4..=14)).prop_map(
+        |(n, nodes, deps)| {
+            let spec: InferenceClassSpec = serde_json::from_value(json!({
+                "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
+                "devicesPerNode": 8,
+                "pricePerNodeHour": {"onDemand": "10.00"}
+            }))
+            .unwrap();
+            let clusters = (0..n).map(|c| cluster(&format!("c{c}"), nodes[c])).collect();
+            let deployments = deps
+                .iter()
+                .enumerate()
+                .map(|(k, (tier, replicas, on))| {
+                    let sites: Vec<String> = on.iter().map(|c| format!("c{}", c % n)).collect();
+                    let selector = json!({"matchExpressions": [{"key": "site", "operator": "In", "values": sites}]});
+                    deployment(&format!("d{k:02}"), tier * 100, *replicas, json!({"clusterSelector": selector}))
+                })
+                .collect();
+            FleetSnapshot {
+                classes: [("h100".to_string(), ClassView { spec })].into_iter().collect(),
+                clusters,
+                deployments,
+            }
+        },
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
@@ -178,6 +227,51 @@ proptest! {
     fn replans_equal_full_solves(spec in fleets(), changes in proptest::collection::vec(change(), 1..8)) {
         if let Err(e) = check_sequence(&spec, &SolveOptions::default(), &changes) {
             prop_assert!(false, "{spec:?}: {e}");
+        }
+    }
+
+    /// The same on crowded fleets (many deployments on few clusters), where the improvement
+    /// phase has most to do and one attempt's moves change what a later one finds.
+    #[test]
+    fn crowded_replans_equal_full_solves(spec in crowded(), changes in proptest::collection::vec(change(), 1..8)) {
+        if let Err(e) = check_sequence(&spec, &SolveOptions::default(), &changes) {
+            prop_assert!(false, "{spec:?}: {e}");
+        }
+    }
+
+    /// And with an improvement budget small enough to run out: where it runs out, and what
+    /// the deployment data built before it cost, decide which attempts a re-plan may reuse.
+    #[test]
+    fn replans_on_a_small_budget_equal_full_solves(
+        spec in crowded(),
+        budget in 1u64..4_000,
+        changes in proptest::collection::vec(change(), 1..8),
+    ) {
+        let options = SolveOptions { max_improvement: budget, ..SolveOptions::default() };
+        if let Err(e) = check_sequence(&spec, &options, &changes) {
+            prop_assert!(false, "{spec:?} budget {budget}: {e}");
+        }
+    }
+}
+
+proptest! {
+    // Small fleets: many cases in a second or two.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(600),
+        ..ProptestConfig::default()
+    })]
+
+    /// On fleets where moves matter most (`matching`), with the default budget and with one
+    /// small enough to run out.
+    #[test]
+    fn matching_replans_equal_full_solves(
+        snap in matching(),
+        budget in prop_oneof![Just(1_000_000u64), 1u64..400],
+        changes in proptest::collection::vec(change(), 1..8),
+    ) {
+        let options = SolveOptions { max_improvement: budget, ..SolveOptions::default() };
+        if let Err(e) = check_snapshot(snap, &options, &changes) {
+            prop_assert!(false, "budget {budget}: {e}");
         }
     }
 }
@@ -226,6 +320,29 @@ fn one_changed_deployment_runs_few_steps() {
     assert_eq!(s.steps_run + s.steps_reused, total, "every step is either run or reused");
     assert!(s.steps_run * 10 < total, "{} of {total} steps ran", s.steps_run);
     // And back: the same plan as before the change.
+    let back = json(r.replan(&running));
+    assert_eq!(back, json(&solve(&running, &options)));
+}
+
+/// The same with the improvement phase: on a fleet that leaves replicas unplaced, one changed
+/// deployment re-runs few of the phase's attempts and reuses the rest (a re-plan that ran the
+/// phase whole would pass the properties above too).
+#[test]
+fn one_changed_deployment_reruns_few_attempts_of_the_phase() {
+    let options = SolveOptions::default();
+    let base = generate(&GenSpec { clusters: 20, deployments: 300, seed: 5 });
+    let running = with_current(&base, &solve(&base, &options));
+    let mut r = Replanner::new(&running, options.clone());
+    let total = r.stats().phase_run;
+    assert!(total > 20, "the phase has work on this fleet: {total} attempts");
+    let mut changed = running.clone();
+    let i = changed.deployments.iter().position(|d| d.spec.replicas > 0).unwrap();
+    changed.deployments[i].spec.replicas += 1;
+    let got = json(r.replan(&changed));
+    assert_eq!(got, json(&solve(&changed, &options)));
+    let s = r.stats();
+    assert!(!s.full);
+    assert!(s.phase_reused > 0 && s.phase_run * 4 < s.phase_run + s.phase_reused, "{s:?}");
     let back = json(r.replan(&running));
     assert_eq!(back, json(&solve(&running, &options)));
 }
