@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_placement::ReplanStats;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -104,6 +105,7 @@ pub struct Metrics {
     solves: Family<SolveLabels, Counter>,
     solve_durations: Family<SolveLabels, Histogram>,
     solve_steps: Family<StepLabels, Counter>,
+    solve_attempts: Family<StepLabels, Counter>,
     leader: Gauge,
 }
 
@@ -122,6 +124,7 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 14))
         });
         let solve_steps = Family::<StepLabels, Counter>::default();
+        let solve_attempts = Family::<StepLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register("reconciles", "Reconciles by kind and outcome", reconciles.clone());
         registry.register("reconcile_duration_seconds", "Reconcile duration", durations.clone());
@@ -143,6 +146,11 @@ impl Default for Metrics {
             "Steps of the solver's greedy pass, run or reused from the last solve",
             solve_steps.clone(),
         );
+        registry.register(
+            "solve_phase_attempts",
+            "Move attempts of the solver's improvement phase, run or reused from the last solve",
+            solve_attempts.clone(),
+        );
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
         Self {
             registry: Arc::new(registry),
@@ -154,6 +162,7 @@ impl Default for Metrics {
             solves,
             solve_durations,
             solve_steps,
+            solve_attempts,
             leader,
         }
     }
@@ -186,12 +195,18 @@ impl Metrics {
         self.fleet_passes.inc();
     }
 
-    /// Counts one solve of the fleet plan: how, how long, and its steps run and reused.
-    pub fn solved(&self, mode: SolveMode, took: Duration, run: usize, reused: usize) {
+    /// Counts one solve of the fleet plan: how, how long, and its greedy steps and improvement
+    /// attempts run and reused.
+    pub fn solved(&self, mode: SolveMode, took: Duration, stats: &ReplanStats) {
         self.solves.get_or_create(&SolveLabels { mode }).inc();
         self.solve_durations.get_or_create(&SolveLabels { mode }).observe(took.as_secs_f64());
-        self.solve_steps.get_or_create(&StepLabels { step: StepUse::Run }).inc_by(run as u64);
-        self.solve_steps.get_or_create(&StepLabels { step: StepUse::Reused }).inc_by(reused as u64);
+        for (family, run, reused) in [
+            (&self.solve_steps, stats.steps_run, stats.steps_reused),
+            (&self.solve_attempts, stats.phase_run, stats.phase_reused),
+        ] {
+            family.get_or_create(&StepLabels { step: StepUse::Run }).inc_by(run as u64);
+            family.get_or_create(&StepLabels { step: StepUse::Reused }).inc_by(reused as u64);
+        }
     }
 
     /// Sets the leader gauge.
@@ -216,15 +231,24 @@ mod tests {
     #[test]
     fn solves_are_counted_by_mode_with_their_steps() {
         let m = Metrics::default();
-        m.solved(SolveMode::Whole, Duration::from_millis(40), 120, 0);
-        m.solved(SolveMode::Incremental, Duration::from_micros(900), 3, 117);
-        m.solved(SolveMode::Incremental, Duration::from_micros(800), 2, 118);
+        let stats = |steps_run, steps_reused, phase_run, phase_reused| ReplanStats {
+            steps_run,
+            steps_reused,
+            phase_run,
+            phase_reused,
+            ..ReplanStats::default()
+        };
+        m.solved(SolveMode::Whole, Duration::from_millis(40), &stats(120, 0, 9, 0));
+        m.solved(SolveMode::Incremental, Duration::from_micros(900), &stats(3, 117, 1, 8));
+        m.solved(SolveMode::Incremental, Duration::from_micros(800), &stats(2, 118, 0, 0));
         let text = m.encode();
         for line in [
             "flotilla_controller_solves_total{mode=\"Whole\"} 1",
             "flotilla_controller_solves_total{mode=\"Incremental\"} 2",
             "flotilla_controller_solve_steps_total{step=\"Run\"} 125",
             "flotilla_controller_solve_steps_total{step=\"Reused\"} 235",
+            "flotilla_controller_solve_phase_attempts_total{step=\"Run\"} 10",
+            "flotilla_controller_solve_phase_attempts_total{step=\"Reused\"} 8",
             "flotilla_controller_solve_duration_seconds_count{mode=\"Whole\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");

@@ -181,12 +181,6 @@ fn matching() -> impl Strategy<Value = FleetSnapshot> {
     let deployment_ = (0i32..2, 1i32..=3, proptest::collection::vec(0usize..7, 1..=3));
     (3usize..=7, proptest::collection::vec(1u32..=3, 7), proptest::collection::vec(deployment_, 4..=14)).prop_map(
         |(n, nodes, deps)| {
-            let spec: InferenceClassSpec = serde_json::from_value(json!({
-                "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
-                "devicesPerNode": 8,
-                "pricePerNodeHour": {"onDemand": "10.00"}
-            }))
-            .unwrap();
             let clusters = (0..n).map(|c| cluster(&format!("c{c}"), nodes[c])).collect();
             let deployments = deps
                 .iter()
@@ -197,11 +191,7 @@ fn matching() -> impl Strategy<Value = FleetSnapshot> {
                     deployment(&format!("d{k:02}"), tier * 100, *replicas, json!({"clusterSelector": selector}))
                 })
                 .collect();
-            FleetSnapshot {
-                classes: [("h100".to_string(), ClassView { spec })].into_iter().collect(),
-                clusters,
-                deployments,
-            }
+            FleetSnapshot { classes: h100_class(), clusters, deployments }
         },
     )
 }
@@ -347,6 +337,38 @@ fn one_changed_deployment_reruns_few_attempts_of_the_phase() {
     assert_eq!(back, json(&solve(&running, &options)));
 }
 
+/// One class, H100 nodes of 8 devices at $10/h.
+fn h100_class() -> std::collections::BTreeMap<String, ClassView> {
+    let spec: InferenceClassSpec = serde_json::from_value(json!({
+        "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
+        "devicesPerNode": 8,
+        "pricePerNodeHour": {"onDemand": "10.00"}
+    }))
+    .unwrap();
+    [("h100".to_string(), ClassView { spec })].into_iter().collect()
+}
+
+/// `replicas` running on `cluster`'s H100 pool.
+fn runs_on(cluster: &str, replicas: i32) -> ClusterPlacement {
+    ClusterPlacement {
+        cluster: cluster.into(),
+        pool: "h100".into(),
+        class: "h100".into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: replicas,
+        ready: replicas,
+        serving: replicas,
+        unschedulable: 0,
+    }
+}
+
+/// Where deployment `name`'s replicas are in `plan`: (cluster, replicas).
+fn placed_on(plan: &Plan, name: &str) -> Vec<(String, u32)> {
+    let p = plan.deployments.iter().find(|p| p.name == name).unwrap();
+    p.assignments.iter().map(|a| (a.cluster.clone(), a.replicas)).collect()
+}
+
 fn cluster(name: &str, nodes: u32) -> ClusterView {
     ClusterView {
         name: name.into(),
@@ -395,35 +417,16 @@ fn deployment(name: &str, priority: i32, replicas: i32, placement: serde_json::V
 /// `spready`'s keep step again, though nothing it reads of the pools' free devices changed.
 #[test]
 fn a_domain_a_higher_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
-    let spec: InferenceClassSpec = serde_json::from_value(json!({
-        "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
-        "devicesPerNode": 8,
-        "pricePerNodeHour": {"onDemand": "10.00"}
-    }))
-    .unwrap();
     let high = deployment("high", 100, 1, json!({"clusterSelector": {"matchLabels": {"site": "b"}}}));
     let mut spready = deployment("spready", 0, 2, json!({"spread": {"by": "cluster", "maxSkew": 1}}));
-    spready.current = vec![ClusterPlacement {
-        cluster: "a".into(),
-        pool: "h100".into(),
-        class: "h100".into(),
-        capacity_type: CapacityType::OnDemand,
-        fallback_rank: 1,
-        desired: 2,
-        ready: 2,
-        serving: 2,
-        unschedulable: 0,
-    }];
+    spready.current = vec![runs_on("a", 2)];
     let before = FleetSnapshot {
-        classes: [("h100".to_string(), ClassView { spec })].into_iter().collect(),
+        classes: h100_class(),
         clusters: vec![cluster("a", 2), cluster("b", 1)],
         deployments: vec![high, spready],
     };
     let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
-    let where_spready = |plan: &Plan| -> Vec<(String, u32)> {
-        let p = plan.deployments.iter().find(|p| p.name == "spready").unwrap();
-        p.assignments.iter().map(|a| (a.cluster.clone(), a.replicas)).collect()
-    };
+    let where_spready = |plan: &Plan| placed_on(plan, "spready");
     let mut r = Replanner::new(&before, options.clone());
     assert_eq!(where_spready(r.plan()), vec![("a".to_string(), 2)]);
     let mut after = before.clone();
@@ -441,37 +444,17 @@ fn a_domain_a_higher_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
 /// second replica moves to `b`.
 #[test]
 fn a_domain_a_deployment_of_the_same_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
-    let spec: InferenceClassSpec = serde_json::from_value(json!({
-        "device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "h100"}}},
-        "devicesPerNode": 8,
-        "pricePerNodeHour": {"onDemand": "10.00"}
-    }))
-    .unwrap();
-    let runs_on = |cluster: &str, replicas: i32| ClusterPlacement {
-        cluster: cluster.into(),
-        pool: "h100".into(),
-        class: "h100".into(),
-        capacity_type: CapacityType::OnDemand,
-        fallback_rank: 1,
-        desired: replicas,
-        ready: replicas,
-        serving: replicas,
-        unschedulable: 0,
-    };
     let mut other = deployment("other", 0, 1, json!({"clusterSelector": {"matchLabels": {"site": "b"}}}));
     other.current = vec![runs_on("b", 1)];
     let mut spready = deployment("spready", 0, 2, json!({"spread": {"by": "cluster", "maxSkew": 1}}));
     spready.current = vec![runs_on("a", 2)];
     let before = FleetSnapshot {
-        classes: [("h100".to_string(), ClassView { spec })].into_iter().collect(),
+        classes: h100_class(),
         clusters: vec![cluster("a", 2), cluster("b", 1)],
         deployments: vec![other, spready],
     };
     let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
-    let where_spready = |plan: &Plan| -> Vec<(String, u32)> {
-        let p = plan.deployments.iter().find(|p| p.name == "spready").unwrap();
-        p.assignments.iter().map(|a| (a.cluster.clone(), a.replicas)).collect()
-    };
+    let where_spready = |plan: &Plan| placed_on(plan, "spready");
     let mut r = Replanner::new(&before, options.clone());
     assert_eq!(where_spready(r.plan()), vec![("a".to_string(), 2)]);
     let mut after = before.clone();

@@ -166,7 +166,7 @@ impl DeploymentContext {
             };
             let stats = r.stats();
             let mode = if stats.full { SolveMode::Whole } else { SolveMode::Incremental };
-            metrics.solved(mode, started.elapsed(), stats.steps_run, stats.steps_reused);
+            metrics.solved(mode, started.elapsed(), &stats);
             let plan = r.plan().clone();
             *last = Some(r);
             Solved::new(plan, inputs)
