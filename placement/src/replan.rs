@@ -15,8 +15,9 @@
 //! (capacity observed: those pools are dirty from the start), other classes, another set of
 //! deployments (or another solve order), explain mode, a solve whose evaluations near the budget
 //! or whose trace would outgrow its bound. When the greedy pass leaves replicas unplaced and the
-//! improvement phase is on, the phase runs whole on the replayed pass's result (it is not
-//! traced): the greedy plans, placements and costs are kept for it.
+//! improvement phase is on, the phase runs on the replayed pass's result as `solve` runs it, its
+//! move attempts reused where what they read is unchanged (`phase_trace.rs`); the greedy plans it
+//! changed, its deployment data and the solve's caches are kept for the next re-plan.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -568,7 +569,7 @@ impl Walk {
         }
         let evaluations = *ctx.evaluations;
         // Replicas left unplaced: the improvement phase, on this pass's result, as `solve` runs
-        // it (the same plans, placements, costs and free devices; the phase itself is not traced).
+        // it (the same plans, placements, costs and free devices; its attempts traced).
         let short = options.max_improvement > 0 && plans.iter().any(|p| p.unplaced > 0);
         let greedy_saved = if short {
             // Pools whose free devices differ from the last pass's at its end.
