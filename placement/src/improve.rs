@@ -150,6 +150,7 @@ impl Ctx<'_, '_> {
         mut memo: Option<&mut PhaseMemo>,
     ) -> Vec<(usize, DeploymentPlan)> {
         let Solved { mut held, cost, .. } = solved;
+        phase_trace::reset();
         let mut phase_plans = Plans::new(plans, memo.is_some());
         let plans = &mut phase_plans;
         let mut ph = Phase {

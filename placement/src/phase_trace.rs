@@ -74,6 +74,11 @@ pub(super) fn note_wrote_pool(q: (usize, usize)) {
     with(|r| r.wrote_pools.push(q));
 }
 
+/// Notes nothing (a unit that panicked left its notes open: they must not grow on this thread).
+pub(super) fn reset() {
+    READS.with(|r| *r.borrow_mut() = None);
+}
+
 /// Notes reads until `end`.
 pub(super) fn begin() {
     READS.with(|r| *r.borrow_mut() = Some(Reads::default()));
