@@ -248,43 +248,55 @@ impl Ctx<'_, '_> {
                 let deps = &ph.deps;
                 u.reusable(di, &dirty, |i| deps[i].is_some(), ph.work, ph.budget)
             });
-            let old = match old {
-                Some(u) if reuse => Some(u),
+            match old {
+                Some(u) if reuse => {
+                    m.units_reused += 1;
+                    units.push(Some(self.replay_unit(ph, plans, held, changed, u)));
+                }
                 other => {
                     m.units_run += 1;
-                    self.run_unit(ph, plans, held, changed, di, other, &mut dirty, &mut units);
-                    continue;
+                    units.push(Some(self.run_unit(ph, plans, held, changed, di, other.as_ref(), &mut dirty)));
                 }
-            };
-            if let Some(mut u) = old {
-                m.units_reused += 1;
-                let start = ph.work;
-                for i in u.built_here() {
-                    self.dep(ph, i);
-                }
-                for w in &u.writes.deps {
-                    held[w.i].clone_from(&w.held);
-                    changed[w.i] |= w.changed;
-                    plans[w.i].moves.clone_from(&w.moves);
-                    plans[w.i].unplaced = w.unplaced;
-                }
-                for w in &u.writes.pools {
-                    self.free.raw_mut()[w.q.0][w.q.1].clone_from(&w.free);
-                    match &w.users {
-                        Some(v) => ph.users.insert(w.q, v.clone()),
-                        None => ph.users.remove(&w.q),
-                    };
-                }
-                ph.work = start + (u.end - u.start);
-                (u.start, u.end) = (start, ph.work);
-                units.push(Some(u));
             }
         }
         m.trace = Some(PhaseTrace { units });
     }
 
-    /// Runs deployment `di`'s unit, noting what it reads and writes; what it wrote otherwise
-    /// than the last run's unit (`old`) is dirty from now on.
+    /// Applies what the last run's unit `u` wrote, and the work it spent: its deployment data
+    /// built, placements, moves, unplaced replicas, pools' free devices and users. `u` as it
+    /// stands now (its work from here).
+    fn replay_unit(
+        &mut self,
+        ph: &mut Phase<'_, '_>,
+        plans: &mut Plans<'_>,
+        held: &mut [Vec<Held>],
+        changed: &mut [bool],
+        mut u: Unit,
+    ) -> Unit {
+        let start = ph.work;
+        for i in u.built_here() {
+            self.dep(ph, i);
+        }
+        for w in &u.writes.deps {
+            held[w.i].clone_from(&w.held);
+            changed[w.i] |= w.changed;
+            plans[w.i].moves.clone_from(&w.moves);
+            plans[w.i].unplaced = w.unplaced;
+        }
+        for w in &u.writes.pools {
+            self.free.raw_mut()[w.q.0][w.q.1].clone_from(&w.free);
+            match &w.users {
+                Some(v) => ph.users.insert(w.q, v.clone()),
+                None => ph.users.remove(&w.q),
+            };
+        }
+        ph.work = start + (u.end - u.start);
+        (u.start, u.end) = (start, ph.work);
+        u
+    }
+
+    /// Runs deployment `di`'s unit, noting what it reads and writes; when it wrote otherwise
+    /// than the last run's unit (`old`), nothing later is reused (`Dirty::wrote`).
     #[allow(clippy::too_many_arguments)]
     fn run_unit(
         &mut self,
@@ -293,10 +305,9 @@ impl Ctx<'_, '_> {
         held: &mut [Vec<Held>],
         changed: &mut [bool],
         di: usize,
-        old: Option<Unit>,
+        old: Option<&Unit>,
         dirty: &mut Dirty,
-        units: &mut Vec<Option<Unit>>,
-    ) {
+    ) -> Unit {
         phase_trace::begin();
         self.free.begin();
         let start = ph.work;
@@ -321,9 +332,9 @@ impl Ctx<'_, '_> {
                 .map(|&q| PoolWrite { q, free: self.free.raw()[q.0][q.1].clone(), users: ph.users.get(&q).cloned() })
                 .collect(),
         };
-        dirty.wrote(old.as_ref().map(|u| &u.writes), &writes);
+        dirty.wrote(old.map(|u| &u.writes), &writes);
         let free_reads = io.reads.iter().map(|&f| self.free.coords(f)).collect();
-        units.push(Some(Unit { reads, free_reads, writes, start, end: ph.work }));
+        Unit { reads, free_reads, writes, start, end: ph.work }
     }
 
     /// Places what moves can of deployment `di`'s missing replicas, within the budget.
