@@ -14,6 +14,10 @@
 #   without the AWS provider (cargo feature `aws` off: the SDK is not compiled; the benchmark
 #   uses no cloud); `debug` uses
 #   the workspace's debug build with every feature (the figures before 2026-12-04).
+#   FLOTILLA_BENCH_LEAN=1 (default) starts the harness's clusters lean (FLOTILLA_E2E_LEAN in
+#   tests/e2e/harness/up.sh: only the controller-manager's controllers the members need, etcd
+#   without fsync), so that 21 clusters on one machine leave it cores for the controller;
+#   0 starts them as the e2e tests do (the figures before 2026-12-06).
 # A small development run:
 #   FLOTILLA_BENCH_MEMBERS=3 FLOTILLA_BENCH_DEPLOYMENTS=60 FLOTILLA_BENCH_NODES=20 \
 #     FLOTILLA_BENCH_STEADY_SECONDS=60 scripts/bench-convergence.sh
@@ -31,6 +35,11 @@ esac
 CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}" cargo test "${build[@]}" -p flotilla-controllers --locked \
   --test bench_convergence --no-run
 echo "# controller build: ${FLOTILLA_BENCH_PROFILE:-release} (${build[*]:-debug, default features})" >"${log}"
+case "${FLOTILLA_BENCH_LEAN:-1}" in
+  1) export FLOTILLA_E2E_LEAN=1; echo "# clusters: lean (FLOTILLA_E2E_LEAN)" >>"${log}" ;;
+  0) unset FLOTILLA_E2E_LEAN; echo "# clusters: as in the e2e tests" >>"${log}" ;;
+  *) echo "FLOTILLA_BENCH_LEAN: 1 or 0, not ${FLOTILLA_BENCH_LEAN}" >&2; exit 2 ;;
+esac
 cargo test "${build[@]}" -p flotilla-controllers --locked --test bench_convergence \
   -- --ignored --nocapture >>"${log}" 2>&1 || true
 grep -E '^(\| |# )' "${log}" || true

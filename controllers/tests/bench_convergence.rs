@@ -83,6 +83,8 @@ fn all_ready(store: &Store<ModelDeployment>, condition: &str) -> usize {
 struct Servers {
     clients: Vec<(String, Client)>,
     audits: Vec<(String, PathBuf)>,
+    /// Where every harness cluster's processes keep their files (`processes_under`).
+    clusters_dir: PathBuf,
 }
 
 impl Servers {
@@ -116,18 +118,39 @@ struct Window {
     grown: BTreeMap<String, Requests>,
     /// Per server, the controller's own LISTs and writes, from the audit log (its User-Agent).
     audited: BTreeMap<String, Requests>,
+    cores: Cores,
+}
+
+/// Where the machine's CPU went in a window, in CPU seconds: the harness's programs (every
+/// cluster's, summed by program), the benchmark's own process and the whole machine's busy time.
+struct Cores {
+    harness: BTreeMap<apiserver::Program, f64>,
+    benchmark: f64,
+    machine: f64,
 }
 
 struct Meter {
     before: BTreeMap<String, Option<Requests>>,
     audit_from: BTreeMap<String, u64>,
     cpu: f64,
+    procs: BTreeMap<u32, (apiserver::Program, f64)>,
+    own: f64,
+    busy: f64,
     start: Instant,
 }
 
 async fn begin(servers: &Servers, pid: u32) -> Meter {
     let cpu = apiserver::proc_stats(pid).unwrap_or_default().cpu_seconds;
-    Meter { before: servers.read().await, audit_from: servers.audit_ends(), cpu, start: Instant::now() }
+    let before = servers.read().await;
+    Meter {
+        before,
+        audit_from: servers.audit_ends(),
+        cpu,
+        procs: apiserver::cpu_by_process(&servers.clusters_dir),
+        own: apiserver::proc_stats(std::process::id()).unwrap_or_default().cpu_seconds,
+        busy: apiserver::machine_busy_seconds(),
+        start: Instant::now(),
+    }
 }
 
 impl Meter {
@@ -135,6 +158,11 @@ impl Meter {
         let took = self.start.elapsed();
         let after = servers.read().await;
         let cpu = apiserver::proc_stats(pid).unwrap_or_default().cpu_seconds - self.cpu;
+        let cores = Cores {
+            harness: apiserver::cpu_grown(&self.procs, &apiserver::cpu_by_process(&servers.clusters_dir)),
+            benchmark: apiserver::proc_stats(std::process::id()).unwrap_or_default().cpu_seconds - self.own,
+            machine: apiserver::machine_busy_seconds() - self.busy,
+        };
         // The API server writes an audit line as the response completes: a moment for the last.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let audited = servers.audited(&self.audit_from);
@@ -145,7 +173,7 @@ impl Meter {
                 Some((n.clone(), apiserver::grown(b, a)))
             })
             .collect();
-        Window { name: name.to_string(), took, cpu, grown, audited }
+        Window { name: name.to_string(), took, cpu, grown, audited, cores }
     }
 }
 
@@ -195,8 +223,49 @@ fn window_row(w: &Window) -> String {
     )
 }
 
-/// Every LIST and write of Flotilla's resources, per server and resource (for the log).
+/// The harness's programs, in the order of [`cores_row`]'s columns.
+const PROGRAMS: [&str; 5] = ["kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok-controller"];
+
+fn cores_header() -> String {
+    format!(
+        "| window | took | machine busy | {} | other harness | Flotilla's controller | benchmark | rest of the machine |",
+        PROGRAMS.map(|p| format!("{p} (all clusters)")).join(" | ")
+    )
+}
+
+/// `| window | took | machine busy | per program … | controller | benchmark | rest |`: CPU seconds,
+/// with the machine's busy time also as cores (busy seconds over the window).
+fn cores_row(w: &Window) -> String {
+    let c = &w.cores;
+    let of = |program: &str| c.harness.iter().filter(|((p, _), _)| p == program).map(|(_, s)| s).sum::<f64>();
+    let known: f64 = PROGRAMS.iter().map(|p| of(p)).sum();
+    let other = c.harness.values().sum::<f64>() - known;
+    let rest = c.machine - c.harness.values().sum::<f64>() - w.cpu - c.benchmark;
+    let programs: Vec<String> = PROGRAMS.iter().map(|p| format!("{:.1} s", of(p))).collect();
+    format!(
+        "| {} | {:.1} s | {:.1} s ({:.2} cores) | {} | {:.1} s | {:.1} s | {:.1} s | {:.1} s |",
+        w.name,
+        w.took.as_secs_f64(),
+        c.machine,
+        c.machine / w.took.as_secs_f64().max(0.001),
+        programs.join(" | "),
+        other,
+        w.cpu,
+        c.benchmark,
+        rest.max(0.0),
+    )
+}
+
+/// Every LIST and write of Flotilla's resources, per server and resource, and each cluster's
+/// CPU seconds by program (for the log).
 fn detail(w: &Window) {
+    let mut clusters: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for ((program, cluster), cpu) in &w.cores.harness {
+        clusters.entry(cluster).or_default().push(format!("{program} {cpu:.1}"));
+    }
+    for (cluster, programs) in clusters {
+        println!("#   {}: {cluster}: CPU seconds: {}", w.name, programs.join(", "));
+    }
     for (n, g) in &w.grown {
         let lw = apiserver::lists_and_writes(&flotilla_part(n, g));
         if !lw.is_empty() {
@@ -215,6 +284,38 @@ async fn cluster_cost(fleet: &Fleet, name: &str, over: Duration) -> (f64, f64, u
     tokio::time::sleep(over).await;
     let b = apiserver::sum_stats(&pids);
     (b.rss_mib, (b.cpu_seconds - a.cpu_seconds) / over.as_secs_f64(), pids.len())
+}
+
+/// Prints, every `every` until aborted, how many deployments are `Placed` and `Ready` and how
+/// busy the machine and the controller were since the last line (`# <what> +12 s: …`): where a
+/// window's time goes, the controller's decisions or the members' pods.
+fn timeline(
+    what: &'static str,
+    store: Store<ModelDeployment>,
+    pid: u32,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let (mut busy, mut cpu) =
+            (apiserver::machine_busy_seconds(), apiserver::proc_stats(pid).unwrap_or_default().cpu_seconds);
+        loop {
+            tokio::time::sleep(every).await;
+            let (b, c) =
+                (apiserver::machine_busy_seconds(), apiserver::proc_stats(pid).unwrap_or_default().cpu_seconds);
+            let secs = every.as_secs_f64();
+            println!(
+                "# {what} +{:.0} s: {} Placed, {} Ready of {}; machine {:.2} cores, controller {:.2} cores",
+                start.elapsed().as_secs_f64(),
+                all_ready(&store, "Placed"),
+                all_ready(&store, "Ready"),
+                store.state().len(),
+                (b - busy) / secs,
+                (c - cpu) / secs
+            );
+            (busy, cpu) = (b, c);
+        }
+    })
 }
 
 fn loadavg() -> String {
@@ -251,7 +352,7 @@ async fn controller_at_fleet_scale() {
         clients.push((m.clone(), fleet.client(m).await));
     }
     let audits = names.iter().filter_map(|n| Some((n.to_string(), fleet.audit_log(n)?))).collect();
-    let servers = Servers { clients, audits };
+    let servers = Servers { clients, audits, clusters_dir: fleet.dir.join("kwok/clusters") };
     let deployments = watch(Api::<ModelDeployment>::namespaced(control.clone(), "ml")).await;
     let clusters = watch(Api::<InferenceCluster>::all(control.clone())).await;
 
@@ -276,6 +377,7 @@ async fn controller_at_fleet_scale() {
     // Convergence: apply every deployment, then wait for all Placed and all Ready.
     let meter = begin(&servers, pid).await;
     let start = Instant::now();
+    let line = timeline("convergence", deployments.store.clone(), pid, Duration::from_secs(10));
     let applies = (0..p.deployments).map(|i| {
         let control = control.clone();
         let d = p.deployment(i);
@@ -288,6 +390,7 @@ async fn controller_at_fleet_scale() {
         until(timeout, || all_ready(&deployments.store, "Placed") == p.deployments).await.map(|_| start.elapsed());
     let ready =
         until(timeout, || all_ready(&deployments.store, "Ready") == p.deployments).await.map(|_| start.elapsed());
+    line.abort();
     let mut conv = meter.end("convergence (apply → all Ready)", &servers, pid).await;
     // The benchmark's own applies are not the controller's.
     if let Some(g) = conv.grown.get_mut("control") {
@@ -344,6 +447,7 @@ async fn controller_at_fleet_scale() {
         .filter_map(|d| d.status.as_ref()?.placements.iter().find(|pl| pl.cluster == victim).map(|pl| pl.ready))
         .sum();
     let meter = begin(&servers, pid).await;
+    let line = timeline("outage", deployments.store.clone(), pid, Duration::from_secs(5));
     fleet.stop(&victim);
     let outage_timeout = Duration::from_secs(p.timeout_seconds.min(600));
     let cluster_is =
@@ -362,6 +466,7 @@ async fn controller_at_fleet_scale() {
     })
     .await
     .map(|_| meter.start.elapsed());
+    line.abort();
     let outage = meter.end(&format!("outage of {victim} (until re-placed)"), &servers, pid).await;
     windows.push(outage);
 
@@ -444,6 +549,12 @@ fn print_report(p: &Params, r: &Report<'_>, windows: &[Window]) {
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for w in windows {
         println!("{}", window_row(w));
+    }
+    println!();
+    println!("{}", cores_header());
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for w in windows {
+        println!("{}", cores_row(w));
     }
     println!();
     println!(

@@ -193,9 +193,9 @@ pub fn proc_stats(pid: u32) -> Option<ProcStats> {
 
 /// Every process whose command line names a path under `dir` (the harness starts each
 /// cluster's etcd, kube-apiserver, controller-manager, scheduler and kwok with their files
-/// under the cluster's own directory).
+/// under the cluster's own directory). A path *under* it: `clusters/m1` is not `clusters/m10`.
 pub fn processes_under(dir: &Path) -> Vec<u32> {
-    let needle = dir.to_string_lossy().to_string();
+    let needle = format!("{}/", dir.to_string_lossy().trim_end_matches('/'));
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
@@ -205,6 +205,51 @@ pub fn processes_under(dir: &Path) -> Vec<u32> {
                 .unwrap_or(false)
         })
         .collect()
+}
+
+/// A harness process: the program it runs (the file name of its first argument:
+/// `kube-apiserver`, `etcd`, `kwok`, …) and the cluster whose directory its command line names.
+pub type Program = (String, String);
+
+/// CPU seconds so far of every process under `dir` ([`processes_under`]; `dir` holds one
+/// directory per cluster), by pid, with its [`Program`].
+pub fn cpu_by_process(dir: &Path) -> BTreeMap<u32, (Program, f64)> {
+    let prefix = format!("{}/", dir.to_string_lossy().trim_end_matches('/'));
+    processes_under(dir)
+        .into_iter()
+        .filter_map(|pid| {
+            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).to_string();
+            let argv0 = cmdline.split('\0').next()?;
+            let program = argv0.rsplit('/').next().unwrap_or(argv0).to_string();
+            let (_, after) = cmdline.split_once(&prefix)?;
+            let cluster = after.split('/').next()?.to_string();
+            Some((pid, ((program, cluster), proc_stats(pid)?.cpu_seconds)))
+        })
+        .collect()
+}
+
+/// CPU seconds each [`Program`] used between two readings of [`cpu_by_process`]. A process
+/// started in between counts from zero; one gone by the second reading counts nothing for the
+/// interval (an undercount, e.g. of a member stopped in it).
+pub fn cpu_grown(
+    before: &BTreeMap<u32, (Program, f64)>,
+    after: &BTreeMap<u32, (Program, f64)>,
+) -> BTreeMap<Program, f64> {
+    let mut out = BTreeMap::new();
+    for (pid, (program, cpu)) in after {
+        let was = before.get(pid).filter(|(p, _)| p == program).map_or(0.0, |(_, c)| *c);
+        *out.entry(program.clone()).or_default() += (cpu - was).max(0.0);
+    }
+    out
+}
+
+/// CPU seconds the whole machine has spent busy (every core, `/proc/stat`: user, nice, system,
+/// irq and softirq; not idle, iowait or time stolen by the hypervisor).
+pub fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else { return 0.0 };
+    let ticks: Vec<f64> = cpu.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
+    [0, 1, 2, 5, 6].iter().filter_map(|i| ticks.get(*i)).sum::<f64>() / clock_ticks()
 }
 
 /// Summed over processes (peak is the sum of each one's peak).

@@ -21,6 +21,13 @@
 #   FLOTILLA_E2E_TIMEOUT    seconds to wait for each cluster (default 180)
 #   FLOTILLA_E2E_AUDIT      if set, each apiserver writes an audit log of LISTs and writes
 #                           (audit-policy.yaml) to ${KWOK_WORKDIR}/clusters/NAME/logs/audit.log
+#   FLOTILLA_E2E_LEAN       if set, lean clusters for benchmarks that run many on one machine:
+#                           kube-controller-manager runs only the controllers Flotilla's
+#                           member objects need (LEAN_CONTROLLERS below), etcd does not
+#                           fsync (its data is thrown away with the cluster), and Services
+#                           get a /16 of cluster IPs, as real clusters have, instead of the
+#                           API server's default /24 (a member with a few hundred
+#                           deployments runs out of it). The scheduler and kwok are as always.
 # A NAME that is already up and healthy is left as it is. Tear down with down.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -30,6 +37,16 @@ for name in "$@"; do
   [[ "${name}" =~ ^[a-z0-9]([a-z0-9-]*[a-z0-9])?$ ]] || die "cluster name '${name}' must be a DNS label"
 done
 timeout_s="${FLOTILLA_E2E_TIMEOUT:-180}"
+
+# Deployments and their ReplicaSets and pods, DRA claims made from ResourceClaimTemplates,
+# ModelCache Jobs, deletions (garbage collector, namespaces, pods of deleted nodes), the
+# default ServiceAccount pods need, Service cluster IP ranges, and node lifecycle (it lifts
+# the not-ready taint a new Node is created with); not the endpoints, quota, disruption,
+# volume, StatefulSet, DaemonSet, CronJob or autoscaling controllers, which only add load.
+LEAN_CONTROLLERS="deployment-controller,replicaset-controller,resourceclaim-controller,job-controller"
+LEAN_CONTROLLERS+=",garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,node-lifecycle-controller"
+LEAN_CONTROLLERS+=",serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller"
+LEAN_CONTROLLERS+=",service-cidr-controller"
 
 "${HARNESS_DIR}/build.sh" >/dev/null
 require_binaries
@@ -96,13 +113,18 @@ for name in "$@"; do
   flock 9
   start=$(date +%s)
   log "${name}: creating cluster"
-  audit=()
+  extra=()
   if [[ -n "${FLOTILLA_E2E_AUDIT:-}" ]]; then
-    audit=(--kube-audit-policy "${HARNESS_DIR}/audit-policy.yaml")
+    extra=(--kube-audit-policy "${HARNESS_DIR}/audit-policy.yaml")
+  fi
+  if [[ -n "${FLOTILLA_E2E_LEAN:-}" ]]; then
+    extra+=(--extra-args "kube-controller-manager=controllers=${LEAN_CONTROLLERS}"
+            --extra-args "etcd=unsafe-no-fsync=true"
+            --extra-args "kube-apiserver=service-cluster-ip-range=10.96.0.0/16")
   fi
   # --kubeconfig= : do not touch ~/.kube/config; we write our own file below.
   if ! env "${port_env[@]}" "${FLOTILLA_BIN_DIR}/kwokctl" create cluster --name "${name}" \
-        --kubeconfig= --timeout "${timeout_s}s" --wait "${timeout_s}s" "${audit[@]}" \
+        --kubeconfig= --timeout "${timeout_s}s" --wait "${timeout_s}s" "${extra[@]}" \
         >"${FLOTILLA_E2E_DIR}/${name}.create.log" 2>&1; then
     cat "${FLOTILLA_E2E_DIR}/${name}.create.log" >&2
     die "${name}: kwokctl create cluster failed"
