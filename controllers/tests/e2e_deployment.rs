@@ -227,6 +227,94 @@ async fn poison(control: &Client, api: &Api<ModelDeployment>, members: &BTreeMap
     }
 }
 
+/// The controller's writes of member Deployment `name` that the member's audit log holds.
+fn writes_of(fleet: &Fleet, member: &str, name: &str) -> usize {
+    let log = fleet.audit_log(member).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+    let name = format!("\"name\":\"{name}\"");
+    log.lines()
+        .filter(|l| l.contains("\"verb\":\"patch\"") && l.contains("\"resource\":\"deployments\"") && l.contains(&name))
+        .filter(|l| l.contains(flotilla_controllers::USER_AGENT))
+        .count()
+}
+
+/// A member that keeps refusing a deployment's objects (an admission policy on us1 denies its
+/// Deployment): the deployment says `ApplyFailed`, its attempts back off (2 s, 4 s, 8 s, … at
+/// most 12 polls, `deployment/retry.rs`) instead of one every 2 s, the deployments running
+/// beside it on us1 stay Ready, and once the policy goes it runs. Deleted at the end.
+async fn refusing_member(fleet: &Fleet, control: &Client, api: &Api<ModelDeployment>, us1: &Client) {
+    let policy = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "no-refused"},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{"apiGroups": ["apps"], "apiVersions": ["v1"],
+                     "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}]},
+                 "validations": [{"expression": "!object.metadata.name.startsWith('refused-')",
+                                  "message": "no refused-* Deployments on this member"}]}});
+    let binding = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "no-refused"}, "spec": {"policyName": "no-refused", "validationActions": ["Deny"]}});
+    apply(us1, policy).await;
+    apply(us1, binding).await;
+    // The API server enforces a new policy once its informer has it: try until it refuses.
+    let probe: Deployment = serde_json::from_value(json!({"metadata": {"name": "refused-probe"},
+        "spec": {"selector": {"matchLabels": {"app": "p"}},
+                 "template": {"metadata": {"labels": {"app": "p"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))
+    .unwrap();
+    let probes = Api::<Deployment>::namespaced(us1.clone(), "default");
+    wait_for("us1 enforces the policy", Duration::from_secs(30), || async {
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        probes.create(&dry, &probe).await.is_err().then_some(())
+    })
+    .await;
+
+    apply(
+        control,
+        model(
+            "refused",
+            1,
+            json!({"type": "Standalone", "devicesPerReplica": 1}),
+            json!({"sovereignty": {"allowedJurisdictions": ["US"]}}),
+        ),
+    )
+    .await;
+    wait_for("refused says ApplyFailed, naming us1", Duration::from_secs(60), || async {
+        let s = status_of(api, "refused").await;
+        let c = s.conditions.get("Degraded")?;
+        (c.reason == "ApplyFailed" && c.message.contains("us1")).then_some(())
+    })
+    .await;
+    let first = writes_of(fleet, "us1", "refused-h100");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let tries = writes_of(fleet, "us1", "refused-h100") - first;
+    eprintln!("refused: {first} writes of refused-h100 until ApplyFailed, {tries} in the next 30 s");
+    // Every 2 s would be 12 or more in 30 s; doubling from 2 s is 4 or 5 (2, 4, 8, 16 s apart).
+    assert!((1..=7).contains(&tries), "{tries} refused writes in 30 s: the retries back off, and do go on");
+    for (name, n) in [("us-model", 3), ("sel-model", 1)] {
+        let s = status_of(api, name).await;
+        assert!(s.ready_replicas == n && s.conditions.is_true("Ready"), "{name} on us1 unaffected: {s:?}");
+    }
+
+    // The policy goes: the next try (at most 12 polls of 3 s later) runs it.
+    let policies = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+    ));
+    Api::<kube::core::DynamicObject>::all_with(us1.clone(), &policies)
+        .delete("no-refused", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("refused Ready 1/1 once us1 takes it", Duration::from_secs(90), || async {
+        let s = status_of(api, "refused").await;
+        (s.ready_replicas == 1 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    api.delete("refused", &DeleteParams::default()).await.unwrap();
+    wait_for("refused deleted with its member objects", Duration::from_secs(60), || async {
+        (api.get_opt("refused").await.ok()?.is_none() && member_deployments(us1, "refused").await.is_empty())
+            .then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn model_deployment_controller_on_real_api_servers() {
@@ -558,6 +646,7 @@ async fn model_deployment_controller_on_real_api_servers() {
         let applied = grown(b, a).get("APPLY namespaces").copied().unwrap_or(0.0);
         assert!(applied <= 1.0, "member {name}: {applied} namespace applies since the start, want at most 1");
     }
+    refusing_member(&fleet, &control, &api, &members["us1"]).await;
 
     // A replica the member's scheduler refuses moves to another member (unschedulable.rs).
     unschedulable::refused_replica_moves(&control, &api, &members).await;

@@ -13,6 +13,7 @@ pub mod cleanup;
 pub mod decide;
 pub mod members;
 pub mod observe;
+mod retry;
 pub mod rollout;
 pub mod status;
 mod tenant;
@@ -89,6 +90,8 @@ pub struct DeploymentContext {
     replanner: Arc<std::sync::Mutex<Option<Replanner>>>,
     /// The plan each deployment's last reconcile acted on (`wake.rs`).
     pub(crate) acted: wake::Acted,
+    /// Failed member applies in a row, per deployment: the back-off of `retry.rs`.
+    pub(crate) apply_failures: retry::ApplyFailures,
 }
 
 impl DeploymentContext {
@@ -116,6 +119,7 @@ impl DeploymentContext {
             plans: Default::default(),
             replanner: Default::default(),
             acted: Default::default(),
+            apply_failures: Default::default(),
         }
     }
 
@@ -398,6 +402,12 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         base_status = written.status;
     }
     let failed = write_members(&ctx, &md, &members, &decision.members).await;
+    let streak = ctx.apply_failures.record(&who, !failed.is_empty());
+    if streak.now == 1 {
+        tracing::warn!(deployment = %who, ?failed, "a member refused the deployment's objects; retrying with back-off");
+    } else if streak.now == 0 && streak.before > 0 {
+        tracing::info!(deployment = %who, after = streak.before, "the members took the deployment's objects again");
+    }
     let outcome = decision.after_failures(&input, &failed);
     let wrote = write_status(&ctx, &md, base_status.as_ref(), base_rv, &outcome.status).await?.is_some();
     let changed = wrote || decision.write_ahead.is_some();
@@ -430,6 +440,8 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         Pace::AwaitChange => None,
         Pace::Settled => Some(ctx.config.poll * SETTLED_POLLS),
         Pace::WaitingForCache => Some(ctx.config.poll),
+        // A member that keeps refusing is written to less and less often (`retry.rs`).
+        Pace::Converging if streak.now > 1 => Some(retry::retry_after(streak.now, ctx.config.poll * SETTLED_POLLS)),
         Pace::Converging => Some(Duration::from_secs(2).min(ctx.config.poll)),
     };
     // A back-off that ends brings the pool back to the solver: look again then (the status
