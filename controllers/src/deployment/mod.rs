@@ -90,7 +90,7 @@ pub struct DeploymentContext {
     replanner: Arc<std::sync::Mutex<Option<Replanner>>>,
     /// The plan each deployment's last reconcile acted on (`wake.rs`).
     pub(crate) acted: wake::Acted,
-    /// Failed member applies in a row, per deployment: the back-off of `retry.rs`.
+    /// Refused member writes in a row, per deployment and member: the back-off of `retry.rs`.
     pub(crate) apply_failures: retry::ApplyFailures,
 }
 
@@ -402,12 +402,6 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         base_status = written.status;
     }
     let failed = write_members(&ctx, &md, &members, &decision.members).await;
-    let streak = ctx.apply_failures.record(&who, !failed.is_empty());
-    if streak.now == 1 {
-        tracing::warn!(deployment = %who, ?failed, "a member refused the deployment's objects; retrying with back-off");
-    } else if streak.now == 0 && streak.before > 0 {
-        tracing::info!(deployment = %who, after = streak.before, "the members took the deployment's objects again");
-    }
     let outcome = decision.after_failures(&input, &failed);
     let wrote = write_status(&ctx, &md, base_status.as_ref(), base_rv, &outcome.status).await?.is_some();
     let changed = wrote || decision.write_ahead.is_some();
@@ -440,8 +434,6 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         Pace::AwaitChange => None,
         Pace::Settled => Some(ctx.config.poll * SETTLED_POLLS),
         Pace::WaitingForCache => Some(ctx.config.poll),
-        // A member that keeps refusing is written to less and less often (`retry.rs`).
-        Pace::Converging if streak.now > 1 => Some(retry::retry_after(streak.now, ctx.config.poll * SETTLED_POLLS)),
         Pace::Converging => Some(Duration::from_secs(2).min(ctx.config.poll)),
     };
     // A back-off that ends brings the pool back to the solver: look again then (the status
@@ -487,8 +479,17 @@ async fn write_members(
 ) -> BTreeMap<String, String> {
     let mut failed = BTreeMap::new();
     let mut writes = 0usize;
+    let who = format!("{}/{}", md.namespace().unwrap_or_else(|| "default".into()), md.name_any());
+    let cap = ctx.config.poll * SETTLED_POLLS;
+    ctx.apply_failures.keep_only(&who, objects.keys());
     for (cluster, objects) in objects {
         let Some((client, state)) = members.answered.get(cluster) else { continue };
+        // A member that keeps refusing is written to less and less often (`retry.rs`); its
+        // last refusal stands in the status meanwhile.
+        if let Some(refusal) = ctx.apply_failures.waiting(&who, cluster, Instant::now()) {
+            failed.insert(cluster.clone(), refusal);
+            continue;
+        }
         let result = async {
             let a = members::apply(client, md, &ctx.config.field_manager, objects, state).await?;
             members::report_drift(&ctx.recorder, md, cluster, &a.drifted).await;
@@ -496,15 +497,26 @@ async fn write_members(
             Ok::<usize, kube::Error>(a.written + d)
         }
         .await;
+        let now = Instant::now();
         match result {
-            Ok(n) => writes += n,
+            Ok(n) => {
+                writes += n;
+                let streak = ctx.apply_failures.record(&who, cluster, None, now, cap);
+                if streak.before > 0 {
+                    tracing::info!(deployment = %who, cluster, after = streak.before, "the member took the deployment's objects again");
+                }
+            }
             Err(e) => {
-                failed.insert(cluster.clone(), brief(&e));
+                let refusal = brief(&e);
+                if ctx.apply_failures.record(&who, cluster, Some(&refusal), now, cap).now == 1 {
+                    tracing::warn!(deployment = %who, cluster, %refusal, "the member refused the deployment's objects; retrying with back-off");
+                }
+                failed.insert(cluster.clone(), refusal);
             }
         }
     }
     if writes > 0 {
-        tracing::info!(deployment = %format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any()), writes, "member workloads updated");
+        tracing::info!(deployment = %who, writes, "member workloads updated");
     }
     failed
 }

@@ -1,56 +1,85 @@
-//! Back-off for a deployment whose objects a member refuses. A refusal that lasts (an admission
-//! policy that denies the Deployment, a quota, a Service range that is full) would otherwise be
-//! written again on every converging requeue, every 2 s, for as long as it lasts: one request
-//! per member and deployment, forever. Each reconcile in a row whose apply failed waits twice as
-//! long as the one before (2 s, 4 s, 8 s, …, at most the settled poll); a success ends the
-//! streak. Changes still wake the deployment at once (`trigger.rs`: its plan, its cache, its
-//! clusters), so a fixed member is tried again as soon as anything about it changes. The streaks
-//! are kept in memory only, one entry per deployment whose last apply failed: a restarted
-//! controller starts from 2 s again.
+//! Back-off for the writes a member refuses. A refusal that lasts (an admission policy that
+//! denies the Deployment, a quota, a Service range that is full) would otherwise be written
+//! again on every converging requeue, every 2 s, for as long as it lasts: one request per
+//! member and deployment, forever. After each failed write of a deployment's objects to a
+//! member, the next write there waits twice as long as the one before (2 s, 4 s, 8 s, …, at most
+//! the cap: 12 polls); a write that goes through ends it. Only that member waits: the
+//! deployment's reconciles go on at their own pace, so its other members still get their
+//! writes and its readiness is still seen. While a member waits, the deployment's status keeps
+//! that member's last refusal (`ApplyFailed`). Kept in memory only, one entry per deployment and
+//! member whose last write failed: a restarted controller tries at once.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The first wait after a failed apply: the converging requeue.
+/// The first wait after a failed write: the converging requeue.
 const FIRST: Duration = Duration::from_secs(2);
 
-/// Failed applies in a row, per deployment (`namespace/name`).
-#[derive(Default)]
-pub(crate) struct ApplyFailures {
-    streaks: Mutex<HashMap<String, u32>>,
+/// Why and until when a deployment's writes to a member wait.
+struct Failing {
+    /// Failed writes in a row.
+    streak: u32,
+    /// The member's last answer.
+    message: String,
+    /// No write before this.
+    retry_at: Instant,
 }
 
-/// What [`ApplyFailures::record`] says of a reconcile.
+/// Failed writes in a row, per deployment (`namespace/name`) and member.
+#[derive(Default)]
+pub(crate) struct ApplyFailures {
+    failing: Mutex<HashMap<(String, String), Failing>>,
+}
+
+/// What [`ApplyFailures::record`] says of a write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Streak {
-    /// Failed applies in a row, this one included (0 after a success).
+    /// Failed writes in a row, this one included (0 after a success).
     pub now: u32,
-    /// The same before this reconcile.
+    /// The same before this write.
     pub before: u32,
 }
 
 impl ApplyFailures {
-    /// Records whether deployment `key`'s member apply `failed` in this reconcile.
-    pub(crate) fn record(&self, key: &str, failed: bool) -> Streak {
-        let mut streaks = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
-        let before = streaks.get(key).copied().unwrap_or(0);
-        let now = if failed { before.saturating_add(1) } else { 0 };
-        if now == 0 {
-            streaks.remove(key);
-        } else {
-            streaks.insert(key.to_string(), now);
-        }
-        Streak { now, before }
+    /// The member's last refusal while deployment `key`'s next write to `cluster` must wait.
+    pub(crate) fn waiting(&self, key: &str, cluster: &str, now: Instant) -> Option<String> {
+        let failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        failing.get(&(key.to_string(), cluster.to_string())).filter(|f| now < f.retry_at).map(|f| f.message.clone())
     }
 
-    /// Forgets deployment `key` (deleted).
-    pub(crate) fn forget(&self, key: &str) {
-        self.streaks.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
+    /// Records a write of deployment `key`'s objects to `cluster`: refused with `refusal`, or
+    /// through (`None`); a refusal waits [`retry_after`] from `now`, at most `cap`.
+    pub(crate) fn record(
+        &self,
+        key: &str,
+        cluster: &str,
+        refusal: Option<&str>,
+        now: Instant,
+        cap: Duration,
+    ) -> Streak {
+        let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = (key.to_string(), cluster.to_string());
+        let before = failing.get(&id).map_or(0, |f| f.streak);
+        let Some(message) = refusal else {
+            failing.remove(&id);
+            return Streak { now: 0, before };
+        };
+        let streak = before.saturating_add(1);
+        failing.insert(id, Failing { streak, message: message.to_string(), retry_at: now + retry_after(streak, cap) });
+        Streak { now: streak, before }
+    }
+
+    /// Forgets deployment `key` on every member but those it still writes to (`keep`); all of
+    /// them when it is deleted.
+    pub(crate) fn keep_only<'a>(&self, key: &str, keep: impl IntoIterator<Item = &'a String>) {
+        let keep: Vec<&String> = keep.into_iter().collect();
+        let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        failing.retain(|(k, cluster), _| k != key || keep.contains(&cluster));
     }
 }
 
-/// The wait before looking again after `streak` failed applies in a row (at least 1): 2 s,
+/// The wait before the next write after `streak` refused ones in a row (at least 1): 2 s,
 /// doubling with each, at most `cap`.
 pub(crate) fn retry_after(streak: u32, cap: Duration) -> Duration {
     let doublings = streak.saturating_sub(1).min(20);
@@ -61,25 +90,45 @@ pub(crate) fn retry_after(streak: u32, cap: Duration) -> Duration {
 mod tests {
     use super::*;
 
+    const CAP: Duration = Duration::from_secs(120);
+
     #[test]
-    fn the_wait_doubles_with_each_failure_in_a_row_up_to_the_cap() {
-        let cap = Duration::from_secs(120);
-        let waits: Vec<u64> = (1..=9).map(|s| retry_after(s, cap).as_secs()).collect();
+    fn the_wait_doubles_with_each_refusal_in_a_row_up_to_the_cap() {
+        let waits: Vec<u64> = (1..=9).map(|s| retry_after(s, CAP).as_secs()).collect();
         assert_eq!(waits, [2, 4, 8, 16, 32, 64, 120, 120, 120]);
-        assert_eq!(retry_after(u32::MAX, cap), cap, "no overflow, however long it lasts");
+        assert_eq!(retry_after(u32::MAX, CAP), CAP, "no overflow, however long it lasts");
         assert_eq!(retry_after(1, Duration::from_secs(1)), FIRST, "never sooner than the converging requeue");
     }
 
     #[test]
-    fn a_success_ends_the_streak_and_deployments_count_apart() {
+    fn only_the_refusing_member_waits_and_a_write_that_goes_through_ends_it() {
         let f = ApplyFailures::default();
-        assert_eq!(f.record("ml/a", true), Streak { now: 1, before: 0 });
-        assert_eq!(f.record("ml/a", true), Streak { now: 2, before: 1 });
-        assert_eq!(f.record("ml/b", true), Streak { now: 1, before: 0 }, "another deployment's streak is its own");
-        assert_eq!(f.record("ml/a", false), Streak { now: 0, before: 2 });
-        assert_eq!(f.record("ml/a", true), Streak { now: 1, before: 0 }, "a new streak starts from the first wait");
-        f.forget("ml/b");
-        assert_eq!(f.record("ml/b", false), Streak { now: 0, before: 0 });
-        assert!(f.streaks.lock().unwrap_or_else(PoisonError::into_inner).len() == 1, "only ml/a is failing");
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(f.waiting("ml/a", "us1", t0), None, "nothing failed yet");
+        assert_eq!(f.record("ml/a", "us1", Some("denied"), t0, CAP), Streak { now: 1, before: 0 });
+        assert_eq!(f.waiting("ml/a", "us1", at(1)).as_deref(), Some("denied"), "waits 2 s, keeping the refusal");
+        assert_eq!(f.waiting("ml/a", "eu1", at(1)), None, "another member of the deployment does not wait");
+        assert_eq!(f.waiting("ml/b", "us1", at(1)), None, "another deployment on the member does not wait");
+        assert_eq!(f.waiting("ml/a", "us1", at(2)), None, "tried again after 2 s");
+        assert_eq!(f.record("ml/a", "us1", Some("denied"), at(2), CAP), Streak { now: 2, before: 1 });
+        assert!(f.waiting("ml/a", "us1", at(5)).is_some() && f.waiting("ml/a", "us1", at(6)).is_none(), "then 4 s");
+        assert_eq!(f.record("ml/a", "us1", None, at(6), CAP), Streak { now: 0, before: 2 });
+        assert_eq!(f.waiting("ml/a", "us1", at(6)), None, "through: no more waiting");
+        assert_eq!(f.record("ml/a", "us1", Some("denied"), at(7), CAP), Streak { now: 1, before: 0 }, "a new streak");
+    }
+
+    #[test]
+    fn a_member_the_deployment_left_or_a_deleted_deployment_is_forgotten() {
+        let f = ApplyFailures::default();
+        let t0 = Instant::now();
+        f.record("ml/a", "us1", Some("denied"), t0, CAP);
+        f.record("ml/a", "eu1", Some("denied"), t0, CAP);
+        f.record("ml/b", "us1", Some("denied"), t0, CAP);
+        f.keep_only("ml/a", &["eu1".to_string()]);
+        assert!(f.waiting("ml/a", "us1", t0).is_none() && f.waiting("ml/a", "eu1", t0).is_some());
+        f.keep_only("ml/a", &[]);
+        assert!(f.waiting("ml/a", "eu1", t0).is_none());
+        assert!(f.waiting("ml/b", "us1", t0).is_some(), "another deployment's entry stays");
     }
 }
