@@ -26,10 +26,11 @@ struct Failing {
     retry_at: Instant,
 }
 
-/// Failed writes in a row, per deployment (`namespace/name`) and member.
+/// Failed writes in a row, per deployment (`namespace/name`), then member: a reconcile touches
+/// only its own deployment's entries.
 #[derive(Default)]
 pub(crate) struct ApplyFailures {
-    failing: Mutex<HashMap<(String, String), Failing>>,
+    failing: Mutex<HashMap<String, HashMap<String, Failing>>>,
 }
 
 /// What [`ApplyFailures::record`] says of a write.
@@ -45,7 +46,7 @@ impl ApplyFailures {
     /// The member's last refusal while deployment `key`'s next write to `cluster` must wait.
     pub(crate) fn waiting(&self, key: &str, cluster: &str, now: Instant) -> Option<String> {
         let failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
-        failing.get(&(key.to_string(), cluster.to_string())).filter(|f| now < f.retry_at).map(|f| f.message.clone())
+        failing.get(key)?.get(cluster).filter(|f| now < f.retry_at).map(|f| f.message.clone())
     }
 
     /// Records a write of deployment `key`'s objects to `cluster`: refused with `refusal`, or
@@ -59,23 +60,32 @@ impl ApplyFailures {
         cap: Duration,
     ) -> Streak {
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
-        let id = (key.to_string(), cluster.to_string());
-        let before = failing.get(&id).map_or(0, |f| f.streak);
+        let before = failing.get(key).and_then(|m| m.get(cluster)).map_or(0, |f| f.streak);
         let Some(message) = refusal else {
-            failing.remove(&id);
+            if let Some(members) = failing.get_mut(key) {
+                members.remove(cluster);
+                if members.is_empty() {
+                    failing.remove(key);
+                }
+            }
             return Streak { now: 0, before };
         };
         let streak = before.saturating_add(1);
-        failing.insert(id, Failing { streak, message: message.to_string(), retry_at: now + retry_after(streak, cap) });
+        let entry = Failing { streak, message: message.to_string(), retry_at: now + retry_after(streak, cap) };
+        failing.entry(key.to_string()).or_default().insert(cluster.to_string(), entry);
         Streak { now: streak, before }
     }
 
     /// Forgets deployment `key` on every member but those it still writes to (`keep`); all of
     /// them when it is deleted.
     pub(crate) fn keep_only<'a>(&self, key: &str, keep: impl IntoIterator<Item = &'a String>) {
-        let keep: Vec<&String> = keep.into_iter().collect();
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
-        failing.retain(|(k, cluster), _| k != key || keep.contains(&cluster));
+        let Some(members) = failing.get_mut(key) else { return };
+        let keep: Vec<&String> = keep.into_iter().collect();
+        members.retain(|cluster, _| keep.contains(&cluster));
+        if members.is_empty() {
+            failing.remove(key);
+        }
     }
 }
 

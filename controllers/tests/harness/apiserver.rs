@@ -195,14 +195,20 @@ pub fn proc_stats(pid: u32) -> Option<ProcStats> {
 /// cluster's etcd, kube-apiserver, controller-manager, scheduler and kwok with their files
 /// under the cluster's own directory). A path *under* it: `clusters/m1` is not `clusters/m10`.
 pub fn processes_under(dir: &Path) -> Vec<u32> {
+    command_lines_under(dir).into_iter().map(|(pid, _, _)| pid).collect()
+}
+
+/// [`processes_under`] with each one's command line (arguments joined by NUL) and the rest of
+/// it after `dir`'s path.
+fn command_lines_under(dir: &Path) -> Vec<(u32, String, String)> {
     let needle = format!("{}/", dir.to_string_lossy().trim_end_matches('/'));
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(&needle))
-                .unwrap_or(false)
+        .filter_map(|pid| {
+            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).to_string();
+            let after = cmdline.split_once(&needle)?.1.to_string();
+            Some((pid, cmdline, after))
         })
         .collect()
 }
@@ -214,15 +220,12 @@ pub type Program = (String, String);
 /// CPU seconds so far of every process under `dir` ([`processes_under`]; `dir` holds one
 /// directory per cluster), by pid, with its [`Program`].
 pub fn cpu_by_process(dir: &Path) -> BTreeMap<u32, (Program, f64)> {
-    let prefix = format!("{}/", dir.to_string_lossy().trim_end_matches('/'));
-    processes_under(dir)
+    command_lines_under(dir)
         .into_iter()
-        .filter_map(|pid| {
-            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).to_string();
+        .filter_map(|(pid, cmdline, after)| {
             let argv0 = cmdline.split('\0').next()?;
             let program = argv0.rsplit('/').next().unwrap_or(argv0).to_string();
-            let (_, after) = cmdline.split_once(&prefix)?;
-            let cluster = after.split('/').next()?.to_string();
+            let cluster = after.split(['/', '\0']).next()?.to_string();
             Some((pid, ((program, cluster), proc_stats(pid)?.cpu_seconds)))
         })
         .collect()
