@@ -225,8 +225,22 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
                      this one, so it may grow in others",
                     m.moved, m.from, m.to
                 )
+            } else if m.higher_priority && m.moved == me {
+                writeln!(
+                    out,
+                    "  {n} replica(s) moved from {} to {} to make room for {} (lower priority): the same device \
+                     alternative and capacity type, another price",
+                    m.from, m.to, m.made_room_for
+                )
             } else if m.moved == me {
                 writeln!(out, "  {n} replica(s) moved from {} to {} to make room for {}", m.from, m.to, m.made_room_for)
+            } else if m.higher_priority {
+                writeln!(
+                    out,
+                    "  placed on {} after {n} replica(s) of {} (higher priority) moved to {}, an equally ranked pool \
+                     but for price",
+                    m.from, m.moved, m.to
+                )
             } else {
                 writeln!(out, "  placed on {} after {n} replica(s) of {} moved to {}", m.from, m.moved, m.to)
             };
@@ -268,6 +282,7 @@ mod tests {
             made_room_for: "ml/h100-only".into(),
             replicas: 2,
             closes_spread_domain: false,
+            higher_priority: false,
         };
         let plan = |name: &str| DeploymentPlan {
             namespace: "ml".into(),
@@ -299,6 +314,22 @@ mod tests {
         let gained = super::explain_text(&closing("h100-only"));
         assert!(gained.contains("of ml/flexible moved from a/h100 to b/h200: that spread domain"), "{gained}");
         assert!(!gained.contains("placed on a/h100"), "{gained}");
+        // A higher priority's move for a lower one names what it kept and what it gave up.
+        let up = |name: &str| DeploymentPlan { moves: vec![Move { higher_priority: true, ..m.clone() }], ..plan(name) };
+        let moved = super::explain_text(&up("flexible"));
+        assert!(
+            moved.contains(
+                "moved from a/h100 to b/h200 to make room for ml/h100-only (lower priority): the same device \
+                 alternative and capacity type, another price"
+            ),
+            "{moved}"
+        );
+        let gained = super::explain_text(&up("h100-only"));
+        assert!(gained.contains("of ml/flexible (higher priority) moved to b/h200"), "{gained}");
+        assert!(
+            !super::explain_text(&plan("flexible")).contains("priority"),
+            "a move between equals says nothing of it"
+        );
     }
 
     #[test]

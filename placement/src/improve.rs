@@ -8,8 +8,10 @@
 //! them: tier by tier, kept replicas first, `held::repack`), `maxReplicas`, met
 //! `minReplicas`, cost ceilings, and spread as each deployment saw it when it was solved (also
 //! for deployments the moves did not touch but whose pools gained room).
-//! A replica kept where it already runs is never moved, nor one of a higher-priority
-//! deployment; no deployment loses a replica to a move. When spread holds a deployment back,
+//! A replica kept where it already runs is never moved; one of a higher-priority deployment
+//! only when the lower-priority ones cannot make the room, and only to a pool it ranks as high
+//! on every key but price (same device alternative and capacity type), never by a chain; no
+//! deployment loses a replica to a move. When spread holds a deployment back,
 //! earlier replicas of its tier may be moved into the domains that hold it back until they
 //! can take no further replica of it (`close.rs`). When no move makes room, strictly
 //! lower-priority replicas that do not run may be preempted and the lower tiers solved again
@@ -54,7 +56,8 @@ const CHAIN_DEPTH: u32 = 1;
 struct Mover {
     /// The deployment that gains a replica (never a victim itself).
     di: usize,
-    /// Its priority: no victim, at any depth, has a higher one.
+    /// Its priority: a victim of a higher one moves only to a pool it ranks as high but for
+    /// price, and never by a chain (`move_out`).
     prio: i32,
     /// Further victims a move may displace to find room.
     depth: u32,
@@ -135,6 +138,9 @@ struct Phase<'o, 's> {
     cost: Vec<u64>,
     /// The deployment to explain, when a re-solve reaches it.
     explain: Option<(String, String)>,
+    /// Whether a higher-priority replica may be moved for a lower one (`move_out`): not in the
+    /// first loop, so that the budget goes to equal- and lower-priority moves first.
+    upward: bool,
 }
 
 impl Ctx<'_, '_> {
@@ -174,6 +180,7 @@ impl Ctx<'_, '_> {
             floor: None,
             cost,
             explain: options.explain.clone(),
+            upward: false,
         };
         let mut changed = vec![false; order.len()];
         // Moves first, for every deployment; preemption only with the budget they leave, so
@@ -186,6 +193,12 @@ impl Ctx<'_, '_> {
             }
         }
         self.free.stop();
+        // With the budget the first loop leaves: higher-priority replicas may yield their
+        // price (pools ranked as high but for price), then preemption.
+        ph.upward = true;
+        for di in 0..order.len() {
+            self.moves(&mut ph, plans, &mut held, &mut changed, di);
+        }
         for di in 0..order.len() {
             while ph.movable[di]
                 && plans[di].unplaced > 0
@@ -394,6 +407,7 @@ impl Ctx<'_, '_> {
                 made_room_for: name(order[di]),
                 replicas: 1,
                 closes_spread_domain: n < t.closing,
+                higher_priority: ph.prios[ei] > ph.prios[di],
             };
             for i in [ei, di] {
                 phase_trace::note_wrote_dep(i);
@@ -475,8 +489,10 @@ impl Ctx<'_, '_> {
             {
                 return Some(done);
             }
-            // Victims: equal- or lower-priority replicas on the pool not kept where they ran,
-            // lowest priority first, then the last solved first.
+            // Victims: replicas on the pool not kept where they ran, lowest priority first, then
+            // the last solved first. A higher-priority one only once the first loop is done
+            // (`Phase::upward`), last, and only to a pool it ranks as high but for price
+            // (`move_out`).
             let mut victims: Vec<(usize, u32)> = Vec::new();
             phase_trace::note_pool(p);
             let mut ids: Vec<usize> = ph.users.get(&p).cloned().unwrap_or_default();
@@ -485,7 +501,7 @@ impl Ctx<'_, '_> {
             ids.dedup();
             for i in ids {
                 phase_trace::note_dep(i);
-                if i == di || !ph.movable[i] || ph.order[i].priority() > prio {
+                if i == di || !ph.movable[i] || (!ph.upward && ph.prios[i] > prio) {
                     continue;
                 }
                 for h in held_of(base, held, i).iter().filter(|h| (h.cluster, h.pool) == p && h.count > h.kept) {
@@ -516,7 +532,9 @@ impl Ctx<'_, '_> {
     /// One replica of `ei` on (`p`, `rank`) moved to the first other candidate of its own
     /// that takes it within its limits, or `None`. A candidate without room is made room on
     /// by moving on, with `mover.depth` left, replicas of other deployments there that the
-    /// gaining deployment may displace (a chain), within [`MAX_MOVES`].
+    /// gaining deployment may displace (a chain), within [`MAX_MOVES`]. A replica of a higher
+    /// priority than the gaining deployment's moves only to a candidate ranked as high as the
+    /// one it leaves on everything but price ([`as_high_but_price`]), and never by a chain.
     #[allow(clippy::too_many_arguments)]
     fn move_out(
         &mut self,
@@ -529,16 +547,21 @@ impl Ctx<'_, '_> {
         p: (usize, usize),
     ) -> Option<Tentative> {
         self.dep(ph, ei);
+        let up = ph.prios[ei] > mover.prio;
         let dests: Vec<Candidate> = {
             let dep = ph.deps[ei].as_ref()?;
             let alts = &ph.order[ei].spec.devices.alternatives;
             let cur = held_of(t, held, ei);
             let from = cur.iter().find(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)?;
+            let left = dep.cands.iter().find(|c| (c.cluster, c.pool, c.rank) == (p.0, p.1, rank))?;
             dep.cands
                 .iter()
                 .filter(|dest| {
                     let q = (dest.cluster, dest.pool);
                     if dest.sticky_only || q == p || mover.to.is_some_and(|to| to != q) {
+                        return false;
+                    }
+                    if up && !as_high_but_price(dest, left) {
                         return false;
                     }
                     if dest.rank != from.rank {
@@ -557,7 +580,7 @@ impl Ctx<'_, '_> {
         };
         // Direct room first (the destination's order within each pass), then chains.
         for chain in [false, true] {
-            if chain && mover.depth == 0 {
+            if chain && (mover.depth == 0 || up) {
                 break;
             }
             for dest in &dests {
@@ -813,4 +836,17 @@ impl Ctx<'_, '_> {
         }
         least.is_none_or(|m| counts.values().all(|&n| n <= m + skew))
     }
+}
+
+/// Whether `dest` ranks as high as `left` for its deployment on every key the greedy ranks by
+/// but price: the same device alternative and capacity type, no untolerated
+/// `PreferNoSchedule` taint unless `left` had one, the ModelCache Ready and a CapacityClaim's
+/// nodes wherever `left` had them. Where a higher-priority replica may go to make room for a
+/// lower one: it keeps its count, its rules and every preference but the price.
+fn as_high_but_price(dest: &Candidate, left: &Candidate) -> bool {
+    dest.rank == left.rank
+        && dest.capacity_type_rank == left.capacity_type_rank
+        && (!dest.prefer_not || left.prefer_not)
+        && (dest.cache_ready || !left.cache_ready)
+        && (dest.reserved || !left.reserved)
 }

@@ -202,6 +202,11 @@ pub struct Move {
     /// `from`). Left out of the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub closes_spread_domain: bool,
+    /// `moved` has a higher priority than `madeRoomFor`: its replica, not running yet, went to
+    /// a pool it ranks as high on every key but price (same device alternative and capacity
+    /// type), keeping its count, its ceiling and its spread. Left out of the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub higher_priority: bool,
 }
 
 /// What makes a deployment's spec invalid: the field and why.

@@ -8,8 +8,9 @@
 //! preempted deployment free to get its replica back elsewhere. Every replica a lower
 //! deployment lost is recorded in both plans (`preemptions`), and where it stays unplaced its
 //! reason on that cluster is `Preempted`. Equal priorities never preempt, a running replica is
-//! never preempted (the attempt is undone if the re-solve would not keep one), and nothing of
-//! a higher tier moves. Deterministic, and bounded by the phase's budget: a re-solve starts
+//! never preempted (the attempt is undone if the re-solve would not keep one), and a higher
+//! tier's replica moves only as the move search moves it (to a pool it ranks as high but for
+//! price). Deterministic, and bounded by the phase's budget: a re-solve starts
 //! only when what the greedy spent on those tiers fits in what is left.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,6 +54,10 @@ impl Ctx<'_, '_> {
         let saved_users = ph.users.clone();
         let saved_plans: Vec<DeploymentPlan> = plans.all()[tier..below].to_vec();
         let saved_changed: Vec<bool> = changed[tier..below].to_vec();
+        // A higher tier's replica may move for the deployment (to a pool it ranks as high but
+        // for price, `improve::move_out`): its moves and flag are put back too.
+        let saved_above: Vec<(Vec<Move>, bool)> =
+            (0..tier).map(|i| (plans.all()[i].moves.clone(), changed[i])).collect();
         let restore = |ctx: &mut Self,
                        ph: &mut Phase<'_, '_>,
                        plans: &mut Plans<'_>,
@@ -68,6 +73,12 @@ impl Ctx<'_, '_> {
                 }
             }
             changed[tier..below].copy_from_slice(&saved_changed);
+            for (i, (moves, was)) in saved_above.iter().enumerate() {
+                if plans.all()[i].moves != *moves {
+                    plans[i].moves.clone_from(moves);
+                }
+                changed[i] = *was;
+            }
             ph.floor = None;
         };
         // The lower tiers keep only what they run; their pools are packed again without the rest.
@@ -155,6 +166,7 @@ impl Ctx<'_, '_> {
                     made_room_for: by.clone(),
                     replicas: r,
                     closes_spread_domain: false,
+                    higher_priority: false,
                 };
                 record(&mut plan.moves, m.clone());
                 record(&mut plans[di].moves, m);

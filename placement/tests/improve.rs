@@ -1,7 +1,9 @@
 //! The improvement phase: a replica the greedy pass left unplaced because an earlier deployment
 //! took the only pool it could use is placed once that deployment's replica moves to its other
 //! option, also when that option is full and its own occupant has to move on first (a chain);
-//! never at the cost of a higher-priority deployment or of a replica already running. When no
+//! never at the cost of a higher-priority deployment's replicas or preferences (its replica
+//! moves for a lower one only to a pool it ranks as high but for price) or of a replica
+//! already running. When no
 //! move makes room, a replica of a strictly lower priority that does not run yet is preempted,
 //! and both plans say so; never a running one, never an equal priority, never for nothing.
 
@@ -26,6 +28,12 @@ fn class(name: &str, on_demand: &str) -> (String, ClassView) {
     }))
     .unwrap();
     (name.to_string(), ClassView { spec })
+}
+
+fn spot_class(name: &str, spot: &str) -> (String, ClassView) {
+    let (name, mut view) = class(name, spot);
+    view.spec.price_per_node_hour.spot = view.spec.price_per_node_hour.on_demand.take();
+    (name, view)
 }
 
 fn cluster(name: &str, class: &str) -> ClusterView {
@@ -118,9 +126,73 @@ fn a_move_of_an_equal_priority_replica_places_the_one_left_out() {
 }
 
 #[test]
-fn a_higher_priority_replica_is_never_moved() {
-    // Twin: the flexible deployment has the higher priority; its replica stays on the H100.
-    let improved = plans(&fleet(10), true);
+fn a_higher_priority_replica_moves_for_a_lower_one_only_to_a_pool_ranked_as_high_but_for_price() {
+    // The flexible deployment has the higher priority. Its one alternative takes either pool,
+    // both on-demand: the H200 differs from the H100 only in price, so its replica (not running
+    // yet) moves there and the lower-priority one gets the H100 -- the count of neither tier
+    // drops, the lower one gains (a higher tier never keeps room it does not need at the cost
+    // of a lower tier's replica, only at the cost of its price preference).
+    let snap = fleet(10);
+    let greedy = plans(&snap, false);
+    assert_eq!((on(&greedy[0]), greedy[1].unplaced), (vec!["a"], 1));
+    let improved = plans(&snap, true);
+    assert_eq!((on(&improved[0]), on(&improved[1]), improved[1].unplaced), (vec!["b"], vec!["a"], 0));
+    let m = &improved[0].moves;
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(m[0].higher_priority, "{m:?}");
+    assert_eq!((m[0].moved.as_str(), m[0].from.as_str(), m[0].to.as_str()), ("ml/flexible", "a/h100", "b/h200"));
+    assert_eq!(improved[1].moves, improved[0].moves);
+    let json = serde_json::to_value(&improved[0].moves[0]).unwrap();
+    assert_eq!(json["higherPriority"], true);
+    assert_eq!(improved[0].assignments[0].fallback_rank, greedy[0].assignments[0].fallback_rank);
+}
+
+#[test]
+fn a_higher_priority_replica_never_moves_to_a_lower_alternative() {
+    // Twin: the H200 is the flexible deployment's second alternative (its fallback). For a
+    // deployment of equal or lower priority the move is made (first test); for a lower one, a
+    // higher-priority replica is never sent down its fallback order.
+    let mut snap = fleet(10);
+    snap.deployments[0] = deployment("flexible", 1, 10, json!([{"class": "h100"}, {"class": "h200"}]));
+    let improved = plans(&snap, true);
+    assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
+    assert!(improved.iter().all(|p| p.moves.is_empty()));
+    snap.deployments[0].spec.placement.priority = Some(0);
+    let equal = plans(&snap, true);
+    assert_eq!((on(&equal[0]), on(&equal[1])), (vec!["b"], vec!["a"]));
+}
+
+#[test]
+fn a_higher_priority_replica_never_moves_to_another_capacity_type() {
+    // Twin: the H200 node is spot, which the flexible deployment allows after on-demand: a
+    // worse capacity type, so its replica stays on the H100 and the lower one stays out.
+    let mut snap = fleet(10);
+    snap.classes = [class("h100", "10.00"), spot_class("h200", "20.00")].into_iter().collect();
+    snap.clusters[1].pools[0].capacity_type = Some(CapacityType::Spot);
+    snap.deployments[0].spec.placement.capacity_types = vec![CapacityType::OnDemand, CapacityType::Spot];
+    let greedy = plans(&snap, false);
+    assert_eq!((on(&greedy[0]), greedy[1].unplaced), (vec!["a"], 1));
+    let improved = plans(&snap, true);
+    assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
+    assert!(improved.iter().all(|p| p.moves.is_empty()));
+}
+
+#[test]
+fn a_running_higher_priority_replica_is_never_moved() {
+    // Twin: the flexible deployment (higher priority) already runs on the H100.
+    let mut snap = fleet(10);
+    snap.deployments[0].current = vec![ClusterPlacement {
+        cluster: "a".into(),
+        pool: "h100".into(),
+        class: "h100".into(),
+        capacity_type: CapacityType::OnDemand,
+        fallback_rank: 1,
+        desired: 1,
+        ready: 1,
+        serving: 1,
+        unschedulable: 0,
+    }];
+    let improved = plans(&snap, true);
     assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
     assert!(improved.iter().all(|p| p.moves.is_empty()));
 }

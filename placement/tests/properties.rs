@@ -587,8 +587,8 @@ proptest! {
     }
 
     /// The improvement phase costs a deployment a replica only by a recorded preemption for a
-    /// strictly higher priority, moves only replicas of a deployment whose priority is at most
-    /// that of the one it made room for, says so in `moves`, leaves every tier at least as
+    /// strictly higher priority, moves a replica for a lower priority only to a pool ranked as
+    /// high but for price (flagged, same alternatives and capacity types), says so in `moves`, leaves every tier at least as
     /// well placed as the greedy pass or a higher one better (per tier, from the top, the
     /// first count that differs is larger), and leaves a plan the checker accepts (the
     /// property above checks the default solve, which includes the phase).
@@ -616,12 +616,28 @@ proptest! {
                     "{:?}: {} moved without a recorded move", spec, name
                 );
             }
-            for m in i.moves.iter().filter(|m| m.moved == name) {
-                prop_assert!(
-                    priority[&m.made_room_for] >= priority[&name],
-                    "{:?}: {} (priority {}) moved for {} (priority {})",
-                    spec, name, priority[&name], m.made_room_for, priority[&m.made_room_for]
+            // A move for a lower priority says so, and keeps the moved deployment's device
+            // alternatives and capacity types as the greedy gave them (only the price may
+            // differ); checked where every move of it is of that kind and it gained nothing.
+            let own: Vec<_> = i.moves.iter().filter(|m| m.moved == name).collect();
+            for m in &own {
+                prop_assert_eq!(
+                    m.higher_priority,
+                    priority[&m.made_room_for] < priority[&name],
+                    "{:?}: {} (priority {}) moved for {} (priority {}): {:?}",
+                    spec, name, priority[&name], m.made_room_for, priority[&m.made_room_for], m
                 );
+            }
+            let gained = i.unplaced != g.unplaced || i.moves.iter().any(|m| m.made_room_for == name);
+            if !own.is_empty() && own.iter().all(|m| m.higher_priority) && !gained {
+                let mix = |p: &DeploymentPlan| {
+                    let mut v: BTreeMap<(u32, String), u32> = BTreeMap::new();
+                    for a in &p.assignments {
+                        *v.entry((a.fallback_rank, a.capacity_type.to_string())).or_default() += a.replicas;
+                    }
+                    v
+                };
+                prop_assert_eq!(mix(g), mix(i), "{:?}: {} moved for a lower priority changed its ranks", spec, name);
             }
         }
         let first_change = tiers.iter().find(|(_, (g, i))| g != i);
