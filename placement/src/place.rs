@@ -212,7 +212,8 @@ impl Ctx<'_, '_> {
             if let (Some(r), Some(max)) = (&state.reserve, state.max_cost) {
                 let price = state.candidates[i].replica_price;
                 let before = std::mem::replace(&mut self.free[(ci, pi)], next.clone());
-                let ok = self.within_reserve(r, shape, state.placed(), state.cost + price, max);
+                let at = (state.placed(), state.per_rank.as_slice(), state.candidates[i].rank);
+                let ok = self.within_reserve(r, shape, at, state.cost + price, max);
                 self.free[(ci, pi)] = before;
                 if !ok {
                     state.blocks.insert(ci, Refusal::Reserve { price, placed: state.cost, max });

@@ -516,7 +516,9 @@ impl Ctx<'_, '_> {
             }
         };
         // 2. Per-alternative minimums, 3. the rest in fallback order, within the ceiling's hold.
-        state.reserve = self.reserve(&state.candidates, &shape, desired, state.placed(), state.cost, max_cost);
+        let at = (state.placed(), state.per_rank.as_slice());
+        state.reserve =
+            self.reserve(&state.candidates, &d.spec.devices.alternatives, &shape, desired, at, state.cost, max_cost);
         // (then a cheapest-first try when spread and its own limits leave it short, `refill.rs`)
         self.fill_all(&mut state, d, &shape, spread, proportional);
         // The refusals are reported only with replicas unplaced (or when explaining): found

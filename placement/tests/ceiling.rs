@@ -116,3 +116,54 @@ fn a_ceiling_that_cannot_pay_for_all_places_the_most_and_says_so() {
     let cheap = why.iter().find(|(c, ..)| *c == "b-on-demand").expect("the cheap cluster says why");
     assert!(cheap.2.contains("costs $5.00/h; placed so far $10.00/h, ceiling $12.00/h"), "{}", cheap.2);
 }
+
+/// One alternative of reserved ($7 a replica, preferred) and on-demand ($4.75) nodes, a second
+/// one of $1 nodes allowed for `cheap_max` replicas; 8 single-GPU replicas wanted under $30/h.
+fn capped_fleet(cheap_max: Option<i32>) -> FleetSnapshot {
+    let mut cheap = json!({"class": "cheap"});
+    if let Some(m) = cheap_max {
+        cheap["maxReplicas"] = json!(m);
+    }
+    let spec = json!({
+        "model": {"name": "m", "source": "hf://org/m"},
+        "replicas": 8,
+        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "topology": {"type": "TensorParallel", "devicesPerReplica": 1},
+        "devices": {"alternatives": [{"class": "dear"}, cheap]},
+        "placement": {"capacityTypes": ["reserved", "on-demand"], "maxCostPerHour": "30"}
+    });
+    FleetSnapshot {
+        classes: [class("dear", "56.00", "38.00"), class("cheap", "8.00", "8.00")].into_iter().collect(),
+        clusters: vec![
+            cluster("a-reserved", "dear", CapacityType::Reserved, 2),
+            cluster("b-on-demand", "dear", CapacityType::OnDemand, 2),
+            cluster("c-cheap", "cheap", CapacityType::OnDemand, 1),
+        ],
+        deployments: vec![DeploymentView {
+            namespace: "ml".into(),
+            name: "m".into(),
+            created: 0,
+            spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
+            current: vec![],
+            refused_pools: vec![],
+        }],
+    }
+}
+
+#[test]
+fn the_budget_held_back_counts_a_capped_alternative_only_up_to_its_maximum() {
+    // The $1 alternative may take 2 replicas. Counting all 8 at $1 would hold back $1 each for
+    // the rest and let three $7 reserved replicas through; then the rest costs $4.75 and only 6
+    // fit ($29.75). Counted at its maximum, the ceiling pays for 7 at the cheapest (2 × $1 +
+    // 5 × $4.75): the hold keeps room for them, and 7 are placed (the most that fit: an 8th
+    // would cost at least $30.50).
+    let plan = solve1(&capped_fleet(Some(2)));
+    assert_eq!(plan.unplaced, 1, "{:?} {:?}", plan.assignments, plan.rejections);
+    assert!(plan.cost_micros_per_hour <= 30_000_000, "{}", plan.cost_micros_per_hour);
+    assert_eq!(on(&plan, "c-cheap"), 2);
+    assert!(on(&plan, "a-reserved") <= 1, "the preferred capacity only as far as the budget allows: {plan:?}");
+    // Twin: without the maximum the $1 alternative takes the rest, and all 8 fit.
+    let plan = solve1(&capped_fleet(None));
+    assert_eq!(plan.unplaced, 0, "{:?} {:?}", plan.assignments, plan.rejections);
+    assert!(plan.cost_micros_per_hour <= 30_000_000, "{}", plan.cost_micros_per_hour);
+}
