@@ -225,6 +225,13 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
                      this one, so it may grow in others",
                     m.moved, m.from, m.to
                 )
+            } else if m.lowers_cost {
+                writeln!(
+                    out,
+                    "  {n} replica(s) moved from {} to {}: a pool ranked before it, cheaper, had room after the \
+                     other moves",
+                    m.from, m.to
+                )
             } else if m.higher_priority && m.moved == me {
                 writeln!(
                     out,
@@ -283,6 +290,7 @@ mod tests {
             replicas: 2,
             closes_spread_domain: false,
             higher_priority: false,
+            lowers_cost: false,
         };
         let plan = |name: &str| DeploymentPlan {
             namespace: "ml".into(),
@@ -330,6 +338,15 @@ mod tests {
             !super::explain_text(&plan("flexible")).contains("priority"),
             "a move between equals says nothing of it"
         );
+        // A move that only lowered the deployment's own cost says so, and claims no room.
+        let own =
+            Move { moved: "ml/flexible".into(), made_room_for: "ml/flexible".into(), lowers_cost: true, ..m.clone() };
+        let cheaper = super::explain_text(&DeploymentPlan { moves: vec![own], ..plan("flexible") });
+        assert!(
+            cheaper.contains("2 replica(s) moved from a/h100 to b/h200: a pool ranked before it, cheaper, had room"),
+            "{cheaper}"
+        );
+        assert!(!cheaper.contains("make room"), "{cheaper}");
     }
 
     #[test]

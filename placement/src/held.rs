@@ -246,8 +246,8 @@ pub(super) fn name(d: &DeploymentView) -> String {
 /// Adds `m` to `moves`, merged with an equal record.
 pub(super) fn record(moves: &mut Vec<Move>, m: Move) {
     let same = |x: &&mut Move| {
-        (&x.moved, &x.from, &x.to, &x.made_room_for, x.closes_spread_domain, x.higher_priority)
-            == (&m.moved, &m.from, &m.to, &m.made_room_for, m.closes_spread_domain, m.higher_priority)
+        (&x.moved, &x.from, &x.to, &x.made_room_for, x.closes_spread_domain, x.higher_priority, x.lowers_cost)
+            == (&m.moved, &m.from, &m.to, &m.made_room_for, m.closes_spread_domain, m.higher_priority, m.lowers_cost)
     };
     match moves.iter_mut().find(same) {
         Some(x) => x.replicas += m.replicas,

@@ -37,6 +37,8 @@ use phase_trace::{DepWrite, Dirty, PhaseTrace, PoolWrite, Unit, Writes};
 mod close;
 #[path = "phase_trace.rs"]
 pub(super) mod phase_trace;
+#[path = "polish.rs"]
+mod polish;
 #[path = "preempt.rs"]
 mod preempt;
 
@@ -212,6 +214,9 @@ impl Ctx<'_, '_> {
                 }
             }
         }
+        // Last, with what is left of the budget: replicas the phase's changes left on a worse
+        // pool than one with room now move there if it costs no more (`polish.rs`).
+        self.polish(&mut ph, plans, &mut held, &mut changed);
         for (i, d) in order.iter().enumerate() {
             if changed[i] {
                 self.refresh(d, &mut plans[i], &held[i]);
@@ -408,6 +413,7 @@ impl Ctx<'_, '_> {
                 replicas: 1,
                 closes_spread_domain: n < t.closing,
                 higher_priority: ph.prios[ei] > ph.prios[di],
+                lowers_cost: ei == di,
             };
             for i in [ei, di] {
                 phase_trace::note_wrote_dep(i);

@@ -207,6 +207,11 @@ pub struct Move {
     /// type), keeping its count, its ceiling and its spread. Left out of the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub higher_priority: bool,
+    /// The move only lowered `moved`'s cost (`madeRoomFor` is `moved` itself): once the other
+    /// moves were made, a pool it ranks before the one it was on, cheaper, had room. Left out
+    /// of the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lowers_cost: bool,
 }
 
 /// What makes a deployment's spec invalid: the field and why.

@@ -167,6 +167,7 @@ impl Ctx<'_, '_> {
                     replicas: r,
                     closes_spread_domain: false,
                     higher_priority: false,
+                    lowers_cost: false,
                 };
                 record(&mut plan.moves, m.clone());
                 record(&mut plans[di].moves, m);
