@@ -199,6 +199,9 @@ impl Ctx<'_, '_> {
         // price (pools ranked as high but for price), then preemption.
         ph.upward = true;
         for di in 0..order.len() {
+            if ph.work >= ph.budget {
+                break;
+            }
             self.moves(&mut ph, plans, &mut held, &mut changed, di);
         }
         for di in 0..order.len() {

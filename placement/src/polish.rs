@@ -24,9 +24,15 @@ impl Ctx<'_, '_> {
         changed: &mut [bool],
     ) {
         for i in 0..ph.order.len() {
+            if ph.work >= ph.budget {
+                return;
+            }
+            if !changed[i] || !ph.movable[i] {
+                continue;
+            }
             // At most one move per replica the deployment has (each lowers its cost).
             let mut left: u32 = held[i].iter().map(|h| h.count).sum();
-            while changed[i] && ph.movable[i] && left > 0 && ph.work < ph.budget {
+            while changed[i] && left > 0 && ph.work < ph.budget {
                 let Some(t) = self.cheaper(ph, plans, held, i) else { break };
                 self.apply(ph, plans, held, changed, t, i);
                 left -= 1;
