@@ -218,7 +218,7 @@ impl Ctx<'_, '_> {
             }
         }
         // Last, with what is left of the budget: replicas the phase's changes left on a worse
-        // pool than one with room now move there if it costs no more (`polish.rs`).
+        // pool than one with room now move there if it costs less (`polish.rs`).
         self.polish(&mut ph, plans, &mut held, &mut changed);
         for (i, d) in order.iter().enumerate() {
             if changed[i] {
@@ -562,7 +562,12 @@ impl Ctx<'_, '_> {
             let alts = &ph.order[ei].spec.devices.alternatives;
             let cur = held_of(t, held, ei);
             let from = cur.iter().find(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)?;
-            let left = dep.cands.iter().find(|c| (c.cluster, c.pool, c.rank) == (p.0, p.1, rank))?;
+            // What a higher-priority replica leaves, to rank its destinations against.
+            let left = if up {
+                Some(*dep.cands.iter().find(|c| (c.cluster, c.pool, c.rank) == (p.0, p.1, rank))?)
+            } else {
+                None
+            };
             dep.cands
                 .iter()
                 .filter(|dest| {
@@ -570,7 +575,7 @@ impl Ctx<'_, '_> {
                     if dest.sticky_only || q == p || mover.to.is_some_and(|to| to != q) {
                         return false;
                     }
-                    if up && !as_high_but_price(dest, left) {
+                    if left.is_some_and(|l| !as_high_but_price(dest, &l)) {
                         return false;
                     }
                     if dest.rank != from.rank {

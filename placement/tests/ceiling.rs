@@ -64,14 +64,19 @@ fn fleet(replicas: i32, ceiling: Option<&str>) -> FleetSnapshot {
             cluster("a-reserved", "dear", CapacityType::Reserved, 2),
             cluster("b-on-demand", "cheap", CapacityType::OnDemand, 2),
         ],
-        deployments: vec![DeploymentView {
-            namespace: "ml".into(),
-            name: "m".into(),
-            created: 0,
-            spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
-            current: vec![],
-            refused_pools: vec![],
-        }],
+        deployments: vec![deployment(spec)],
+    }
+}
+
+/// The one deployment `ml/m` of these fleets, from its spec.
+fn deployment(spec: serde_json::Value) -> DeploymentView {
+    DeploymentView {
+        namespace: "ml".into(),
+        name: "m".into(),
+        created: 0,
+        spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
+        current: vec![],
+        refused_pools: vec![],
     }
 }
 
@@ -139,14 +144,7 @@ fn capped_fleet(cheap_max: Option<i32>) -> FleetSnapshot {
             cluster("b-on-demand", "dear", CapacityType::OnDemand, 2),
             cluster("c-cheap", "cheap", CapacityType::OnDemand, 1),
         ],
-        deployments: vec![DeploymentView {
-            namespace: "ml".into(),
-            name: "m".into(),
-            created: 0,
-            spec: serde_json::from_value::<ModelDeploymentSpec>(spec).unwrap(),
-            current: vec![],
-            refused_pools: vec![],
-        }],
+        deployments: vec![deployment(spec)],
     }
 }
 

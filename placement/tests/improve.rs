@@ -178,43 +178,16 @@ fn a_higher_priority_replica_never_moves_to_another_capacity_type() {
 }
 
 #[test]
-fn a_running_higher_priority_replica_is_never_moved() {
-    // Twin: the flexible deployment (higher priority) already runs on the H100.
-    let mut snap = fleet(10);
-    snap.deployments[0].current = vec![ClusterPlacement {
-        cluster: "a".into(),
-        pool: "h100".into(),
-        class: "h100".into(),
-        capacity_type: CapacityType::OnDemand,
-        fallback_rank: 1,
-        desired: 1,
-        ready: 1,
-        serving: 1,
-        unschedulable: 0,
-    }];
-    let improved = plans(&snap, true);
-    assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
-    assert!(improved.iter().all(|p| p.moves.is_empty()));
-}
-
-#[test]
 fn a_replica_already_running_is_never_moved() {
-    // Twin: the flexible deployment already runs on the H100 (its status says so).
-    let mut snap = fleet(0);
-    snap.deployments[0].current = vec![ClusterPlacement {
-        cluster: "a".into(),
-        pool: "h100".into(),
-        class: "h100".into(),
-        capacity_type: CapacityType::OnDemand,
-        fallback_rank: 1,
-        desired: 1,
-        ready: 1,
-        serving: 1,
-        unschedulable: 0,
-    }];
-    let improved = plans(&snap, true);
-    assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1));
-    assert!(improved.iter().all(|p| p.moves.is_empty()));
+    // Twin: the flexible deployment already runs on the H100 (its status says so), of equal
+    // priority or of a higher one.
+    for priority in [0, 10] {
+        let mut snap = fleet(priority);
+        snap.deployments[0].current = runs_on("a", "h100");
+        let improved = plans(&snap, true);
+        assert_eq!((on(&improved[0]), improved[1].unplaced), (vec!["a"], 1), "priority {priority}");
+        assert!(improved.iter().all(|p| p.moves.is_empty()), "priority {priority}");
+    }
 }
 
 /// Three pools of one node each: H100 ($10), H200 ($20), A100 ($30). `flexible` (H100 or
@@ -284,17 +257,7 @@ fn a_chain_never_moves_a_higher_priority_replica() {
 fn a_chain_never_moves_a_running_replica() {
     // Twin: `middle` already runs on the H200.
     let mut snap = chain_fleet(0);
-    snap.deployments[1].current = vec![ClusterPlacement {
-        cluster: "b".into(),
-        pool: "h200".into(),
-        class: "h200".into(),
-        capacity_type: CapacityType::OnDemand,
-        fallback_rank: 1,
-        desired: 1,
-        ready: 1,
-        serving: 1,
-        unschedulable: 0,
-    }];
+    snap.deployments[1].current = runs_on("b", "h200");
     let improved = plans(&snap, true);
     assert_eq!(
         (
@@ -321,17 +284,7 @@ fn running_fleet(newer_priority: i32, newer_runs: bool) -> FleetSnapshot {
         ],
     };
     if newer_runs {
-        snap.deployments[1].current = vec![ClusterPlacement {
-            cluster: "a".into(),
-            pool: "h100".into(),
-            class: "h100".into(),
-            capacity_type: CapacityType::OnDemand,
-            fallback_rank: 1,
-            desired: 1,
-            ready: 1,
-            serving: 1,
-            unschedulable: 0,
-        }];
+        snap.deployments[1].current = runs_on("a", "h100");
     }
     snap
 }
