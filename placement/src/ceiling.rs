@@ -7,8 +7,8 @@
 //! the cheapest placement would. An alternative's `maxReplicas` bounds what its pools count
 //! for in the target (a cheap pool reachable only through an alternative at its maximum pays
 //! for nothing); spread and node shapes are not in it: when they make it unreachable, a last
-//! fill without the hold places what the plain ceiling allows. Replicas kept where they run (stickiness) are placed before the hold is taken and
-//! are never moved for the budget.
+//! fill without the hold places what the plain ceiling allows. Replicas kept where they run
+//! (stickiness) are placed before the hold is taken and are never moved for the budget.
 
 use flotilla_apis::deployment::DeviceAlternative;
 
@@ -119,7 +119,6 @@ impl Ctx<'_, '_> {
     /// Whether one more replica at `price` on alternative `rank`, with `free[ci][pi]` already
     /// reduced by it, still leaves budget for the rest of the target at the cheapest prices
     /// (`per_rank`: replicas per alternative before it).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn within_reserve(
         &self,
         r: &Reserve,

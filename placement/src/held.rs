@@ -92,6 +92,39 @@ pub(super) fn open(alts: &[DeviceAlternative], max_cost: Option<u64>, held: &[He
     super::place::open(alts, per_rank(held, c.rank), cost(held), max_cost, c)
 }
 
+/// Whether a deployment holding `cur` may move one replica from `from` to `dest` within its
+/// own limits: `dest`'s alternative under its `maxReplicas` and `from`'s above a met
+/// `minReplicas` (when they differ), and the cost within `max_cost`.
+pub(super) fn may_move(
+    alts: &[DeviceAlternative],
+    max_cost: Option<u64>,
+    cur: &[Held],
+    from: &Held,
+    dest: &Candidate,
+) -> bool {
+    if dest.rank != from.rank {
+        let most = alts[(dest.rank - 1) as usize].max_replicas;
+        let least = alts[(from.rank - 1) as usize].min_replicas.unwrap_or(0).max(0) as u32;
+        if most.is_some_and(|m| per_rank(cur, dest.rank) >= m.max(0) as u32) || per_rank(cur, from.rank) <= least {
+            return false;
+        }
+    }
+    max_cost.is_none_or(|m| cost(cur) - from.price + dest.replica_price <= m)
+}
+
+/// `cur` with one replica that does not run yet moved from (`p`, `rank`) to `dest`, or `None`
+/// when no such replica is there.
+pub(super) fn moved_one(cur: &[Held], p: (usize, usize), rank: u32, dest: &Candidate) -> Option<Vec<Held>> {
+    let at = cur.iter().position(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)?;
+    let mut next = cur.to_vec();
+    next[at].count -= 1;
+    if next[at].count == 0 {
+        next.remove(at);
+    }
+    add(&mut next, dest);
+    Some(next)
+}
+
 pub(super) fn per_rank(held: &[Held], rank: u32) -> u32 {
     held.iter().filter(|h| h.rank == rank).map(|h| h.count).sum()
 }

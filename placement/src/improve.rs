@@ -24,8 +24,8 @@ use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SpreadDomain;
 
 use super::held::{
-    Held, Plans, Tentative, add, cost, held_of, movable, name, no_more_room, open, per_rank, record, repack, users_of,
-    watched,
+    Held, Plans, Tentative, add, cost, held_of, may_move, movable, moved_one, name, no_more_room, open, per_rank,
+    record, repack, users_of, watched,
 };
 use super::{Candidate, Ctx, SolveOptions, Solved};
 use crate::devices::ReplicaShape;
@@ -578,16 +578,7 @@ impl Ctx<'_, '_> {
                     if left.is_some_and(|l| !as_high_but_price(dest, &l)) {
                         return false;
                     }
-                    if dest.rank != from.rank {
-                        let most = alts[(dest.rank - 1) as usize].max_replicas;
-                        let least = alts[(from.rank - 1) as usize].min_replicas.unwrap_or(0).max(0) as u32;
-                        if most.is_some_and(|m| per_rank(cur, dest.rank) >= m.max(0) as u32)
-                            || per_rank(cur, from.rank) <= least
-                        {
-                            return false;
-                        }
-                    }
-                    dep.max_cost.is_none_or(|m| cost(cur) - from.price + dest.replica_price <= m)
+                    may_move(alts, dep.max_cost, cur, from, dest)
                 })
                 .cloned()
                 .collect()
@@ -612,18 +603,7 @@ impl Ctx<'_, '_> {
                 } else if !ph.shapes[ei].fits(t.free.get(&q).unwrap_or(&self.free[(q.0, q.1)])) {
                     continue;
                 }
-                let cur = held_of(&base, held, ei);
-                let Some(at) =
-                    cur.iter().position(|h| (h.cluster, h.pool, h.rank) == (p.0, p.1, rank) && h.count > h.kept)
-                else {
-                    continue;
-                };
-                let mut next = cur.to_vec();
-                next[at].count -= 1;
-                if next[at].count == 0 {
-                    next.remove(at);
-                }
-                add(&mut next, dest);
+                let Some(next) = moved_one(held_of(&base, held, ei), p, rank, dest) else { continue };
                 let mut t2 = base;
                 t2.held.insert(ei, next);
                 let Some(packed) =

@@ -9,7 +9,7 @@
 //! rest are where the greedy put them. Recorded as a move of the deployment for itself
 //! (`lowersCost: true`). Deterministic, and within the phase's budget.
 
-use super::super::held::{Held, Plans, Tentative, add, cost, per_rank, repack};
+use super::super::held::{Held, Plans, Tentative, may_move, moved_one, repack};
 use super::super::{Candidate, Ctx};
 use super::Phase;
 
@@ -32,7 +32,7 @@ impl Ctx<'_, '_> {
             }
             // At most one move per replica the deployment has (each lowers its cost).
             let mut left: u32 = held[i].iter().map(|h| h.count).sum();
-            while changed[i] && left > 0 && ph.work < ph.budget {
+            while left > 0 && ph.work < ph.budget {
                 let Some(t) = self.cheaper(ph, plans, held, i) else { break };
                 self.apply(ph, plans, held, changed, t, i);
                 left -= 1;
@@ -52,9 +52,10 @@ impl Ctx<'_, '_> {
         self.dep(ph, i);
         let alts = &ph.order[i].spec.devices.alternatives;
         let dep = ph.deps[i].as_ref()?;
+        // Copied: `settle` below needs the phase mutably.
         let cands: Vec<Candidate> = dep.cands.clone();
         let max_cost = dep.max_cost;
-        let mine = held[i].clone();
+        let mine = &held[i];
         let mut at: Vec<(usize, &Held)> = mine
             .iter()
             .filter(|h| h.count > h.kept)
@@ -72,30 +73,16 @@ impl Ctx<'_, '_> {
                     return None;
                 }
                 let q = (to.cluster, to.pool);
-                if to.sticky_only || q == p || to.rank > from.rank || to.replica_price >= from.replica_price {
-                    continue;
-                }
-                if to.rank != from.rank {
-                    let most = alts[(to.rank - 1) as usize].max_replicas;
-                    let least = alts[(from.rank - 1) as usize].min_replicas.unwrap_or(0).max(0) as u32;
-                    if most.is_some_and(|m| per_rank(&mine, to.rank) >= m.max(0) as u32)
-                        || per_rank(&mine, from.rank) <= least
-                    {
-                        continue;
-                    }
-                }
-                if max_cost.is_some_and(|m| cost(&mine) - from.replica_price + to.replica_price > m)
+                if to.sticky_only
+                    || q == p
+                    || to.rank > from.rank
+                    || to.replica_price >= from.replica_price
+                    || !may_move(alts, max_cost, mine, h, to)
                     || !ph.shapes[i].fits(&self.free[(q.0, q.1)])
                 {
                     continue;
                 }
-                let mut next = mine.clone();
-                let j = next.iter().position(|x| (x.cluster, x.pool, x.rank) == (h.cluster, h.pool, h.rank))?;
-                next[j].count -= 1;
-                if next[j].count == 0 {
-                    next.remove(j);
-                }
-                add(&mut next, to);
+                let next = moved_one(mine, p, h.rank, to)?;
                 let mut t = Tentative::default();
                 t.held.insert(i, next);
                 let left =

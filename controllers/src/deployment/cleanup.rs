@@ -108,7 +108,7 @@ async fn prune_in(ctx: &DeploymentContext, ic: &InferenceCluster, md: &ModelDepl
 
 /// The finalizer's cleanup: prune the scope's members concurrently, then act on the verdict.
 pub async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
-    let who = format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any());
+    let who = super::trigger::namespaced_key(md.as_ref());
     ctx.apply_failures.keep_only(&who, []);
     let placed: BTreeSet<String> =
         md.status.iter().flat_map(|s| s.placements.iter()).map(|p| p.cluster.clone()).collect();

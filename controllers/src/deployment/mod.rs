@@ -479,7 +479,7 @@ async fn write_members(
 ) -> BTreeMap<String, String> {
     let mut failed = BTreeMap::new();
     let mut writes = 0usize;
-    let who = format!("{}/{}", md.namespace().unwrap_or_else(|| "default".into()), md.name_any());
+    let who = trigger::namespaced_key(md);
     let cap = ctx.config.poll * SETTLED_POLLS;
     ctx.apply_failures.keep_only(&who, objects.keys());
     for (cluster, objects) in objects {
