@@ -3,7 +3,9 @@
 //! replicas) and its PodDisruptionBudget (`render_budget.rs`), a DRA `ResourceClaimTemplate` carrying the class identity and the same CEL
 //! selectors the solver used (or `nvidia.com/gpu` limits where the member has no DRA), and one
 //! Service. A deployment with `cacheRef` mounts the cache's volume read-only at
-//! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). Every object carries the labels that tie it to the deployment, so cleanup can find
+//! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). Pods prefer the nodes that already run
+//! the pool's Flotilla pods, so the member's scheduler packs them as the solver counted them
+//! (`packing_affinity`). Every object carries the labels that tie it to the deployment, so cleanup can find
 //! exactly what Flotilla made and nothing else. Pure: objects as JSON, applied by the caller.
 
 use std::collections::BTreeMap;
@@ -67,6 +69,24 @@ fn pod_labels(md: &ModelDeployment, pool: &str, role: Option<&str>) -> BTreeMap<
         l.insert("flotilla.dev/role".to_string(), r.to_string());
     }
     l
+}
+
+/// Pack the pool's nodes as the solver counts them: each pod prefers the nodes that already run
+/// Flotilla's pods of the pool, of any deployment in any namespace (the more, the better), so
+/// small replicas fill nodes already in use and whole nodes stay free for the replicas that need
+/// them. The solver fits replicas best-fit on each node's free devices; the member's default
+/// scheduler would instead spread pods over the emptiest nodes (its scoring ignores device
+/// resources) and split the devices a larger replica was counted on. Only a preference: a pod
+/// still goes wherever it fits.
+fn packing_affinity(pool: &str) -> Value {
+    json!({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {labels::MANAGED_BY: MANAGED_BY, labels::POOL: pool}},
+            "namespaceSelector": {},
+            "topologyKey": "kubernetes.io/hostname"
+        }
+    }]}})
 }
 
 /// CEL that pins devices to the class: its driver and its identity attributes.
@@ -172,6 +192,10 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
                     "claimName": crate::cache::render::pvc_name(cache), "readOnly": true}}]);
             }
             pod_spec["containers"] = json!([container]);
+            // A replica of several pods keeps the member scheduler's own choice of nodes.
+            if spec.topology.type_ != TopologyType::MultiNode {
+                pod_spec["affinity"] = packing_affinity(w.pool);
+            }
             let pod_l = pod_labels(md, w.pool, role);
             let template = json!({"metadata": {"labels": pod_l}, "spec": pod_spec});
             let mut meta_extra = vec![(labels::POOL, w.pool)];

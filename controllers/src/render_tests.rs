@@ -73,6 +73,25 @@ fn extended_resources_without_dra_and_generation_only_on_objects() {
         "pods must not roll on a new generation"
     );
     assert_eq!(dep["spec"]["template"]["spec"]["nodeSelector"]["flotilla.dev/pool"], "h100");
+    // Packed like the solver counts: toward the nodes running the pool's Flotilla pods, of
+    // every deployment and namespace, one node at a time.
+    let pref =
+        &dep["spec"]["template"]["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(pref.as_array().map(Vec::len), Some(1), "{pref}");
+    let term = &pref[0]["podAffinityTerm"];
+    assert_eq!(pref[0]["weight"], 100);
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(term["namespaceSelector"], serde_json::json!({}), "every namespace");
+    assert_eq!(
+        term["labelSelector"],
+        serde_json::json!({"matchLabels": {"app.kubernetes.io/managed-by": "flotilla", "flotilla.dev/pool": "h100"}}),
+        "Flotilla's pods of this pool, not only this deployment's"
+    );
+    assert!(
+        dep["spec"]["template"]["spec"]["affinity"].get("podAntiAffinity").is_none()
+            && dep["spec"]["template"]["spec"]["affinity"].get("nodeAffinity").is_none(),
+        "a preference only"
+    );
 }
 
 #[test]
@@ -143,6 +162,10 @@ fn multi_node_becomes_a_leader_worker_set() {
     );
     assert_eq!(lws["spec"]["replicas"], 3);
     assert_eq!(lws["spec"]["leaderWorkerTemplate"]["size"], 2);
+    assert!(
+        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"].get("affinity").is_none(),
+        "a group's pods are not drawn onto one node"
+    );
     assert_eq!(
         lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
         "8"

@@ -7,6 +7,8 @@
 //! Flotilla's resources in that minute (`apiserver_request_total`); a member Deployment edited by hand is restored with a
 //! `DriftCorrected` event; a replica whose pod its member's scheduler refuses is placed on
 //! another member with a `ReplicasUnschedulable` Warning (`e2e_deployment/unschedulable.rs`);
+//! the members' schedulers pack replicas onto nodes as the plan counted them, so a whole-node
+//! replica fits where the plan said (`e2e_deployment/packing.rs`);
 //! a deployment scaled on a fully placed fleet is re-planned incrementally (the controller's
 //! `solves_total{mode="Incremental"}`); a stopped member's replicas are re-placed in the EU with
 //! make-before-break, its loss and return logged once each; poison objects (a deep selector, a
@@ -22,6 +24,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
+#[path = "e2e_deployment/packing.rs"]
+mod packing;
 #[path = "e2e_deployment/unschedulable.rs"]
 mod unschedulable;
 
@@ -485,6 +489,7 @@ async fn model_deployment_controller_on_real_api_servers() {
     for eu in ["eu1", "eu2"] {
         assert!(member_deployments(&members[eu], "us-model").await.is_empty(), "the US model stays in the US");
     }
+    packing::replicas_pack_as_planned(&control, &api, &members).await;
 
     // The fleet fully placed, one deployment scaled down and back: re-planned incrementally
     // (the solver runs the steps the change reaches and reuses the rest), not solved whole.
