@@ -1,10 +1,10 @@
 //! Starting `moto` (the AWS emulator, installed into the cache venv by scripts/setup-moto.sh;
-//! `FLOTILLA_MOTO_SERVER` overrides the path) in server mode on a free loopback port, for the
+//! `FLOTILLA_MOTO_SERVER` overrides the path) in server mode on a loopback port of its own choosing, for the
 //! AWS tests of this crate and of the controllers (which include this file by path).
 
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Starts moto and waits until it listens; returns its URL and the watchdog shell that stops
 /// it when this test process exits. Fails (never skips) when moto is missing.
@@ -18,24 +18,42 @@ pub fn start() -> (String, Child) {
         std::path::Path::new(&bin).exists(),
         "moto server not found at {bin}: run scripts/setup.sh (or scripts/setup-moto.sh), or set FLOTILLA_MOTO_SERVER"
     );
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // moto binds a port of its own choosing (`-p 0`) and names it on stderr: a port picked
+    // here and released could be taken by another listener of this process before moto binds
+    // it, and the tests would then talk to that one (and find it gone when its test ends).
     let script = format!(
-        "\"$0\" -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill $m",
+        "\"$0\" -H 127.0.0.1 -p 0 >/dev/null & m=$!; while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill $m",
         pid = std::process::id()
     );
-    let watchdog = Command::new("sh")
+    let mut watchdog = Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg(&bin)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start moto");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto did not listen on port {port} within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let stderr = watchdog.stderr.take().expect("moto's stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read to the end: moto logs every request there, and a full pipe would stall it.
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(port) = listening_port(&line)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(port);
+            }
+        }
+    });
+    let port = rx.recv_timeout(Duration::from_secs(60)).expect("moto did not say which port it listens on within 60 s");
     (format!("http://127.0.0.1:{port}"), watchdog)
+}
+
+/// The port in moto's (werkzeug's) ` * Running on http://127.0.0.1:PORT` line.
+fn listening_port(line: &str) -> Option<u16> {
+    let rest = line.split("Running on http://127.0.0.1:").nth(1)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|p| *p != 0)
 }

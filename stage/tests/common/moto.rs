@@ -1,10 +1,11 @@
-//! moto's server for the S3 tests, started on a free loopback port (`scripts/setup.sh`
+//! moto's server for the S3 tests, started on a loopback port of its own choosing (`scripts/setup.sh`
 //! installs it; the tests fail, not skip, without it), with what the tests need around it:
 //! PUTs to seed buckets, IAM/STS query calls to create users, roles and sessions,
 //! switching moto to checking signatures and IAM policies (`/moto-api/reset-auth`), and a
 //! recording proxy in front of it that notes every request (path, `Authorization`, session
 //! token, body) and every answer's body, and forwards them unchanged.
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -47,21 +48,40 @@ pub async fn moto() -> Moto {
         "moto_server not found at {}: run scripts/setup.sh (or set FLOTILLA_MOTO_SERVER)",
         bin.display()
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(&bin)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+    // moto binds a port of its own choosing (`-p 0`) and names it on stderr: a port picked
+    // here and released could be taken by another test's listener before moto binds it, and
+    // this test would then talk to that one (and find it gone when that test ends).
+    let mut child = Command::new(&bin)
+        .args(["-H", "127.0.0.1", "-p", "0"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}; run scripts/setup.sh", bin.display()));
-    let moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
-    for _ in 0..300 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return moto;
+    let stderr = child.stderr.take().expect("moto's stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read to the end: moto logs every request there, and a full pipe would stall it.
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(port) = listening_port(&line)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(port);
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("moto_server did not listen on port {port} within 30 s");
+    });
+    let port = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap_or_else(|_| panic!("moto_server did not say which port it listens on within 30 s"));
+    Moto { child, endpoint: format!("http://127.0.0.1:{port}") }
+}
+
+/// The port in moto's (werkzeug's) ` * Running on http://127.0.0.1:PORT` line.
+fn listening_port(line: &str) -> Option<u16> {
+    let rest = line.split("Running on http://127.0.0.1:").nth(1)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|p| *p != 0)
 }
 
 async fn send(req: http::Request<Full<Bytes>>) -> (u16, String) {
