@@ -2,9 +2,11 @@
 //! `FLOTILLA_MOTO_SERVER` overrides the path) in server mode on a loopback port of its own choosing, for the
 //! AWS tests of this crate and of the controllers (which include this file by path).
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+#[path = "port.rs"]
+mod port;
 
 /// Starts moto and waits until it listens; returns its URL and the watchdog shell that stops
 /// it when this test process exits. Fails (never skips) when moto is missing.
@@ -34,26 +36,7 @@ pub fn start() -> (String, Child) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start moto");
-    let stderr = watchdog.stderr.take().expect("moto's stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Read to the end: moto logs every request there, and a full pipe would stall it.
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(port) = listening_port(&line)
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(port);
-            }
-        }
-    });
+    let rx = port::announced(watchdog.stderr.take().expect("moto's stderr"));
     let port = rx.recv_timeout(Duration::from_secs(60)).expect("moto did not say which port it listens on within 60 s");
     (format!("http://127.0.0.1:{port}"), watchdog)
-}
-
-/// The port in moto's (werkzeug's) ` * Running on http://127.0.0.1:PORT` line.
-fn listening_port(line: &str) -> Option<u16> {
-    let rest = line.split("Running on http://127.0.0.1:").nth(1)?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok().filter(|p| *p != 0)
 }

@@ -5,7 +5,6 @@
 //! recording proxy in front of it that notes every request (path, `Authorization`, session
 //! token, body) and every answer's body, and forwards them unchanged.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -17,6 +16,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+
+#[path = "../../../providers/tests/moto/port.rs"]
+mod port;
 
 /// moto_server, killed when the test ends.
 pub struct Moto {
@@ -57,31 +59,12 @@ pub async fn moto() -> Moto {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}; run scripts/setup.sh", bin.display()));
-    let stderr = child.stderr.take().expect("moto's stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Read to the end: moto logs every request there, and a full pipe would stall it.
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(port) = listening_port(&line)
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(port);
-            }
-        }
-    });
+    let rx = port::announced(child.stderr.take().expect("moto's stderr"));
     let port = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30)))
         .await
         .unwrap()
         .unwrap_or_else(|_| panic!("moto_server did not say which port it listens on within 30 s"));
     Moto { child, endpoint: format!("http://127.0.0.1:{port}") }
-}
-
-/// The port in moto's (werkzeug's) ` * Running on http://127.0.0.1:PORT` line.
-fn listening_port(line: &str) -> Option<u16> {
-    let rest = line.split("Running on http://127.0.0.1:").nth(1)?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok().filter(|p| *p != 0)
 }
 
 async fn send(req: http::Request<Full<Bytes>>) -> (u16, String) {
