@@ -126,13 +126,17 @@ async fn flotilla_objects(client: &Client) -> Vec<String> {
     out
 }
 
-async fn running_pods(client: &Client, model: &str) -> usize {
+/// `model`'s pods in `ml` of a member, by the deployment label Flotilla puts on them.
+async fn model_pods(client: &Client, model: &str) -> kube::Result<Vec<Pod>> {
     let lp = ListParams::default().labels(&format!("flotilla.dev/deployment=ml.{model}"));
-    Api::<Pod>::namespaced(client.clone(), "ml")
-        .list(&lp)
+    Ok(Api::<Pod>::namespaced(client.clone(), "ml").list(&lp).await?.items)
+}
+
+async fn running_pods(client: &Client, model: &str) -> usize {
+    model_pods(client, model)
         .await
-        .map(|l| {
-            l.items.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count()
+        .map(|pods| {
+            pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count()
         })
         .unwrap_or(0)
 }

@@ -14,8 +14,7 @@ use super::*;
 
 /// The nodes `model`'s pods in `member` are bound to, and how many pods are.
 async fn pod_nodes(member: &Client, model: &str) -> (usize, BTreeSet<String>) {
-    let lp = ListParams::default().labels(&format!("flotilla.dev/deployment=ml.{model}"));
-    let pods = Api::<Pod>::namespaced(member.clone(), "ml").list(&lp).await.unwrap().items;
+    let pods = model_pods(member, model).await.unwrap();
     let nodes = pods.iter().filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())).collect();
     (pods.len(), nodes)
 }
