@@ -5,18 +5,21 @@ gateway's answer, plain or streamed, has exactly the text and the usage the engi
 asked directly; the gateway's own errors and the engine's come back in the OpenAI shape; and
 when the engine serving a stream is killed mid-answer the client gets either the whole
 uninterrupted answer (continued on the other engine) or a clean error after a prefix of it:
-never text repeated or spliced from another answer. Without the binary every test here fails
+never text repeated or spliced from another answer; a plain answer whose engine is killed is
+asked again of the other. Without the binary every test here fails
 and says how to build it: nothing is skipped."""
 
 import json
 import signal
+import threading
+import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
 
-from llama_fleet import GREEDY, MESSAGES, Fleet, get
+from llama_fleet import GREEDY, MESSAGES, Fleet, get, metric
 
 
 @pytest.fixture(scope="module")
@@ -191,5 +194,44 @@ def test_killing_the_engine_mid_stream_gives_one_coherent_answer_or_a_clean_erro
             else:
                 raise AssertionError("the answer after the seam is not the survivor's continuation of the text sent")
         print(f"{continuation}: completed on {survivor}, {len(before)} characters before the kill")
+    finally:
+        f.stop()
+
+
+def test_killing_the_engine_during_a_plain_answer_retries_it_on_the_other():
+    """A non-streamed answer has sent nothing when its engine dies: the gateway asks the other
+    engine, and the client gets that engine's whole answer, the same text and usage."""
+    f = Fleet()
+    try:
+        max_tokens = 3000
+        want = _direct(f, "llama-b", max_tokens=max_tokens)
+        result = {}
+
+        def ask():
+            try:
+                result["raw"] = f.client().chat.completions.with_raw_response.create(
+                    model="tiny", messages=MESSAGES, max_tokens=max_tokens, **GREEDY
+                )
+            except Exception as e:  # reported by the assertions below
+                result["error"] = e
+
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        serving, deadline = None, time.monotonic() + 10
+        while serving is None:
+            assert time.monotonic() < deadline, "no engine started the answer"
+            for name in f.engines:
+                if metric(get(f.url(name) + "/metrics")[1], "llamacpp:requests_processing") >= 1:
+                    serving = name
+            time.sleep(0.02)
+        f.engines[serving][0].send_signal(signal.SIGKILL)
+        t.join(timeout=60)
+        assert "error" not in result, result.get("error")
+        raw = result["raw"]
+        survivor = next(n for n in f.engines if n != serving)
+        assert raw.headers["x-flotilla-cluster"] == survivor
+        resp = raw.parse()
+        assert resp.choices[0].message.content == want.choices[0].message.content
+        assert resp.usage.completion_tokens == max_tokens
     finally:
         f.stop()
