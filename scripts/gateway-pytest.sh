@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The gateway's openai-client tests: a venv with the pinned official `openai` SDK and pytest
 # (created once under ${FLOTILLA_CACHE:-~/.cache/flotilla}/venv, re-installed only when
-# tests/gateway/requirements.txt changes), the gateway and simulator binaries, then pytest.
+# tests/gateway/requirements.txt changes), the gateway and simulator binaries, llama.cpp's
+# llama-server for tests/gateway/test_real_engine.py (scripts/build-llama-server.sh: cached, and
+# under scripts/test.sh already built beside the Rust build), then pytest.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +24,6 @@ fi
 TARGET="${CARGO_TARGET_DIR:-target}"
 export FLOTILLA_GATEWAY_BIN="$TARGET/debug/flotilla-gateway"
 export FLOTILLA_ENGINESIM_BIN="$TARGET/debug/flotilla-enginesim"
+FLOTILLA_LLAMA_SERVER_BIN="$(bash scripts/build-llama-server.sh)"
+export FLOTILLA_LLAMA_SERVER_BIN
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/gateway "$@"

@@ -26,6 +26,7 @@ prebuild_log=$(mktemp)
   bash tests/helm/build-helm.sh >/dev/null
   bash tests/helm/build-ksm.sh >/dev/null
   bash tests/helm/build-rulecheck.sh >/dev/null
+  bash scripts/build-llama-server.sh >/dev/null  # the real engine of tests/gateway/test_real_engine.py
 ) >"${prebuild_log}" 2>&1 &
 prebuild=$!
 wait_prebuild() {

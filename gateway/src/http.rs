@@ -176,6 +176,10 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
             Err(GatewayError::BadRequest("`model` is required: name a model from GET /v1/models".into())),
         );
     };
+    // Wrong JSON types are the client's to fix: refused before any engine sees them.
+    if let Err(e) = crate::validate::check(endpoint, &v) {
+        return (unknown(), Err(GatewayError::BadRequest(e)));
+    }
     let table = st.table.load_full();
     let model = match table.resolve(name) {
         Some(m) => {

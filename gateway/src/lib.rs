@@ -34,6 +34,7 @@ pub mod sse;
 pub mod table;
 pub mod tls;
 pub mod upstream;
+pub mod validate;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

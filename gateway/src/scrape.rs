@@ -1,10 +1,12 @@
-//! The scrape loop: each cluster's `/metrics` is read every `--scrape-interval-ms` for vLLM's
-//! queue depth and KV-cache use, which `pick` adds to the cluster's load. An entry point that
-//! answers without vLLM metrics (a 404, another server's page) is not scraped every interval
-//! for ever: after `--scrape-quiet-after` such answers in a row it is scraped at doubling
-//! intervals up to `--scrape-max-interval-ms`, logged once, and shown by the
-//! `scrape_quiet{cluster}` gauge; vLLM metrics seen again bring it back to the normal interval.
-//! When to scrape next is [`next`], a pure function of what the last scrape found.
+//! The scrape loop: each cluster's `/metrics` is read every `--scrape-interval-ms` for its
+//! engine's queue depth and KV-cache use, which `pick` adds to the cluster's load (and the
+//! autoscaler's demand book reads per model from the same page). The engines' metric names are
+//! one table, [`engine_metric`]: vLLM, llama.cpp's `llama-server --metrics`, SGLang and TGI. An
+//! entry point that answers without engine metrics (a 404, another server's page) is not scraped
+//! every interval for ever: after `--scrape-quiet-after` such answers in a row it is scraped at
+//! doubling intervals up to `--scrape-max-interval-ms`, logged once, and shown by the
+//! `scrape_quiet{cluster}` gauge; engine metrics seen again bring it back to the normal
+//! interval. When to scrape next is [`next`], a pure function of what the last scrape found.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,29 +20,73 @@ use crate::AppState;
 use crate::config::ms;
 use crate::table::Cluster;
 
-/// The values of a metric's samples in a Prometheus text page (`name` exactly, with or without
-/// labels; non-finite values skipped).
-fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 'a {
-    text.lines().filter_map(move |line| {
-        let rest = line.strip_prefix(name)?;
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            return None;
-        }
-        rest.rsplit(' ').next()?.parse::<f64>().ok().filter(|v| v.is_finite())
+/// What an engine metric measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// Requests waiting for the engine (summed).
+    Waiting,
+    /// Requests being generated (summed).
+    Running,
+    /// KV-cache use, 0 to 1 (the highest sample).
+    KvCache,
+}
+
+/// The engines' metric names, and what each measures. Every engine's page counts: a cluster
+/// serves one engine, so no page carries two engines' names for one thing.
+const ENGINE_METRICS: [(&str, Measure); 12] = [
+    // vLLM (V1 `kv_cache_usage_perc`; V0 `gpu_cache_usage_perc`), per `model_name` label.
+    ("vllm:num_requests_waiting", Measure::Waiting),
+    ("vllm:num_requests_running", Measure::Running),
+    ("vllm:kv_cache_usage_perc", Measure::KvCache),
+    ("vllm:gpu_cache_usage_perc", Measure::KvCache),
+    // llama.cpp's `llama-server --metrics`: one model, no labels. Tasks waiting for a free slot
+    // are `requests_deferred`; `kv_cache_usage_ratio` is only on builds older than the tested one.
+    ("llamacpp:requests_deferred", Measure::Waiting),
+    ("llamacpp:requests_processing", Measure::Running),
+    ("llamacpp:kv_cache_usage_ratio", Measure::KvCache),
+    // SGLang, per `model_name` label; `token_usage` is the share of KV-cache tokens in use.
+    ("sglang:num_queue_reqs", Measure::Waiting),
+    ("sglang:num_running_reqs", Measure::Running),
+    ("sglang:token_usage", Measure::KvCache),
+    // Hugging Face TGI: no KV-cache figure.
+    ("tgi_queue_size", Measure::Waiting),
+    ("tgi_batch_current_size", Measure::Running),
+];
+
+/// What the metric `name` (without labels) measures, when it is one of an engine's.
+pub fn engine_metric(name: &str) -> Option<Measure> {
+    ENGINE_METRICS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// `(measure, labels, value)` of every engine sample in a Prometheus text page (labels without
+/// their braces; non-finite values skipped).
+pub fn engine_samples(text: &str) -> impl Iterator<Item = (Measure, &str, f64)> {
+    text.lines().filter_map(|line| {
+        let (name, rest) = line.split_at(line.find(['{', ' '])?);
+        let signal = engine_metric(name)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => r.split_once('}')?,
+            None => ("", rest),
+        };
+        let value = value.split_whitespace().next()?.parse::<f64>().ok().filter(|v| v.is_finite())?;
+        Some((signal, labels, value))
     })
 }
 
-/// The sum of `vllm:num_requests_waiting` samples in a Prometheus text page.
+/// The sum of the waiting-request samples in a Prometheus text page.
 pub fn waiting_from_metrics(text: &str) -> Option<u64> {
-    samples(text, "vllm:num_requests_waiting").map(|v| v.max(0.0)).reduce(|a, b| a + b).map(|v| v as u64)
+    engine_samples(text)
+        .filter(|(s, _, _)| *s == Measure::Waiting)
+        .map(|(_, _, v)| v.max(0.0))
+        .reduce(|a, b| a + b)
+        .map(|v| v as u64)
 }
 
-/// KV-cache use (0 to 1): vLLM's `vllm:kv_cache_usage_perc` (V1) or `vllm:gpu_cache_usage_perc`,
-/// the highest sample when an entry serves several engines.
+/// KV-cache use (0 to 1), the highest sample when an entry serves several engines.
 pub fn kv_cache_from_metrics(text: &str) -> Option<f64> {
-    ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
-        .into_iter()
-        .flat_map(|name| samples(text, name))
+    engine_samples(text)
+        .filter(|(s, _, _)| *s == Measure::KvCache)
+        .map(|(_, _, v)| v)
         .reduce(f64::max)
         .map(|v| v.clamp(0.0, 1.0))
 }
@@ -48,10 +94,10 @@ pub fn kv_cache_from_metrics(text: &str) -> Option<f64> {
 /// What one scrape found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scraped {
-    /// A page with vLLM metrics.
-    Vllm,
-    /// An answer without vLLM metrics (a 404, a page of other metrics).
-    NotVllm,
+    /// A page with engine metrics.
+    Engine,
+    /// An answer without engine metrics (a 404, a page of other metrics).
+    NotEngine,
     /// No answer (down, timeout): says nothing about what the entry point is.
     NoAnswer,
 }
@@ -59,7 +105,7 @@ pub enum Scraped {
 /// A cluster's scrape schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Schedule {
-    /// Answers without vLLM metrics in a row.
+    /// Answers without engine metrics in a row.
     pub misses: u32,
     /// When to scrape next.
     pub at: Instant,
@@ -70,7 +116,7 @@ pub struct Schedule {
 pub struct Cadence {
     /// The normal interval.
     pub interval: Duration,
-    /// Answers without vLLM metrics in a row after which the cluster is scraped rarely.
+    /// Answers without engine metrics in a row after which the cluster is scraped rarely.
     pub quiet_after: u32,
     /// The longest interval of a quiet cluster.
     pub max: Duration,
@@ -84,12 +130,12 @@ impl Schedule {
 }
 
 /// The schedule after a scrape at `now` found `got`: the normal interval, or for a cluster
-/// that answered `quiet_after` times or more in a row without vLLM metrics, twice the interval
+/// that answered `quiet_after` times or more in a row without engine metrics, twice the interval
 /// for each further miss (capped at `max`).
 pub fn next(s: Schedule, got: Scraped, now: Instant, c: &Cadence) -> Schedule {
     let misses = match got {
-        Scraped::Vllm => 0,
-        Scraped::NotVllm => s.misses.saturating_add(1),
+        Scraped::Engine => 0,
+        Scraped::NotEngine => s.misses.saturating_add(1),
         Scraped::NoAnswer => s.misses,
     };
     let quiet = Schedule { misses, at: now }.quiet(c);
@@ -130,9 +176,9 @@ async fn scrape_once(st: &AppState, c: &Cluster) -> Scraped {
             if let Some(k) = kv {
                 h.set_kv_cache(k);
             }
-            Scraped::Vllm
+            Scraped::Engine
         }
-        Ok(Some(_)) => Scraped::NotVllm,
+        Ok(Some(_)) => Scraped::NotEngine,
         Ok(None) | Err(_) => Scraped::NoAnswer,
     }
 }
@@ -167,11 +213,11 @@ pub async fn scrape_loop(st: Arc<AppState>) {
             let new = next(old, got, now, &c);
             match (old.quiet(&c), new.quiet(&c)) {
                 (false, true) => {
-                    tracing::info!(cluster = %name, %url, misses = new.misses, "no vLLM metrics at /metrics: scraping this cluster rarely from now on (up to every {} s)", c.max.as_secs());
+                    tracing::info!(cluster = %name, %url, misses = new.misses, "no engine metrics at /metrics: scraping this cluster rarely from now on (up to every {} s)", c.max.as_secs());
                     st.metrics.set_scrape_quiet(&name, true);
                 }
                 (true, false) => {
-                    tracing::info!(cluster = %name, "vLLM metrics at /metrics again: scraping at the normal interval");
+                    tracing::info!(cluster = %name, "engine metrics at /metrics again: scraping at the normal interval");
                     st.metrics.set_scrape_quiet(&name, false);
                 }
                 _ => {}
@@ -193,6 +239,32 @@ mod tests {
         let kv = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\nvllm:gpu_cache_usage_perc{engine=\"1\"} 0.75\n";
         assert_eq!(kv_cache_from_metrics(kv), Some(0.75));
         assert_eq!(kv_cache_from_metrics("vllm:kv_cache_usage_perc_x 1\n"), None);
+        // A sample's timestamp is not its value.
+        assert_eq!(waiting_from_metrics("vllm:num_requests_waiting{model_name=\"m\"} 4 1765000000000\n"), Some(4));
+    }
+
+    #[test]
+    fn reads_llama_cpp_sglang_and_tgi_pages() {
+        // As `llama-server --metrics` writes it (tests/gateway/test_real_engine.py reads a live one).
+        let llama = "# HELP llamacpp:requests_processing Number of requests processing\n\
+# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n\
+# HELP llamacpp:requests_deferred Number of requests deferred\n\
+# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 3\n\
+llamacpp:n_busy_slots_per_decode 1\n";
+        assert_eq!((waiting_from_metrics(llama), kv_cache_from_metrics(llama)), (Some(3), None));
+        assert_eq!(kv_cache_from_metrics("llamacpp:kv_cache_usage_ratio 0.5\n"), Some(0.5), "older builds");
+        let sglang = "sglang:num_queue_reqs{model_name=\"qwen\"} 2.0\nsglang:num_running_reqs{model_name=\"qwen\"} 8.0\n\
+sglang:token_usage{model_name=\"qwen\"} 0.62\n";
+        assert_eq!((waiting_from_metrics(sglang), kv_cache_from_metrics(sglang)), (Some(2), Some(0.62)));
+        let tgi = "# TYPE tgi_queue_size gauge\ntgi_queue_size 5\ntgi_batch_current_size 16\n";
+        assert_eq!((waiting_from_metrics(tgi), kv_cache_from_metrics(tgi)), (Some(5), None));
+        let running: Vec<f64> = engine_samples(&format!("{llama}{sglang}{tgi}"))
+            .filter(|(m, _, _)| *m == Measure::Running)
+            .map(|(_, _, v)| v)
+            .collect();
+        assert_eq!(running, [1.0, 8.0, 16.0]);
+        // Another server's page is no engine's.
+        assert_eq!(engine_samples("process_cpu_seconds_total 12\nhttp_requests_total 3\n").count(), 0);
     }
 
     #[test]
@@ -202,7 +274,7 @@ mod tests {
         let mut s = Schedule { misses: 0, at: t0 };
         let mut waits = Vec::new();
         for _ in 0..12 {
-            let n = next(s, Scraped::NotVllm, s.at, &c);
+            let n = next(s, Scraped::NotEngine, s.at, &c);
             waits.push((n.at - s.at).as_secs());
             s = n;
         }
@@ -211,19 +283,19 @@ mod tests {
         // Being down says nothing: the schedule neither backs off further nor resets.
         let down = next(s, Scraped::NoAnswer, s.at, &c);
         assert_eq!((down.misses, (down.at - s.at).as_secs()), (s.misses, 300));
-        let back = next(s, Scraped::Vllm, s.at, &c);
+        let back = next(s, Scraped::Engine, s.at, &c);
         assert!(!back.quiet(&c));
         assert_eq!((back.misses, (back.at - s.at).as_secs()), (0, 2));
         // An engine that answers is never backed off, and neither is an unreachable one.
         let mut e = Schedule { misses: 0, at: t0 };
-        for got in [Scraped::Vllm, Scraped::NoAnswer, Scraped::NoAnswer, Scraped::NoAnswer, Scraped::NoAnswer] {
+        for got in [Scraped::Engine, Scraped::NoAnswer, Scraped::NoAnswer, Scraped::NoAnswer, Scraped::NoAnswer] {
             let n = next(e, got, e.at, &c);
             assert_eq!((n.at - e.at).as_secs(), 2);
             e = n;
         }
         // quiet_after 0: never quiet.
         let never = Cadence { quiet_after: 0, ..c };
-        let n = next(Schedule { misses: 50, at: t0 }, Scraped::NotVllm, t0, &never);
+        let n = next(Schedule { misses: 50, at: t0 }, Scraped::NotEngine, t0, &never);
         assert_eq!((n.at - t0).as_secs(), 2);
     }
 }

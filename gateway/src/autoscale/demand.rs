@@ -1,8 +1,8 @@
 //! Fleet-wide demand per model, from the pages the scrape loop already reads. Each cluster's
-//! `/metrics` page is split by vLLM's `model_name` label into queued requests
-//! (`vllm:num_requests_waiting`), running requests (`vllm:num_requests_running`) and KV-cache
-//! use (`vllm:kv_cache_usage_perc`, or the older `vllm:gpu_cache_usage_perc`) and kept with the
-//! time it was read; [`DemandBook::signal`] sums a model over every cluster whose page is fresh.
+//! `/metrics` page is split by the `model_name` label (vLLM's, SGLang's) into queued requests,
+//! running requests and KV-cache use, read under each engine's names (`scrape::engine_metric`:
+//! `vllm:num_requests_waiting`, `llamacpp:requests_deferred`, …), and kept with the time it was
+//! read; [`DemandBook::signal`] sums a model over every cluster whose page is fresh.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::autoscale::recommend::Signal;
 use crate::health::lock;
+use crate::scrape::{Measure, engine_samples};
 
 /// One model's figures on one cluster's page.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -32,26 +33,12 @@ fn model_label(labels: &str) -> Option<&str> {
 /// Per model (`model_name`; samples without it under `""`), what a Prometheus text page says.
 pub fn parse(text: &str) -> HashMap<String, Sample> {
     let mut out: HashMap<String, Sample> = HashMap::new();
-    for line in text.lines() {
-        let (name, rest) = match line.find(['{', ' ']) {
-            Some(i) => line.split_at(i),
-            None => continue,
-        };
-        let kind = match name {
-            "vllm:num_requests_waiting" => 0,
-            "vllm:num_requests_running" => 1,
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => 2,
-            _ => continue,
-        };
-        let labels = if rest.starts_with('{') { rest.split_once('}').map_or("", |(l, _)| l) } else { "" };
-        let Some(value) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) else {
-            continue;
-        };
+    for (measure, labels, value) in engine_samples(text) {
         let s = out.entry(model_label(labels).unwrap_or_default().to_string()).or_default();
-        match kind {
-            0 => s.queued += value.max(0.0),
-            1 => s.running += value.max(0.0),
-            _ => s.kv_cache = Some(s.kv_cache.unwrap_or(0.0).max(value.clamp(0.0, 1.0))),
+        match measure {
+            Measure::Waiting => s.queued += value.max(0.0),
+            Measure::Running => s.running += value.max(0.0),
+            Measure::KvCache => s.kv_cache = Some(s.kv_cache.unwrap_or(0.0).max(value.clamp(0.0, 1.0))),
         }
     }
     out
@@ -135,6 +122,17 @@ vllm:num_requests_running NaN\n";
         assert!(!p.contains_key(""), "a NaN is no sample");
         let bare = parse("vllm:num_requests_running 4\nvllm:gpu_cache_usage_perc 0.3\n");
         assert_eq!(bare[""], Sample { queued: 0.0, running: 4.0, kv_cache: Some(0.3) });
+    }
+
+    #[test]
+    fn other_engines_pages_give_the_same_demand() {
+        let llama = parse("llamacpp:requests_deferred 2\nllamacpp:requests_processing 1\n");
+        assert_eq!(llama[""], Sample { queued: 2.0, running: 1.0, kv_cache: None }, "one model, no label");
+        let sglang = parse(
+            "sglang:num_queue_reqs{model_name=\"qwen\"} 4\nsglang:num_running_reqs{model_name=\"qwen\"} 6\nsglang:token_usage{model_name=\"qwen\"} 0.7\n",
+        );
+        assert_eq!(sglang["qwen"], Sample { queued: 4.0, running: 6.0, kv_cache: Some(0.7) });
+        assert_eq!(parse("tgi_queue_size 3\ntgi_batch_current_size 9\n")[""].queued, 3.0);
     }
 
     #[test]

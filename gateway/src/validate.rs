@@ -1,0 +1,207 @@
+//! The JSON types of a request body's OpenAI fields, checked before any upstream is asked: a
+//! client sending `"stream": "true"` (a string), `"max_tokens": "16"` or messages that are not
+//! objects gets a 400 naming the field and what to send instead, and no engine sees it, so an
+//! engine that fails on such a body (a 5xx) never counts the client's mistake against the route's
+//! health. Only the types of fields the gateway knows are checked; values, and fields it does
+//! not know (engine extensions), are the engine's to judge. `null` is accepted wherever a field
+//! is optional, as OpenAI accepts it. [`check`] is a pure function of the endpoint and the body.
+
+use serde_json::Value;
+
+use crate::metrics::Endpoint;
+
+/// A JSON type a field may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Bool,
+    /// A whole number (`16`, not `16.0` nor `"16"`).
+    Integer,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+impl Kind {
+    fn matches(self, v: &Value) -> bool {
+        match self {
+            Kind::Bool => v.is_boolean(),
+            Kind::Integer => v.is_i64() || v.is_u64(),
+            Kind::Number => v.is_number(),
+            Kind::String => v.is_string(),
+            Kind::Array => v.is_array(),
+            Kind::Object => v.is_object(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Bool => "a boolean (true or false)",
+            Kind::Integer => "an integer",
+            Kind::Number => "a number",
+            Kind::String => "a string",
+            Kind::Array => "an array",
+            Kind::Object => "an object",
+        }
+    }
+}
+
+/// The name of `v`'s JSON type, for messages.
+fn type_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a fractional number",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Fields and the types each may have.
+type Fields = &'static [(&'static str, &'static [Kind])];
+
+/// Optional fields every endpoint shares, and their types.
+const COMMON: Fields = &[("user", &[Kind::String])];
+
+/// Optional fields of chat and text completions.
+const GENERATION: Fields = &[
+    ("stream", &[Kind::Bool]),
+    ("stream_options", &[Kind::Object]),
+    ("max_tokens", &[Kind::Integer]),
+    ("max_completion_tokens", &[Kind::Integer]),
+    ("n", &[Kind::Integer]),
+    ("seed", &[Kind::Integer]),
+    ("temperature", &[Kind::Number]),
+    ("top_p", &[Kind::Number]),
+    ("presence_penalty", &[Kind::Number]),
+    ("frequency_penalty", &[Kind::Number]),
+    ("stop", &[Kind::String, Kind::Array]),
+    ("logit_bias", &[Kind::Object]),
+];
+
+/// Optional fields of chat completions only.
+const CHAT: Fields = &[
+    ("logprobs", &[Kind::Bool]),
+    ("top_logprobs", &[Kind::Integer]),
+    ("tools", &[Kind::Array]),
+    ("tool_choice", &[Kind::String, Kind::Object]),
+    ("parallel_tool_calls", &[Kind::Bool]),
+    ("response_format", &[Kind::Object]),
+];
+
+/// Optional fields of text completions only.
+const COMPLETION: Fields = &[("logprobs", &[Kind::Integer]), ("echo", &[Kind::Bool])];
+
+fn wrong(field: &str, kinds: &[Kind], got: &Value) -> String {
+    let want: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let hint = match (kinds, got) {
+        ([Kind::Bool], Value::String(s)) if s == "true" || s == "false" => format!(": send `\"{field}\": {s}`"),
+        ([Kind::Integer] | [Kind::Number], Value::String(s)) if s.trim().parse::<f64>().is_ok() => {
+            format!(": send `\"{field}\": {}` without quotes", s.trim())
+        }
+        _ => String::new(),
+    };
+    format!("`{field}` must be {}, not {}{hint}", want.join(" or "), type_of(got))
+}
+
+/// Whether `body` (a JSON object) has the right types for `endpoint`; `Err` says which field is
+/// wrong and what to send.
+pub fn check(endpoint: Endpoint, body: &Value) -> Result<(), String> {
+    let (required, kinds, optional): (&str, &[Kind], &[Fields]) = match endpoint {
+        Endpoint::chat_completions => ("messages", &[Kind::Array], &[COMMON, GENERATION, CHAT]),
+        Endpoint::completions => ("prompt", &[Kind::String, Kind::Array], &[COMMON, GENERATION, COMPLETION]),
+        Endpoint::embeddings => ("input", &[Kind::String, Kind::Array], &[COMMON]),
+    };
+    match &body[required] {
+        Value::Null => return Err(format!("`{required}` is required")),
+        v if !kinds.iter().any(|k| k.matches(v)) => return Err(wrong(required, kinds, v)),
+        _ => {}
+    }
+    for (field, kinds) in optional.iter().flat_map(|t| t.iter()) {
+        match body.get(*field) {
+            None | Some(Value::Null) => {}
+            Some(v) if kinds.iter().any(|k| k.matches(v)) => {}
+            Some(v) => return Err(wrong(field, kinds, v)),
+        }
+    }
+    if let Some(o) = body.get("stream_options").and_then(Value::as_object)
+        && let Some(v) = o.get("include_usage").filter(|v| !v.is_null() && !v.is_boolean())
+    {
+        return Err(wrong("stream_options.include_usage", &[Kind::Bool], v));
+    }
+    if endpoint == Endpoint::chat_completions {
+        for (i, m) in body["messages"].as_array().into_iter().flatten().enumerate() {
+            if !m.is_object() {
+                return Err(format!("`messages[{i}]` must be an object with `role` and `content`, not {}", type_of(m)));
+            }
+            if !m["role"].is_string() {
+                return Err(format!("`messages[{i}].role` must be a string (system, user, assistant, tool)"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(extra: Value) -> Value {
+        let mut v = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    }
+
+    #[test]
+    fn well_typed_bodies_pass_with_extensions_and_nulls() {
+        let ok = chat(json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 16,
+            "temperature": 0, "top_p": 0.9, "seed": 7, "stop": ["\n"], "n": null, "user": "u",
+            "cache_prompt": "anything", "tools": [], "tool_choice": "auto"}));
+        assert_eq!(check(Endpoint::chat_completions, &ok), Ok(()));
+        let text = json!({"model": "m", "prompt": ["a", "b"], "logprobs": 2, "echo": false, "stop": "x"});
+        assert_eq!(check(Endpoint::completions, &text), Ok(()));
+        assert_eq!(check(Endpoint::embeddings, &json!({"model": "m", "input": "x"})), Ok(()));
+    }
+
+    #[test]
+    fn a_wrong_type_is_named_with_what_to_send() {
+        let e = check(Endpoint::chat_completions, &chat(json!({"stream": "true"}))).unwrap_err();
+        assert_eq!(e, "`stream` must be a boolean (true or false), not a string: send `\"stream\": true`");
+        let e = check(Endpoint::chat_completions, &chat(json!({"max_tokens": "16"}))).unwrap_err();
+        assert!(
+            e.contains("`max_tokens` must be an integer") && e.contains("`\"max_tokens\": 16` without quotes"),
+            "{e}"
+        );
+        let e = check(Endpoint::chat_completions, &chat(json!({"max_tokens": 16.5}))).unwrap_err();
+        assert!(e.contains("not a fractional number"), "{e}");
+        let e = check(Endpoint::chat_completions, &chat(json!({"temperature": "hot"}))).unwrap_err();
+        assert_eq!(e, "`temperature` must be a number, not a string");
+        let e = check(Endpoint::chat_completions, &chat(json!({"stream_options": {"include_usage": 1}}))).unwrap_err();
+        assert!(e.starts_with("`stream_options.include_usage` must be a boolean"), "{e}");
+        let e = check(Endpoint::completions, &json!({"prompt": "p", "logprobs": true})).unwrap_err();
+        assert!(e.starts_with("`logprobs` must be an integer"), "completions' logprobs is a count: {e}");
+        assert!(check(Endpoint::chat_completions, &chat(json!({"logprobs": true}))).is_ok(), "chat's is a switch");
+    }
+
+    #[test]
+    fn required_fields_and_message_shapes() {
+        assert_eq!(check(Endpoint::chat_completions, &json!({"model": "m"})), Err("`messages` is required".into()));
+        let e = check(Endpoint::chat_completions, &json!({"model": "m", "messages": "hi"})).unwrap_err();
+        assert_eq!(e, "`messages` must be an array, not a string");
+        let e = check(Endpoint::chat_completions, &json!({"messages": ["hi"]})).unwrap_err();
+        assert!(e.starts_with("`messages[0]` must be an object"), "{e}");
+        let e = check(Endpoint::chat_completions, &json!({"messages": [{"content": "hi"}]})).unwrap_err();
+        assert!(e.starts_with("`messages[0].role` must be a string"), "{e}");
+        assert!(
+            check(Endpoint::completions, &json!({"prompt": 3}))
+                .unwrap_err()
+                .starts_with("`prompt` must be a string or an array")
+        );
+        assert_eq!(check(Endpoint::embeddings, &json!({})), Err("`input` is required".into()));
+    }
+}
