@@ -202,9 +202,22 @@ pub struct GatewayConfig {
     /// in milliseconds; then 503 with `Retry-After`.
     #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_TIMEOUT_MS", default_value_t = 300_000)]
     pub activation_timeout_ms: u64,
-    /// Requests held at once per model scaled to zero, on each replica; more get 503 at once.
+    /// Requests held at once per model scaled to zero, on each replica; more get 503
+    /// `activation_queue_full` at once. A held request holds no concurrency slot.
     #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE", default_value_t = 256)]
     pub activation_queue: usize,
+    /// Body bytes held at once per model scaled to zero, on each replica; a request that would
+    /// cross it gets 503 `activation_queue_full` at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE_BYTES", default_value_t = 64 << 20)]
+    pub activation_queue_bytes: usize,
+    /// Requests held at once for every model scaled to zero together, on each replica; more get
+    /// 503 `activation_queue_full` at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE_TOTAL", default_value_t = 1024)]
+    pub activation_queue_total: usize,
+    /// Body bytes held at once for every model scaled to zero together, on each replica; a
+    /// request that would cross it gets 503 `activation_queue_full` at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE_TOTAL_BYTES", default_value_t = 256 << 20)]
+    pub activation_queue_total_bytes: usize,
     /// `Retry-After` seconds of the 503 for a held request that expired or found the queue full.
     #[arg(long, default_value_t = 30)]
     pub activation_retry_after_s: u64,
