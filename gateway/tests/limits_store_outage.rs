@@ -1,5 +1,6 @@
-//! The shared limits store failing under two `flotilla-gateway` processes, one per
-//! `--limits-store-unavailable` mode, on a real `redis-server`: paused (it accepts connections
+//! The shared limits store failing under two `flotilla-gateway` processes, one for each of
+//! `--limits-store-unavailable open` and `closed` (the default, `local`, is in
+//! limits_store_fallback.rs), on a real `redis-server`: paused (it accepts connections
 //! and never answers), killed (connections refused) and started again empty. While it is
 //! down, `open` admits limited keys (counted and logged), `closed` answers them 503
 //! `limits_store_unavailable` with `Retry-After`; keys without limits and the gateway itself
