@@ -96,11 +96,21 @@ pub struct GatewayConfig {
     /// milliseconds (a request of a limited key waits at most this long for it).
     #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE_TIMEOUT_MS", default_value_t = 100)]
     pub limits_store_timeout_ms: u64,
-    /// What requests of limited keys get while the limits store is unreachable: `open`
-    /// (admitted unchecked, counted and logged) or `closed` (503 `limits_store_unavailable`
-    /// with `Retry-After`). Keys without limits are served either way.
-    #[arg(long, value_enum, env = "FLOTILLA_GATEWAY_LIMITS_STORE_UNAVAILABLE", default_value_t = StoreUnavailable::Open)]
+    /// What requests of limited keys get while the limits store is unreachable: `local`
+    /// (checked in this process against the limit divided by --limits-store-replicas: 429 over
+    /// it), `open` (admitted unchecked, counted and logged) or `closed` (503
+    /// `limits_store_unavailable` with `Retry-After`). Keys without limits are served either way.
+    #[arg(long, value_enum, env = "FLOTILLA_GATEWAY_LIMITS_STORE_UNAVAILABLE", default_value_t = StoreUnavailable::Local)]
     pub limits_store_unavailable: StoreUnavailable,
+    /// Gateway replicas sharing the limits store: while it is unreachable each replica checks
+    /// every limit divided by this many (rounded up), so the fleet admits about the limit.
+    #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limits_store_replicas: u32,
+    /// Calls to the limits store failed in a row (timed out, refused, an error answer) that mark
+    /// it unreachable until a background probe answers; a failed call's own request is decided
+    /// as if it were unreachable.
+    #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE_FAILURES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limits_store_failures: u32,
     /// Prefix of the limits store's keys: one hash per API key, `<prefix>:<key id>`.
     #[arg(long, env = "FLOTILLA_GATEWAY_LIMITS_STORE_PREFIX", default_value = "flotilla:limits")]
     pub limits_store_prefix: String,
@@ -202,9 +212,22 @@ pub struct GatewayConfig {
     /// in milliseconds; then 503 with `Retry-After`.
     #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_TIMEOUT_MS", default_value_t = 300_000)]
     pub activation_timeout_ms: u64,
-    /// Requests held at once per model scaled to zero, on each replica; more get 503 at once.
+    /// Requests held at once per model scaled to zero, on each replica; more get 503
+    /// `activation_queue_full` at once. A held request holds no concurrency slot.
     #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE", default_value_t = 256)]
     pub activation_queue: usize,
+    /// Body bytes held at once per model scaled to zero, on each replica; a request that would
+    /// cross it gets 503 `activation_queue_full` at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE_BYTES", default_value_t = 64 << 20)]
+    pub activation_queue_bytes: usize,
+    /// Requests held at once for every model scaled to zero together, on each replica; more get
+    /// 503 `activation_queue_full` at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE_TOTAL", default_value_t = 1024)]
+    pub activation_queue_total: usize,
+    /// Body bytes held at once for every model scaled to zero together, on each replica; a
+    /// request that would cross it gets 503 `activation_queue_full` at once.
+    #[arg(long, env = "FLOTILLA_GATEWAY_ACTIVATION_QUEUE_TOTAL_BYTES", default_value_t = 256 << 20)]
+    pub activation_queue_total_bytes: usize,
     /// `Retry-After` seconds of the 503 for a held request that expired or found the queue full.
     #[arg(long, default_value_t = 30)]
     pub activation_retry_after_s: u64,
@@ -287,11 +310,14 @@ mod tests {
     }
 
     #[test]
-    fn the_limits_store_is_in_process_unless_given_and_fails_open_by_default() {
+    fn the_limits_store_is_in_process_unless_given_and_falls_back_to_local_shares_by_default() {
         let c = GatewayConfig::with_table("t.yaml");
         assert!(c.limits_store.is_none());
-        assert_eq!(c.limits_store_unavailable, StoreUnavailable::Open);
+        assert_eq!(c.limits_store_unavailable, StoreUnavailable::Local);
+        assert_eq!((c.limits_store_replicas, c.limits_store_failures), (1, 3));
         assert_eq!(c.limits_store_timeout_ms, 100);
+        let zero = GatewayConfig::try_parse_from(["gw", "--config", "t", "--limits-store-replicas", "0"]);
+        assert!(zero.unwrap_err().to_string().contains("--limits-store-replicas"));
         let shared = GatewayConfig::parse_from([
             "gw",
             "--config",

@@ -136,6 +136,19 @@ pub enum GatewayError {
         /// Seconds to wait.
         retry_after: u64,
     },
+    /// The model is scaled to zero and a cap on held requests (or their bytes) is reached:
+    /// refused at once, for this model only.
+    #[error(
+        "model `{model}` is starting from zero replicas and no more requests for it can be held now: {why}; retry after {retry_after} s"
+    )]
+    ActivationQueueFull {
+        /// Requested model.
+        model: String,
+        /// Which cap, and its flag.
+        why: String,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
     /// The gateway is at its concurrency limit.
     #[error("the gateway is at its concurrency limit ({0} requests): retry shortly")]
     Overloaded(usize),
@@ -187,6 +200,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::NoHealthyCluster { .. }
             | GatewayError::Activating { .. }
+            | GatewayError::ActivationQueueFull { .. }
             | GatewayError::Overloaded(_)
             | GatewayError::LimitsStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream { .. } | GatewayError::UpstreamMisconfigured { .. } => StatusCode::BAD_GATEWAY,
@@ -215,6 +229,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             GatewayError::NoHealthyCluster { .. } => ("service_unavailable_error", "no_healthy_cluster"),
             GatewayError::Activating { .. } => ("service_unavailable_error", "model_activating"),
+            GatewayError::ActivationQueueFull { .. } => ("service_unavailable_error", "activation_queue_full"),
             GatewayError::Overloaded(_) => ("service_unavailable_error", "gateway_overloaded"),
             GatewayError::LimitsStoreUnavailable { .. } => ("service_unavailable_error", "limits_store_unavailable"),
             GatewayError::Upstream { .. } => ("upstream_error", "upstream_failed"),
@@ -233,6 +248,7 @@ impl GatewayError {
             GatewayError::RateLimited { retry_after, .. }
             | GatewayError::NoHealthyCluster { retry_after, .. }
             | GatewayError::Activating { retry_after, .. }
+            | GatewayError::ActivationQueueFull { retry_after, .. }
             | GatewayError::KeyRateLimited { retry_after, .. }
             | GatewayError::LimitsStoreUnavailable { retry_after, .. } => Some(*retry_after),
             GatewayError::Overloaded(_) => Some(1),
@@ -296,6 +312,12 @@ mod tests {
         let wrong = GatewayError::MethodNotAllowed { method: "GET".into(), path: "/v1/x".into(), allow: "POST" };
         assert_eq!(wrong.body()["error"]["code"], "method_not_allowed");
         assert_eq!(wrong.into_response().headers()[header::ALLOW], "POST");
+        let full = GatewayError::ActivationQueueFull { model: "m".into(), why: "x".into(), retry_after: 30 };
+        assert_eq!(
+            (full.status(), full.body()["error"]["code"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("activation_queue_full"))
+        );
+        assert_eq!(full.into_response().headers()[header::RETRY_AFTER], "30");
         let store = GatewayError::LimitsStoreUnavailable { key: "team".into(), retry_after: 1 };
         assert_eq!(
             (store.status(), store.body()["error"]["code"].as_str()),

@@ -193,10 +193,12 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
         None => return (unknown(), Err(GatewayError::UnknownModel(name.chars().take(200).collect()))),
     };
     drop(table);
-    // A model scaled to zero: held here until a replica is Ready (or a 503).
-    if let Err(e) = crate::autoscale::activate::hold(st, &model).await {
-        return (model, Err(e));
-    }
+    // A model scaled to zero: held here, without a concurrency slot, until a replica is Ready
+    // (or a 503).
+    let permit = match crate::autoscale::activate::hold(st, &model, bytes.len(), permit).await {
+        Ok(p) => p,
+        Err(e) => return (model, Err(e)),
+    };
     let stream = endpoint != Endpoint::embeddings && v["stream"].as_bool() == Some(true);
     let key_ref = key;
     let key = match st.cfg.routing {

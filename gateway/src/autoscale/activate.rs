@@ -1,6 +1,7 @@
 //! Scale to zero, the request side. A request for a model marked `scaleToZero` that has no
-//! Ready route is held by whichever gateway replica received it (at most `--activation-queue`
-//! per model, each at most `--activation-timeout-ms`), and that replica asks for a replica:
+//! Ready route is held by whichever gateway replica received it (within the caps of `queue`,
+//! each at most `--activation-timeout-ms`; it gives its concurrency slot back while it waits
+//! and takes one again when it goes on), and that replica asks for a replica:
 //! the model's name goes to the activation writer, which raises the ModelDeployment's scale
 //! subresource from 0 to 1 (a write conditional on the scale's resourceVersion, so many
 //! replicas asking at once make one change). Every routing-table swap wakes the held
@@ -11,9 +12,10 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 
 use crate::autoscale::metrics::HeldResult;
+use crate::autoscale::queue::{HoldCaps, Queue};
 use crate::config::ms;
 use crate::health::lock;
 use crate::table::RoutingTable;
@@ -26,7 +28,7 @@ const RESEND: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Activation {
     tables: watch::Sender<u64>,
-    held: Mutex<HashMap<String, usize>>,
+    held: Mutex<Queue>,
     first: Mutex<HashMap<String, Instant>>,
     /// When this replica raised each model from zero (for the leader's cold-start figure).
     activated: Mutex<HashMap<String, Instant>>,
@@ -37,7 +39,7 @@ impl Default for Activation {
     fn default() -> Self {
         Activation {
             tables: watch::Sender::new(0),
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(Queue::default()),
             first: Mutex::new(HashMap::new()),
             activated: Mutex::new(HashMap::new()),
             writer: OnceLock::new(),
@@ -68,7 +70,12 @@ impl Activation {
 
     /// Requests held now for `model` on this replica.
     pub fn held(&self, model: &str) -> usize {
-        lock(&self.held).get(model).copied().unwrap_or(0)
+        lock(&self.held).model(model).requests
+    }
+
+    /// Requests held now on this replica, for every model.
+    pub fn held_total(&self) -> usize {
+        lock(&self.held).total().requests
     }
 }
 
@@ -76,21 +83,18 @@ impl Activation {
 struct Held<'a> {
     st: &'a AppState,
     model: &'a str,
+    bytes: usize,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         let a = &self.st.autoscale.activation;
         let mut held = lock(&a.held);
-        let left = held.get_mut(self.model).map(|n| {
-            *n = n.saturating_sub(1);
-            *n
-        });
-        if left == Some(0) {
-            held.remove(self.model);
+        if held.leave(self.model, self.bytes) {
             lock(&a.first).remove(self.model);
         }
         self.st.metrics.autoscale.held(self.model, -1);
+        self.st.metrics.autoscale.held_bytes(held.total().bytes);
     }
 }
 
@@ -100,33 +104,40 @@ fn go(table: &RoutingTable, model: &str) -> Option<bool> {
     Some(!m.scale_to_zero || !table.allowed_routes(m, &[&m.sovereignty]).is_empty())
 }
 
-/// Returns at once unless `model` is scaled to zero with no Ready route; then holds the
-/// request until one is Ready (`Ok`), the wait expires or the queue is full (503).
-pub async fn hold(st: &AppState, model: &str) -> Result<(), GatewayError> {
+/// Returns `permit` at once unless `model` is scaled to zero with no Ready route; then gives
+/// it back and holds the request (its body `bytes` long) until a route is Ready, and goes on
+/// with a fresh permit (`Ok`); or a 503: the wait expired, a cap of `queue` is reached, or no
+/// concurrency slot is free once the route is Ready (`--max-concurrency`).
+pub async fn hold(
+    st: &AppState,
+    model: &str,
+    bytes: usize,
+    permit: OwnedSemaphorePermit,
+) -> Result<OwnedSemaphorePermit, GatewayError> {
     let a = &st.autoscale.activation;
     let mut tables = a.tables.subscribe();
     if go(&st.table.load(), model).unwrap_or(true) {
-        return Ok(());
+        return Ok(permit);
     }
+    // A held request waits without a slot: warm models keep theirs (the caps bound the held).
+    drop(permit);
     let retry_after = st.cfg.activation_retry_after_s;
     {
         let mut held = lock(&a.held);
-        let n = held.entry(model.to_string()).or_default();
-        if *n >= st.cfg.activation_queue {
+        let caps = HoldCaps::from_config(&st.cfg);
+        if let Err(cap) = held.enter(model, bytes, &caps) {
             st.metrics.autoscale.held_result(HeldResult::queue_full);
-            return Err(GatewayError::Activating {
+            st.metrics.autoscale.held_refused(cap);
+            return Err(GatewayError::ActivationQueueFull {
                 model: model.to_string(),
-                why: format!(
-                    "{} requests for it are already held on this gateway replica (--activation-queue)",
-                    st.cfg.activation_queue
-                ),
+                why: format!("{} on this gateway replica ({})", cap.describe(&caps), cap.flag()),
                 retry_after,
             });
         }
-        *n += 1;
+        st.metrics.autoscale.held_bytes(held.total().bytes);
     }
     st.metrics.autoscale.held(model, 1);
-    let _held = Held { st, model };
+    let _held = Held { st, model, bytes };
     let started = Instant::now();
     lock(&a.first).entry(model.to_string()).or_insert(started);
     if let Some(tx) = a.writer.get() {
@@ -144,7 +155,11 @@ pub async fn hold(st: &AppState, model: &str) -> Result<(), GatewayError> {
                 if let Some(first) = lock(&a.first).remove(model) {
                     st.metrics.autoscale.cold_start(first.elapsed().as_secs_f64());
                 }
-                return Ok(());
+                return st
+                    .limit
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| GatewayError::Overloaded(st.cfg.max_concurrency));
             }
             Some(false) => {}
         }

@@ -1,5 +1,6 @@
 //! The autoscaler's and the activation's metrics, registered with the gateway's others:
-//! requests held per model now, how held requests ended, how long they waited, cold starts
+//! requests held per model now and their body bytes, how held requests ended (and which cap
+//! refused one), how long they waited, cold starts
 //! (first held request to first Ready route, on the replica that held it; the elected
 //! replica reports its own figure in `status.autoscaling`) and scale writes by result.
 
@@ -10,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::autoscale::queue::HoldCap;
 use crate::metrics::WriteResult;
 
 /// How a held request left the hold.
@@ -20,7 +22,8 @@ pub enum HeldResult {
     served,
     /// `--activation-timeout-ms` passed first: 503.
     expired,
-    /// `--activation-queue` requests were already held: 503 at once.
+    /// A cap on held requests or their bytes was reached (`held_requests_refused_total{cap}`
+    /// says which): 503 at once.
     queue_full,
 }
 
@@ -31,6 +34,10 @@ struct ModelLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HeldLabels {
     result: HeldResult,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapLabels {
+    cap: HoldCap,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteLabels {
@@ -47,6 +54,8 @@ fn wait_histogram() -> Histogram {
 pub struct AutoscaleMetrics {
     held_now: Family<ModelLabel, Gauge>,
     held: Family<HeldLabels, Counter>,
+    held_refused: Family<CapLabels, Counter>,
+    held_bytes: Gauge,
     held_seconds: Histogram,
     cold_start_seconds: Histogram,
     scale_writes: Family<WriteLabels, Counter>,
@@ -57,6 +66,8 @@ impl Default for AutoscaleMetrics {
         AutoscaleMetrics {
             held_now: Family::default(),
             held: Family::default(),
+            held_refused: Family::default(),
+            held_bytes: Gauge::default(),
             held_seconds: wait_histogram(),
             cold_start_seconds: wait_histogram(),
             scale_writes: Family::default(),
@@ -69,6 +80,12 @@ impl AutoscaleMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register("held_requests", "Requests held now while their model starts from zero", self.held_now.clone());
         r.register("held_requests_ended", "Held requests by how they left the hold", self.held.clone());
+        r.register(
+            "held_requests_refused",
+            "Requests refused a hold by the cap they would have crossed",
+            self.held_refused.clone(),
+        );
+        r.register("held_request_bytes", "Body bytes of the requests held now, every model", self.held_bytes.clone());
         r.register("held_wait_seconds", "How long held requests waited", self.held_seconds.clone());
         r.register(
             "cold_start_seconds",
@@ -84,6 +101,14 @@ impl AutoscaleMetrics {
     /// Count how a held request ended.
     pub fn held_result(&self, result: HeldResult) {
         self.held.get_or_create(&HeldLabels { result }).inc();
+    }
+    /// A request refused a hold by `cap`.
+    pub fn held_refused(&self, cap: HoldCap) {
+        self.held_refused.get_or_create(&CapLabels { cap }).inc();
+    }
+    /// Body bytes held now.
+    pub fn held_bytes(&self, bytes: usize) {
+        self.held_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
     /// A held request's wait.
     pub fn held_wait(&self, secs: f64) {

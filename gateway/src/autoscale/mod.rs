@@ -2,11 +2,13 @@
 //! loop (`demand`); on the elected replica `writer` runs the pure decision (`recommend`) for
 //! each ModelDeployment with `spec.autoscaling` and writes the count through the scale
 //! subresource, `status.autoscaling` and an event on change. On every replica `activate`
-//! holds requests for a model at zero replicas and asks for one. Metrics in `metrics`.
+//! holds requests for a model at zero replicas (within the caps of `queue`) and asks for one.
+//! Metrics in `metrics`.
 
 pub mod activate;
 pub mod demand;
 pub mod metrics;
+pub mod queue;
 pub mod recommend;
 pub mod writer;
 

@@ -2,8 +2,10 @@
 //! routed: both budgets checked, one request taken) and `charge` (after the answer: its
 //! tokens); the rest of the gateway sees only this enum. `Local` keeps the buckets in this
 //! process (`keys::Limiter`; each replica counts alone), `Shared` keeps them in a Redis server
-//! that every replica asks (`shared`), with the same semantics. A key without limits never
-//! touches either store, so it is served whatever becomes of the shared one.
+//! that every replica asks (`shared`), with the same semantics; while that server cannot be
+//! asked, each replica checks its own share of every limit (`share`) in this process, unless
+//! told to admit or refuse instead. A key without limits never touches either store, so it is
+//! served whatever becomes of the shared one.
 
 mod shared;
 
@@ -24,6 +26,11 @@ pub use shared::SharedStore;
 /// What a request of a limited key gets while the shared store cannot be asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum StoreUnavailable {
+    /// Checked in this process against this replica's share of each limit (the limit divided
+    /// by `--limits-store-replicas`, rounded up; `share`): a key over its share gets 429, the
+    /// others are served (counted in `limits_store_unavailable_total{outcome="local_admitted"
+    /// |"local_refused"}`). With the replica count right, the fleet admits about the limit.
+    Local,
     /// Admitted unchecked (counted in `limits_store_unavailable_total{outcome="admitted"}`,
     /// logged at most every 10 s): an outage of the store is not an outage of the fleet.
     Open,
@@ -53,6 +60,10 @@ pub enum StoreOutcome {
     admitted,
     /// Refused with 503 (`--limits-store-unavailable closed`).
     refused,
+    /// Admitted within this replica's share (`--limits-store-unavailable local`).
+    local_admitted,
+    /// Refused with 429: over this replica's share (`--limits-store-unavailable local`).
+    local_refused,
     /// An answer's tokens could not be charged.
     uncharged,
 }
@@ -132,6 +143,30 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
+/// What the shared store does about calls that fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outage {
+    /// What requests of limited keys get while it is down.
+    pub mode: StoreUnavailable,
+    /// Gateway replicas sharing the limits (`--limits-store-replicas`): `Local` checks each
+    /// limit divided by this many.
+    pub replicas: u32,
+    /// Failed calls in a row that mark the store down (`--limits-store-failures`).
+    pub failures: u32,
+}
+
+/// `key` with each limit cut to one replica's share: divided by `replicas`, rounded up, at
+/// least one, so the replicas together admit about the limit (a little more when it does not
+/// divide evenly) and never nothing.
+pub fn share(key: &ApiKey, replicas: u32) -> ApiKey {
+    let n = replicas.max(1);
+    ApiKey {
+        requests_per_minute: key.requests_per_minute.map(|r| r.div_ceil(n).max(1)),
+        tokens_per_minute: key.tokens_per_minute.map(|t| t.div_ceil(u64::from(n)).max(1)),
+        ..key.clone()
+    }
+}
+
 /// The store in force.
 #[derive(Debug)]
 pub enum LimitStore {
@@ -152,11 +187,16 @@ impl LimitStore {
     /// in the background (it must be created inside a Tokio runtime).
     pub fn from_config(cfg: &GatewayConfig, metrics: Arc<Metrics>) -> Result<Self, GatewayError> {
         let Some(url) = &cfg.limits_store else { return Ok(LimitStore::default()) };
+        let outage = Outage {
+            mode: cfg.limits_store_unavailable,
+            replicas: cfg.limits_store_replicas.max(1),
+            failures: cfg.limits_store_failures.max(1),
+        };
         let store = SharedStore::start(
             url,
             cfg.limits_store_prefix.clone(),
             Duration::from_millis(cfg.limits_store_timeout_ms.max(1)),
-            cfg.limits_store_unavailable,
+            outage,
             metrics,
         )?;
         Ok(LimitStore::Shared(store))
@@ -203,6 +243,29 @@ impl LimitStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replicas_share_is_the_limit_divided_rounded_up_and_never_nothing() {
+        let k = ApiKey {
+            id: "team".into(),
+            models: vec!["m".into()],
+            sovereignty: Default::default(),
+            requests_per_minute: Some(60),
+            tokens_per_minute: Some(1000),
+        };
+        let s = share(&k, 3);
+        assert_eq!((s.requests_per_minute, s.tokens_per_minute), (Some(20), Some(334)));
+        assert_eq!(
+            (s.id.as_str(), s.models.as_slice()),
+            ("team", ["m".to_string()].as_slice()),
+            "only the limits change"
+        );
+        assert_eq!(share(&k, 1).requests_per_minute, Some(60));
+        assert_eq!(share(&k, 0).requests_per_minute, Some(60), "zero replicas is read as one");
+        assert_eq!(share(&k, 1000).requests_per_minute, Some(1), "at least one request");
+        let free = ApiKey { requests_per_minute: None, tokens_per_minute: None, ..k };
+        assert_eq!(share(&free, 3).requests_per_minute, None, "no limit stays no limit");
+    }
 
     #[test]
     fn urls_are_checked_and_shown_without_credentials() {

@@ -1,13 +1,16 @@
 //! The shared store: per-key buckets in a Redis (or Valkey) server that every gateway replica
 //! asks. Each admission and each charge is one call of `limits.lua` (EVALSHA, loaded again
 //! after a server restart) on the hash `<prefix>:<key id>`, atomic on the server and timed by
-//! the server's clock. Every call is bounded by `--limits-store-timeout-ms`; a call that fails
-//! marks the store down, and while it is down no request waits for it: each is admitted or
-//! refused at once (`--limits-store-unavailable`), counted and logged at most every 10 s,
-//! until a background probe (every 500 ms, reconnecting as needed) finds it answering again.
+//! the server's clock. Every call is bounded by `--limits-store-timeout-ms`; the request of a
+//! call that fails is decided as if the store were down, and `--limits-store-failures` failed
+//! calls in a row (any answer resets the count) mark it down, so one slow call does not. While
+//! it is down no request waits for it: each is checked against this replica's share in this
+//! process, or admitted, or refused, at once (`--limits-store-unavailable`), counted and
+//! logged at most every 10 s, until a background probe (every 500 ms, reconnecting as needed)
+//! finds it answering again.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -15,10 +18,10 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Script};
 
-use super::{Refused, StoreFault, StoreKind, StoreOutcome, StoreUnavailable, StoreUrl};
+use super::{Outage, Refused, StoreFault, StoreKind, StoreOutcome, StoreUnavailable, StoreUrl, share};
 use crate::error::GatewayError;
 use crate::health::lock;
-use crate::keys::{ApiKey, Limit};
+use crate::keys::{ApiKey, Limit, Limiter};
 use crate::metrics::Metrics;
 
 const SCRIPT: &str = include_str!("limits.lua");
@@ -43,10 +46,15 @@ struct Inner {
     script: Script,
     prefix: String,
     timeout: Duration,
-    mode: StoreUnavailable,
+    outage: Outage,
     url: StoreUrl,
-    /// The last call (or probe) got an answer in time.
+    /// Not marked down: the last probe answered and fewer than `outage.failures` calls in a
+    /// row have failed since.
     up: AtomicBool,
+    /// Calls failed in a row.
+    failed: AtomicU32,
+    /// This replica's shares of the limits, checked while the store is down (`Local`).
+    fallback: Limiter,
     metrics: Arc<Metrics>,
     log: Mutex<LogState>,
 }
@@ -95,7 +103,7 @@ impl SharedStore {
         url: &StoreUrl,
         prefix: String,
         timeout: Duration,
-        mode: StoreUnavailable,
+        outage: Outage,
         metrics: Arc<Metrics>,
     ) -> Result<Self, GatewayError> {
         let config = |m: String| GatewayError::Config(format!("--limits-store {url}: {m}"));
@@ -115,9 +123,11 @@ impl SharedStore {
             script: Script::new(SCRIPT),
             prefix,
             timeout,
-            mode,
+            outage,
             url: url.clone(),
             up: AtomicBool::new(false),
+            failed: AtomicU32::new(0),
+            fallback: Limiter::default(),
             metrics,
             log: Mutex::new(LogState::default()),
         });
@@ -129,7 +139,7 @@ impl SharedStore {
     pub async fn admit(&self, key: &ApiKey) -> Result<(), Refused> {
         let i = &self.inner;
         if !i.up.load(Ordering::Relaxed) {
-            return i.unavailable(StoreOutcome::admitted);
+            return i.unavailable(key);
         }
         match i.call("admit", key, 0).await {
             Ok(v) => match v.as_slice() {
@@ -139,13 +149,13 @@ impl SharedStore {
                     Err(Refused::Limit(limit, Duration::from_millis(u64::try_from(*wait_ms).unwrap_or(0))))
                 }
                 other => {
-                    i.down(StoreFault::server, &format!("unexpected answer from the limits script: {other:?}"));
-                    i.unavailable(StoreOutcome::admitted)
+                    i.failed(StoreFault::server, &format!("unexpected answer from the limits script: {other:?}"));
+                    i.unavailable(key)
                 }
             },
             Err((fault, detail)) => {
-                i.down(fault, &detail);
-                i.unavailable(StoreOutcome::admitted)
+                i.failed(fault, &detail);
+                i.unavailable(key)
             }
         }
     }
@@ -154,12 +164,12 @@ impl SharedStore {
     pub async fn charge(&self, key: &ApiKey, tokens: u64) {
         let i = &self.inner;
         if !i.up.load(Ordering::Relaxed) {
-            i.metrics.store_unavailable(StoreOutcome::uncharged);
+            i.uncharged(key, tokens);
             return;
         }
         if let Err((fault, detail)) = i.call("charge", key, tokens).await {
-            i.down(fault, &detail);
-            i.metrics.store_unavailable(StoreOutcome::uncharged);
+            i.failed(fault, &detail);
+            i.uncharged(key, tokens);
         }
     }
 
@@ -167,13 +177,16 @@ impl SharedStore {
     pub fn describe(&self) -> String {
         let i = &self.inner;
         format!(
-            "{} (shared by every replica; hashes {}:<key id>; {} ms per call; while unreachable: {})",
+            "{} (shared by every replica; hashes {}:<key id>; {} ms per call; down after {} failed calls in a row; while down: {})",
             i.url,
             i.prefix,
             i.timeout.as_millis(),
-            match i.mode {
-                StoreUnavailable::Open => "admit",
-                StoreUnavailable::Closed => "refuse with 503",
+            i.outage.failures,
+            match i.outage.mode {
+                StoreUnavailable::Local =>
+                    format!("check each limit divided by {} replicas in this process", i.outage.replicas),
+                StoreUnavailable::Open => "admit unchecked".into(),
+                StoreUnavailable::Closed => "refuse with 503".into(),
             }
         )
     }
@@ -186,45 +199,75 @@ impl Inner {
         let mut inv = self.script.key(format!("{}:{}", self.prefix, key.id));
         inv.arg(op).arg(key.requests_per_minute.unwrap_or(0)).arg(key.tokens_per_minute.unwrap_or(0)).arg(tokens);
         match tokio::time::timeout(self.timeout, inv.invoke_async::<Vec<i64>>(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
+            Ok(Ok(v)) => {
+                self.failed.store(0, Ordering::Relaxed);
+                Ok(v)
+            }
             Ok(Err(e)) => Err((classify(&e), e.to_string())),
             Err(_) => Err((StoreFault::timeout, format!("no answer within {} ms", self.timeout.as_millis()))),
         }
     }
 
-    /// A request while the store cannot be asked: admitted or refused as configured.
-    fn unavailable(&self, open: StoreOutcome) -> Result<(), Refused> {
-        let outcome = match self.mode {
-            StoreUnavailable::Open => open,
-            StoreUnavailable::Closed => StoreOutcome::refused,
+    /// A request of `key` while the store cannot be asked: checked against this replica's
+    /// share, admitted or refused, as configured.
+    fn unavailable(&self, key: &ApiKey) -> Result<(), Refused> {
+        let decision = match self.outage.mode {
+            StoreUnavailable::Local => self
+                .fallback
+                .admit(&share(key, self.outage.replicas), Instant::now())
+                .map_err(|(limit, wait)| Refused::Limit(limit, wait)),
+            StoreUnavailable::Open => Ok(()),
+            StoreUnavailable::Closed => Err(Refused::StoreUnavailable(PROBE)),
+        };
+        let outcome = match (self.outage.mode, &decision) {
+            (StoreUnavailable::Local, Ok(())) => StoreOutcome::local_admitted,
+            (StoreUnavailable::Local, Err(_)) => StoreOutcome::local_refused,
+            (StoreUnavailable::Open, _) => StoreOutcome::admitted,
+            (StoreUnavailable::Closed, _) => StoreOutcome::refused,
         };
         self.metrics.store_unavailable(outcome);
         let mut l = lock(&self.log);
         l.unlogged += 1;
         let now = Instant::now();
         if l.last.is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
+            let what = match self.outage.mode {
+                StoreUnavailable::Local => "checked against this replica's share of each limit",
+                StoreUnavailable::Open => "admitted unchecked",
+                StoreUnavailable::Closed => "refused with 503",
+            };
             tracing::warn!(
                 store = %self.url,
                 requests = l.unlogged,
                 outcome = ?outcome,
-                "the limits store is unreachable: requests of limited keys are {} (--limits-store-unavailable)",
-                if outcome == StoreOutcome::refused { "refused with 503" } else { "admitted unchecked" }
+                replicas = self.outage.replicas,
+                "the limits store is unreachable: requests of limited keys are {what} (--limits-store-unavailable)"
             );
             l.last = Some(now);
             l.unlogged = 0;
         }
-        match self.mode {
-            StoreUnavailable::Open => Ok(()),
-            StoreUnavailable::Closed => Err(Refused::StoreUnavailable(PROBE)),
+        decision
+    }
+
+    /// An answer's tokens the store cannot take: counted, and charged to this replica's share.
+    fn uncharged(&self, key: &ApiKey, tokens: u64) {
+        self.metrics.store_unavailable(StoreOutcome::uncharged);
+        if self.outage.mode == StoreUnavailable::Local {
+            self.fallback.charge(&share(key, self.outage.replicas), tokens, Instant::now());
         }
     }
 
-    /// A call failed: count it, and mark the store down (logged once per outage).
-    fn down(&self, fault: StoreFault, detail: &str) {
+    /// A call failed: count it, and after `outage.failures` in a row mark the store down
+    /// (logged once per outage).
+    fn failed(&self, fault: StoreFault, detail: &str) {
         self.metrics.store_fault(fault);
+        let in_a_row = self.failed.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        if in_a_row < self.outage.failures {
+            tracing::info!(store = %self.url, reason = ?fault, error = %detail, failed = in_a_row, "a limits store call failed; its request was decided without the store");
+            return;
+        }
         if self.up.swap(false, Ordering::Relaxed) {
             self.metrics.set_store_up(StoreKind::redis, false);
-            tracing::warn!(store = %self.url, reason = ?fault, error = %detail, "limits store unreachable; asking it again in the background");
+            tracing::warn!(store = %self.url, reason = ?fault, error = %detail, failed = in_a_row, "limits store unreachable; asking it again in the background");
         }
     }
 
@@ -263,6 +306,7 @@ async fn watch(store: Weak<Inner>) {
             match i.probe().await {
                 Ok(()) => {
                     failed = 0;
+                    i.failed.store(0, Ordering::Relaxed);
                     i.up.store(true, Ordering::Relaxed);
                     i.metrics.set_store_up(StoreKind::redis, true);
                     tracing::info!(store = %i.url, "limits store answering{}", if first { "" } else { " again" });
