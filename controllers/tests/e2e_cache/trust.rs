@@ -92,14 +92,6 @@ async fn a_tenants_cache_reaches_only_its_own_rights() {
         with_credentials("neighbour", json!({"matchLabels": {"tier": "premium"}}), json!({"name": "hf-token"})),
     )
     .await;
-    let accepted = wait_for("thief refused", Duration::from_secs(30), || async {
-        condition(&caches, "thief", "Accepted").await.filter(|c| c.reason == "CredentialsOutsideNamespace")
-    })
-    .await;
-    assert_eq!(accepted.status, "False");
-    assert!(accepted.message.contains("flotilla-system is not the cache's namespace ml"), "{accepted:?}");
-    assert_eq!(condition(&caches, "thief", "Ready").await.unwrap().reason, "CredentialsOutsideNamespace");
-
     // The neighbour (its Secret in its own namespace) gets its copy and its Job in m1.
     let (job, pod) = staging_pod(&members["m1"], "neighbour").await;
     let copy = Api::<Secret>::namespaced(members["m1"].clone(), "ml").get("flotilla-stage-neighbour-credentials").await;
@@ -107,7 +99,12 @@ async fn a_tenants_cache_reaches_only_its_own_rights() {
     // Its staging container cannot fall back to the node's IAM role.
     let env = job.spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap_or_default();
     assert!(env.iter().any(|e| e.name == "AWS_EC2_METADATA_DISABLED" && e.value.as_deref() == Some("true")), "{env:?}");
-    tokio::time::sleep(Duration::from_secs(6)).await; // several reconciles of the thief
+    // The thief was reconciled (status written, refused or not), several times, before looking.
+    wait_for("the thief reconciled", Duration::from_secs(30), || async {
+        caches.get("thief").await.ok()?.status.map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     let kubeconfig = fleet.kubeconfig_text("m1");
     for (m, client) in &members {
         let secrets = member_secrets(client).await;
@@ -123,6 +120,15 @@ async fn a_tenants_cache_reaches_only_its_own_rights() {
         let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "ml");
         assert!(pvcs.get_opt("flotilla-cache-thief").await.unwrap().is_none(), "{m}: no volume of the refused cache");
     }
+    // And says why, and what to change.
+    let accepted = wait_for("thief refused", Duration::from_secs(10), || async {
+        condition(&caches, "thief", "Accepted").await.filter(|c| c.reason == "CredentialsOutsideNamespace")
+    })
+    .await;
+    assert_eq!(accepted.status, "False");
+    assert!(accepted.message.contains("flotilla-system is not the cache's namespace ml"), "{accepted:?}");
+    assert_eq!(condition(&caches, "thief", "Ready").await.unwrap().reason, "CredentialsOutsideNamespace");
+
     set_container(
         &members["m1"],
         &pod,
