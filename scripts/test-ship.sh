@@ -2,7 +2,7 @@
 # Shipping checks (issue #10): the Helm chart, the GitOps examples, the Argo CD health checks.
 #   1. helm, kube-state-metrics and rulecheck (Prometheus' rule parser) built once from their Go
 #      modules, cached; lua5.1/lua5.4 from Debian, once;
-#   2. helm lint --strict + helm template snapshots for 5 value sets, 12 value files refused
+#   2. helm lint --strict + helm template snapshots for 6 value sets, 17 value files refused
 #      (tests/helm/snapshots.sh);
 #   3. the Argo CD health scripts against real and API-shape status fixtures under Lua 5.1 and
 #      5.4, and the argocd-cm patch in sync with them (tests/argocd/run.sh);

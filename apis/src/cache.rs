@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Conditions, SecretRef};
+use crate::common::Conditions;
 
 /// Model weights staged in member clusters.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -46,9 +46,11 @@ pub struct ModelCacheSpec {
     /// Volume to stage into.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<CacheStorage>,
-    /// Secret with the source's token (`token` key by default).
+    /// Secret with the source's token (`token` key by default; for `s3://` the AWS keys), read
+    /// by the controller in the cache's own namespace of the control cluster only, and copied
+    /// to `flotilla-stage-<cache>-credentials` in the cache's namespace of every target cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials_ref: Option<SecretRef>,
+    pub credentials_ref: Option<CacheCredentialsRef>,
     /// Service account the staging Job's pod runs as, in the cache's namespace of every target
     /// cluster (it must exist there). How pods get cloud credentials without a Secret: for
     /// `s3://`, annotate it for IRSA (`eks.amazonaws.com/role-arn`) or give it an EKS Pod
@@ -59,6 +61,26 @@ pub struct ModelCacheSpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub service_account_name: Option<String>,
+}
+
+/// The Secret with a source's credentials: always in the cache's own namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.__namespace__)").field_path(".namespace").message("a ModelCache reads its credentials Secret in its own namespace only: remove credentialsRef.namespace"))]
+#[serde(rename_all = "camelCase")]
+pub struct CacheCredentialsRef {
+    /// Not allowed: a ModelCache reads Secrets in its own namespace only. Refused when set
+    /// (kept in the schema so that an object written before this was refused is still read:
+    /// the controller accepts it only when it names the cache's own namespace, and refuses
+    /// any other with `CredentialsOutsideNamespace`, copying nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name of the Secret, in the cache's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key of the token (not for `s3://`, which reads the keys `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`); `token` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// Which clusters to stage in: selected clusters, wherever named deployments are placed, or both.

@@ -22,7 +22,7 @@ pub const FINALIZER_CLUSTER_CLEANUP: &str = "flotilla.dev/cluster-cleanup";
 
 /// Annotations users set on Flotilla objects to steer the controller.
 pub mod annotations {
-    /// On a ModelDeployment or InferenceCluster being deleted, `"true"`: stop waiting for members
+    /// On a ModelDeployment, ModelCache or InferenceCluster being deleted, `"true"`: stop waiting for members
     /// that cannot be reached and leave whatever Flotilla runs there (a later sweep removes it
     /// once the member answers again, if its InferenceCluster still exists).
     pub const ORPHAN_ON_UNREACHABLE: &str = "flotilla.dev/orphan-on-unreachable";
@@ -189,6 +189,9 @@ pub mod reason {
     pub const JOB_FAILED: &str = "JobFailed";
     /// Deletion waits because deployments still mount the cache.
     pub const IN_USE: &str = "InUse";
+    /// `spec.credentialsRef.namespace` names a namespace other than the cache's own: refused,
+    /// nothing read or copied.
+    pub const CREDENTIALS_OUTSIDE_NAMESPACE: &str = "CredentialsOutsideNamespace";
 
     // CapacityClaim.
     /// A provider request is in flight.

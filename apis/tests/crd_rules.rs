@@ -204,6 +204,15 @@ fn cache_targets_and_claim_device_classes() {
         Checker::get().check_update(Kind::ModelCache, &ok, Some(&old)).iter().any(|(_, m)| m.contains("immutable"))
     );
 
+    // The credentials Secret is read in the cache's own namespace only: no namespace may be named.
+    let mut creds = ok.clone();
+    creds["spec"]["credentialsRef"] = json!({"name": "hf-token", "key": "token"});
+    assert_eq!(problems(Kind::ModelCache, &creds), vec![]);
+    for ns in ["flotilla-system-members", "ml", ""] {
+        creds["spec"]["credentialsRef"]["namespace"] = json!(ns);
+        assert_refused(Kind::ModelCache, &creds, "spec.credentialsRef.namespace", "remove credentialsRef.namespace");
+    }
+
     let claim = json!({
         "apiVersion": "flotilla.dev/v1alpha1", "kind": "CapacityClaim",
         "metadata": {"name": "burst", "namespace": "ml"},

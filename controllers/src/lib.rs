@@ -108,6 +108,9 @@ pub struct ControllerConfig {
     pub field_manager: String,
     /// Image of the ModelCache staging Job (`flotilla-stage`, see docs/staging.md).
     pub stage_image: String,
+    /// Whether staging Jobs may reach the instance metadata service (the node's IAM role)
+    /// through the AWS SDK (`--stage-allow-instance-metadata`); off by default.
+    pub stage_instance_metadata: bool,
     /// Where CapacityClaims get capacity; without one, claims are left alone.
     pub capacity: Option<Capacity>,
     /// The namespaces tenant objects may use.
@@ -153,6 +156,7 @@ impl Default for ControllerConfig {
             field_manager: "flotilla-controller".into(),
             capacity: None,
             stage_image: DEFAULT_STAGE_IMAGE.into(),
+            stage_instance_metadata: false,
             tenancy: tenancy::Tenancy::new([member::DEFAULT_SECRET_NAMESPACE.to_string()], []),
             sweep_every: Duration::from_secs(300),
             secret_namespace: member::DEFAULT_SECRET_NAMESPACE.into(),

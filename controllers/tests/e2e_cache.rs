@@ -10,12 +10,15 @@
 //! is `Failed` with that reason and keeps replicas out; a second deployment of the same cache,
 //! and scaling out, create no second Job; deleting the cache waits (`InUse`) while deployments
 //! mount it, then removes its volume claims and Jobs; a settled cache is never rewritten; a
-//! cluster that stops matching the selector leaves status and is cleaned. Run by
-//! `scripts/test-e2e.sh`.
+//! cluster that stops matching the selector leaves status and is cleaned. What a tenant's cache
+//! may reach (credentials, the node's role, deletion beside unreachable members) is in
+//! `e2e_cache/trust.rs`. Run by `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
+#[path = "e2e_cache/trust.rs"]
+mod trust;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -201,7 +201,9 @@ impl Signer {
                     "flotilla-stage",
                 )),
             )],
-            S3Auth::Chain => default_chain(&region),
+            S3Auth::Chain => {
+                default_chain(&region, instance_metadata_allowed(std::env::var(IMDS_DISABLED).ok().as_deref()))
+            }
         };
         Signer::with_providers(region, providers, std::sync::Arc::new(SystemTime::now))
     }
@@ -286,27 +288,44 @@ fn provider_config() -> ProviderConfig {
     )
 }
 
-/// The SDK's default region chain (environment, profile, instance metadata), with the client
-/// instance metadata needs (the SDK's own `DefaultRegionChain` takes none from outside).
+/// The variable that keeps the AWS SDK from the instance metadata service (the staging Job
+/// sets it unless the operator allows the node's role: docs/staging.md).
+pub const IMDS_DISABLED: &str = "AWS_EC2_METADATA_DISABLED";
+
+/// Whether the instance metadata service may be asked, given `AWS_EC2_METADATA_DISABLED`: not
+/// when it says `true` (any case), as the SDK's own providers read it.
+pub fn instance_metadata_allowed(disabled: Option<&str>) -> bool {
+    !disabled.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// The SDK's default region chain (environment, profile, instance metadata unless disabled),
+/// with the client instance metadata needs (the SDK's own `DefaultRegionChain` takes none from
+/// outside).
 fn region_chain() -> aws_config::meta::region::RegionProviderChain {
     use aws_config::environment::region::EnvironmentVariableRegionProvider;
     use aws_config::imds::region::ImdsRegionProvider;
     use aws_config::profile::region::ProfileFileRegionProvider;
     let conf = provider_config();
-    aws_config::meta::region::RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
-        .or_else(ProfileFileRegionProvider::builder().configure(&conf).build())
-        .or_else(ImdsRegionProvider::builder().configure(&conf).build())
+    let chain = aws_config::meta::region::RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+        .or_else(ProfileFileRegionProvider::builder().configure(&conf).build());
+    if instance_metadata_allowed(std::env::var(IMDS_DISABLED).ok().as_deref()) {
+        chain.or_else(ImdsRegionProvider::builder().configure(&conf).build())
+    } else {
+        chain
+    }
 }
 
-/// The SDK's providers in the order of its default chain, configured for `region` (STS).
-fn default_chain(region: &str) -> Vec<(Provider, SharedCredentialsProvider)> {
+/// The SDK's providers in the order of its default chain, configured for `region` (STS); the
+/// instance profile only when `instance_metadata` (not when `AWS_EC2_METADATA_DISABLED=true`:
+/// the SDK's provider would refuse then too, but it is not even asked).
+pub fn default_chain(region: &str, instance_metadata: bool) -> Vec<(Provider, SharedCredentialsProvider)> {
     use aws_config::ecs::EcsCredentialsProvider;
     use aws_config::environment::EnvironmentVariableCredentialsProvider;
     use aws_config::imds::credentials::ImdsCredentialsProvider;
     use aws_config::profile::ProfileFileCredentialsProvider;
     use aws_config::web_identity_token::WebIdentityTokenCredentialsProvider;
     let conf = provider_config().with_region(Some(aws_config::Region::new(region.to_string())));
-    vec![
+    let mut chain = vec![
         (Provider::Environment, SharedCredentialsProvider::new(EnvironmentVariableCredentialsProvider::new())),
         (
             Provider::Profile,
@@ -320,11 +339,14 @@ fn default_chain(region: &str) -> Vec<(Provider, SharedCredentialsProvider)> {
             Provider::Container,
             SharedCredentialsProvider::new(EcsCredentialsProvider::builder().configure(&conf).build()),
         ),
-        (
+    ];
+    if instance_metadata {
+        chain.push((
             Provider::InstanceProfile,
             SharedCredentialsProvider::new(ImdsCredentialsProvider::builder().configure(&conf).build()),
-        ),
-    ]
+        ));
+    }
+    chain
 }
 
 /// Whether a provider's failure looks like network trouble (worth another attempt of the Job)

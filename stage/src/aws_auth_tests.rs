@@ -195,3 +195,22 @@ async fn the_configured_region_wins() {
     assert_eq!(region(Some("eu-central-1"), false).await, "eu-central-1");
     assert_eq!(region(Some(" "), true).await, DEFAULT_REGION, "a custom endpoint never asks instance metadata");
 }
+
+#[test]
+fn instance_metadata_is_not_asked_when_the_job_disables_it() {
+    for off in ["true", "TRUE", " true "] {
+        assert!(!instance_metadata_allowed(Some(off)), "{off:?}");
+    }
+    for on in [None, Some("false"), Some(""), Some("1")] {
+        assert!(instance_metadata_allowed(on), "{on:?}: the SDK reads only `true` as disabled");
+    }
+    let names = |allowed| default_chain("us-east-1", allowed).into_iter().map(|(p, _)| p).collect::<Vec<_>>();
+    let closed = names(false);
+    assert!(!closed.contains(&Provider::InstanceProfile), "{closed:?}");
+    assert_eq!(
+        closed,
+        [Provider::Environment, Provider::Profile, Provider::WebIdentity, Provider::Container],
+        "the tenant's own ways in stay, in the SDK's order"
+    );
+    assert_eq!(names(true).last(), Some(&Provider::InstanceProfile), "allowed: last, as in the SDK's chain");
+}

@@ -385,6 +385,20 @@ pub const ALL: &[ReasonDoc] = &[
     ),
     r!(
         MODEL_CACHE,
+        CLEANUP_BLOCKED,
+        "`Ready`=False",
+        "The cache is being deleted and a member that holds its volume, Job or credentials copy (a cluster in `status.clusters`) cannot be reached; the message names the member. Members that never held the cache do not hold deletion up, reachable or not.",
+        "Bring the member back, or annotate the cache `flotilla.dev/orphan-on-unreachable=true` to let it go and leave its objects there (removed by the sweep once the member answers).",
+    ),
+    r!(
+        MODEL_CACHE,
+        CREDENTIALS_OUTSIDE_NAMESPACE,
+        "`Accepted`=False, `Staged`=False, `Ready`=False",
+        "`spec.credentialsRef.namespace` names another namespace than the cache's own (an object written before the CRD refused the field). The controller reads no Secret, copies nothing to any member, and removes the copy an earlier version made from the members in `status.clusters`; running replicas are untouched.",
+        "Remove `spec.credentialsRef.namespace` and put the Secret in the cache's namespace.",
+    ),
+    r!(
+        MODEL_CACHE,
         INVALID_SPEC,
         "`Accepted`=False, `Ready`=False",
         "The spec failed validation, or the cache is in a namespace the controller refuses (`kube-system`, `kube-public`, `kube-node-lease`, Flotilla's own, or one outside `--tenant-namespaces`); nothing is written to any member.",

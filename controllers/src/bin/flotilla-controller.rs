@@ -56,6 +56,12 @@ struct Args {
     /// Image of the ModelCache staging Job (runs `flotilla-stage`; see docs/staging.md).
     #[arg(long, env = "FLOTILLA_STAGE_IMAGE", default_value = flotilla_controllers::DEFAULT_STAGE_IMAGE)]
     stage_image: String,
+    /// Let ModelCache staging Jobs reach the instance metadata service (the node's IAM role)
+    /// through the AWS SDK. Off: every staging container runs with AWS_EC2_METADATA_DISABLED=true,
+    /// so a tenant's s3:// source is read with its own credentials (credentialsRef, the service
+    /// account's IRSA / Pod Identity) or unsigned, never with the node's role.
+    #[arg(long, env = "FLOTILLA_STAGE_ALLOW_INSTANCE_METADATA")]
+    stage_allow_instance_metadata: bool,
     /// Solve CapacityClaims against a simulated cloud described in this YAML file (regions, the
     /// InferenceCluster each joins, offerings by InferenceClass); its nodes are created as kwok
     /// nodes in the members. Without a provider, CapacityClaims are left alone.
@@ -251,6 +257,7 @@ async fn main() -> anyhow::Result<()> {
         field_manager: "flotilla-controller".into(),
         capacity,
         stage_image: args.stage_image.clone(),
+        stage_instance_metadata: args.stage_allow_instance_metadata,
         tenancy: flotilla_controllers::tenancy::Tenancy::new(
             [args.lease_namespace.clone(), args.member_secret_namespace.clone()],
             args.tenant_namespaces.clone(),

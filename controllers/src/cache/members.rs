@@ -3,11 +3,13 @@
 //! the rendered volume claim and credentials Secret when their content hash differs, create the
 //! Job only when it does not exist yet (a finished Job is the proof that the files are there:
 //! it is never run again for the same spec), delete Jobs of an earlier spec, and on cleanup
-//! delete every object with the cache's labels. Nothing without them is touched.
+//! delete every object with the cache's labels (or, for a cache refused for its
+//! `credentialsRef`, only the credentials copy). Nothing without them is touched.
 
 use std::collections::BTreeMap;
 
 use flotilla_apis::ModelCache;
+use flotilla_apis::constants::labels;
 use flotilla_apis::stage::StageEvent;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
@@ -15,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 
-use super::render::{job_name, pvc_name, selector};
+use super::render::{cache_key, credentials_secret_name, job_name, pvc_name, selector};
 use super::status::MemberObjects;
 use crate::deployment::members::{self as md_members, HASH_ANNOTATION, MemberState};
 
@@ -128,6 +130,21 @@ pub async fn remove(client: &Client, cache: &ModelCache) -> Result<usize, kube::
         deleted += 1;
     }
     Ok(deleted)
+}
+
+/// Deletes the member copy of the cache's credentials Secret, if there is one with the cache's
+/// labels. Returns whether one was deleted.
+pub async fn remove_credentials(client: &Client, cache: &ModelCache) -> Result<bool, kube::Error> {
+    let ns = cache.namespace().unwrap_or_else(|| "default".into());
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let name = credentials_secret_name(&cache.name_any());
+    let Some(s) = secrets.get_metadata_opt(&name).await? else { return Ok(false) };
+    let ours = s.metadata.labels.as_ref().and_then(|l| l.get(labels::CACHE)) == Some(&cache_key(cache));
+    if !ours {
+        return Ok(false);
+    }
+    secrets.delete(&name, &DeleteParams::background()).await?;
+    Ok(true)
 }
 
 /// The data of the control cluster's credentials Secret, base64 as in the API (`None` when

@@ -4,15 +4,18 @@
 //! cluster's phase from what the Job reported (`status.rs`). Apply: create what is missing —
 //! the Job only once per spec, so a deployment scaling out never downloads again — and write
 //! status only when it differs, conditional on `resourceVersion`. A finalizer removes the
-//! members' volume claims and Jobs on deletion, except where a deployment still mounts them
-//! (then `Ready=False`, reason `InUse`, names them, and the finalizer waits). A cache in a
-//! namespace tenants may not use is refused (`InvalidSpec`) and touches no member.
+//! members' volume claims and Jobs on deletion (`cleanup.rs`: only members that held them
+//! are waited for). A cache in a namespace tenants may not use is refused (`InvalidSpec`) and
+//! touches no member; one whose `credentialsRef` names another namespace is refused
+//! (`CredentialsOutsideNamespace`, `credentials.rs`) before any Secret is read.
 
+pub mod cleanup;
+pub mod credentials;
 pub mod members;
 pub mod render;
 pub mod status;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,7 +63,7 @@ pub async fn reconcile(cache: Arc<ModelCache>, ctx: Arc<CacheContext>) -> Result
     finalizer(&api, FINALIZER_CACHE_CLEANUP, cache, |ev| async {
         match ev {
             Finalizer::Apply(cache) => apply(cache, &ctx).await,
-            Finalizer::Cleanup(cache) => cleanup(cache, &ctx).await,
+            Finalizer::Cleanup(cache) => cleanup::cleanup(cache, &ctx).await,
         }
     })
     .await
@@ -82,25 +85,26 @@ async fn apply(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Err
     let previous: BTreeMap<String, ClusterCacheStatus> =
         cache.status.iter().flat_map(|s| s.clusters.iter().cloned()).map(|c| (c.cluster.clone(), c)).collect();
 
-    // The source's credentials, copied to each member.
+    // The source's credentials, read in the cache's own namespace only and copied to each member.
     let ns = cache.namespace().unwrap_or_else(|| "default".into());
+    let secret = match credentials::secret_to_read(&cache) {
+        Ok(s) => s,
+        Err(why) => return refuse_credentials(ctx, &cache, &clusters, &why).await,
+    };
     let mut blocked: Option<ClusterCacheStatus> = None;
     let mut secret_data = None;
-    if let Some(r) = &cache.spec.credentials_ref {
-        let sns = r.namespace.clone().unwrap_or_else(|| ns.clone());
-        match members::credentials(&ctx.client, &sns, &r.name).await? {
-            Some(d) => secret_data = Some(d),
-            None => {
-                blocked = Some(ClusterCacheStatus {
-                    phase: CachePhase::Failed,
-                    reason: Some(reason::SOURCE_UNAUTHORIZED.into()),
-                    message: Some(format!(
-                        "spec.credentialsRef: Secret {sns}/{} does not exist: create it with the source's token",
-                        r.name
-                    )),
-                    ..Default::default()
-                });
-            }
+    if let Some(key) = &secret {
+        let unreadable = |forbidden| ClusterCacheStatus {
+            phase: CachePhase::Failed,
+            reason: Some(reason::SOURCE_UNAUTHORIZED.into()),
+            message: Some(credentials::unreadable(key, forbidden)),
+            ..Default::default()
+        };
+        match members::credentials(&ctx.client, &key.0, &key.1).await {
+            Ok(Some(d)) => secret_data = Some(d),
+            Ok(None) => blocked = Some(unreadable(false)),
+            Err(kube::Error::Api(e)) if e.code == 403 => blocked = Some(unreadable(true)),
+            Err(e) => return Err(e.into()),
         }
     }
 
@@ -158,6 +162,37 @@ async fn refuse(ctx: &CacheContext, cache: &ModelCache, why: &str) -> Result<Act
     Ok(Action::await_change())
 }
 
+/// A cache whose `credentialsRef` names another namespace: `Accepted`, `Staged` and `Ready`
+/// say so with `CredentialsOutsideNamespace`; no Secret is read, nothing is written to a
+/// member, and the credentials copy an earlier version may have made is deleted from the
+/// members in its status (best effort; volumes, Jobs and replicas are left as they are).
+async fn refuse_credentials(
+    ctx: &CacheContext,
+    cache: &ModelCache,
+    clusters: &[Arc<InferenceCluster>],
+    why: &str,
+) -> Result<Action, Error> {
+    for entry in cache.status.iter().flat_map(|s| &s.clusters) {
+        let Ok((client, _)) = member_client(ctx, clusters, &entry.cluster).await else { continue };
+        let removed = tokio::time::timeout(ctx.config.timeouts.observe, members::remove_credentials(&client, cache));
+        if let Ok(Ok(true)) = removed.await {
+            tracing::warn!(cache = %cache.name_any(), cluster = %entry.cluster, "credentials copy removed");
+        }
+    }
+    let mut next = cache.status.clone().unwrap_or_default();
+    next.observed_generation = cache.metadata.generation;
+    next.conditions.0 = flotilla_apis::conditions::merge(
+        &next.conditions.0,
+        &credentials::refused(why),
+        cache.metadata.generation,
+        &now(),
+    );
+    if write_status(ctx, cache, next).await? {
+        tracing::warn!(cache = %cache.name_any(), "refused: {why}");
+    }
+    Ok(Action::await_change())
+}
+
 fn api(ctx: &CacheContext, cache: &ModelCache) -> Api<ModelCache> {
     Api::namespaced(ctx.client.clone(), &cache.namespace().unwrap_or_else(|| "default".into()))
 }
@@ -200,7 +235,7 @@ async fn stage_in(
         if let Some(data) = secret {
             objects.push(render::credentials_secret(cache, data));
         }
-        objects.push(render::job(cache, &ctx.config.stage_image));
+        objects.push(render::job(cache, &ctx.config.stage_image, ctx.config.stage_instance_metadata));
         // The member answered: a refused write is a finding about it, not unreachability.
         let n = match members::apply(&client, &ctx.config.field_manager, &objects, &observed).await {
             Ok(n) => n,
@@ -260,44 +295,4 @@ async fn write_status(ctx: &CacheContext, cache: &ModelCache, next: ModelCacheSt
         "status updated"
     );
     Ok(true)
-}
-
-/// Deletion: remove the objects in every member no deployment uses them in; while some do,
-/// say which (`InUse`) and keep the finalizer (an error: the finalizer helper keeps it, and the
-/// change of a deployment that stops using the cache reconciles it again at once).
-async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Error> {
-    let deployments = ctx.live_deployments();
-    let dep_refs: Vec<&ModelDeployment> = deployments.iter().map(AsRef::as_ref).collect();
-    let users = status::users(&cache, &dep_refs);
-    let clusters = ctx.clusters.state();
-    let mut failed = Vec::new();
-    for ic in &clusters {
-        let name = ic.name_any();
-        if users.contains_key(&name) {
-            continue;
-        }
-        if let Err(e) = remove_in(ctx, &cache, &clusters, &name).await {
-            // A member we cannot reach may still hold the volume: keep the finalizer.
-            failed.push(format!("{name}: {e}"));
-        }
-    }
-    let kept: Vec<ClusterCacheStatus> = cache
-        .status
-        .iter()
-        .flat_map(|s| s.clusters.iter())
-        .filter(|c| users.contains_key(&c.cluster))
-        .cloned()
-        .collect();
-    if !users.is_empty() {
-        let targets: BTreeSet<String> = kept.iter().map(|c| c.cluster.clone()).collect();
-        let next = status::desired(&cache, &targets, kept, Some(&users), &now());
-        write_status(ctx, &cache, next).await?;
-        let by: BTreeSet<&String> = users.values().flatten().collect();
-        return Err(Error::Cleanup(format!("in use by {by:?}")));
-    }
-    if !failed.is_empty() {
-        return Err(Error::Cleanup(failed.join("; ")));
-    }
-    tracing::info!(cache = %cache.name_any(), "member volumes and Jobs removed");
-    Ok(Action::await_change())
 }

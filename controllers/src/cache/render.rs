@@ -3,7 +3,8 @@
 //! `cacheStorageClassName`, else the member's default), an optional copy of the source's
 //! credentials Secret, and one staging Job running `flotilla-stage` as `docs/staging.md`
 //! describes (args, termination message, volume at `/cache`, the cache's service account for
-//! IRSA / EKS Pod Identity). The Job's name carries a hash of what it stages (source, revision,
+//! IRSA / EKS Pod Identity, the instance metadata service closed to the AWS SDK unless the
+//! operator allows it). The Job's name carries a hash of what it stages (source, revision,
 //! digest) and the service account, so a finished Job is never run again for the same spec —
 //! scaling a deployment out re-downloads nothing — and a changed spec gets a new Job.
 //! Every object carries the cache label, so cleanup finds exactly these. Pure: JSON out.
@@ -26,6 +27,9 @@ pub const STAGE_MOUNT: &str = "/cache";
 pub const CREDENTIALS_MOUNT: &str = "/var/run/flotilla/credentials";
 /// Default key of the token in the credentials Secret.
 pub const DEFAULT_TOKEN_KEY: &str = "token";
+/// The AWS SDK's switch that keeps it from the instance metadata service (credentials and
+/// region of the node's instance profile); `flotilla-stage` honours it too.
+pub const IMDS_DISABLED: &str = "AWS_EC2_METADATA_DISABLED";
 /// Retries of a Job whose failure may pass (`SourceUnavailable`, `StorageUnavailable`, a killed pod).
 pub const BACKOFF_LIMIT: i32 = 4;
 
@@ -117,7 +121,10 @@ pub fn credentials_secret(cache: &ModelCache, data: &BTreeMap<String, String>) -
 
 /// The staging Job. Exit codes of failures that retrying cannot fix fail the Job at once
 /// (`podFailurePolicy`); transient ones retry up to [`BACKOFF_LIMIT`] times and resume.
-pub fn job(cache: &ModelCache, image: &str) -> Value {
+/// Unless `instance_metadata` (the operator's `--stage-allow-instance-metadata`), the AWS SDK
+/// in the container is told not to use the instance metadata service
+/// ([`IMDS_DISABLED`]), so a tenant's source is never read with the node's IAM role.
+pub fn job(cache: &ModelCache, image: &str, instance_metadata: bool) -> Value {
     let name = cache.metadata.name.as_deref().unwrap_or("");
     let s = &cache.spec;
     let mut args = vec![format!("--source={}", s.source)];
@@ -130,6 +137,9 @@ pub fn job(cache: &ModelCache, image: &str) -> Value {
     }
     args.push("--termination-log=/dev/termination-log".into());
     let mut env: Vec<Value> = Vec::new();
+    if !instance_metadata {
+        env.push(json!({"name": IMDS_DISABLED, "value": "true"}));
+    }
     let mut mounts = vec![json!({"name": "cache", "mountPath": STAGE_MOUNT})];
     let mut volumes = vec![json!({"name": "cache", "persistentVolumeClaim": {"claimName": pvc_name(name)}})];
     if let Some(c) = &s.credentials_ref {

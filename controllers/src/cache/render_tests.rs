@@ -30,8 +30,11 @@ fn hf_cache_with_token_and_digest() {
     let class = storage_class(c, Some("efs"));
     assert_eq!(class.as_deref(), Some("fsx-lustre"), "the cache's storage class wins over the cluster's");
     let data = BTreeMap::from([("token".to_string(), "aGZfeHl6".to_string())]);
-    let objects =
-        [pvc(c, class.as_deref()), credentials_secret(c, &data), job(c, "ghcr.io/flotilla-dev/flotilla-stage:0.1.0")];
+    let objects = [
+        pvc(c, class.as_deref()),
+        credentials_secret(c, &data),
+        job(c, "ghcr.io/flotilla-dev/flotilla-stage:0.1.0", false),
+    ];
     insta::assert_snapshot!("hf_cache", yaml(&objects));
     let args: Vec<&str> = objects[2]["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
@@ -49,7 +52,7 @@ fn hf_cache_with_token_and_digest() {
 #[test]
 fn permanent_failures_fail_the_job_transient_ones_retry() {
     let c = &caches()[1];
-    let j = job(c, "img");
+    let j = job(c, "img", false);
     let codes = &j["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"];
     for r in StageReason::ALL {
         let listed = codes.as_array().unwrap().contains(&json!(r.exit_code()));
@@ -84,10 +87,11 @@ fn the_job_name_follows_what_is_staged_only() {
 fn s3_credentials_go_to_aws_variables() {
     let mut c = caches()[1].clone();
     c.spec.source = "s3://weights/llama".into();
-    let j = job(&c, "img");
+    let j = job(&c, "img", false);
     let env = &j["spec"]["template"]["spec"]["containers"][0]["env"];
-    assert_eq!(env[0]["name"], "AWS_ACCESS_KEY_ID");
-    assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["name"], "flotilla-stage-llama-3.1-405b-fp8-credentials");
+    assert_eq!(env[0], json!({"name": IMDS_DISABLED, "value": "true"}));
+    assert_eq!(env[1]["name"], "AWS_ACCESS_KEY_ID");
+    assert_eq!(env[1]["valueFrom"]["secretKeyRef"]["name"], "flotilla-stage-llama-3.1-405b-fp8-credentials");
     assert_eq!(j["spec"]["template"]["spec"]["volumes"].as_array().unwrap().len(), 1, "no token file");
 }
 
@@ -104,14 +108,18 @@ fn s3_cache_with_service_account() -> ModelCache {
 #[test]
 fn the_job_runs_as_the_caches_service_account_and_carries_no_cloud_credentials() {
     let c = s3_cache_with_service_account();
-    let j = job(&c, "ghcr.io/flotilla-dev/flotilla-stage:0.1.0");
+    let j = job(&c, "ghcr.io/flotilla-dev/flotilla-stage:0.1.0", false);
     insta::assert_snapshot!("s3_cache_service_account", yaml(std::slice::from_ref(&j)));
     let pod = &j["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "model-stager");
-    assert_eq!(pod["containers"][0]["env"], json!([]), "no AWS_* variables: the chain finds IRSA / Pod Identity");
+    assert_eq!(
+        pod["containers"][0]["env"],
+        json!([{"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]),
+        "no AWS credential variables: the chain finds IRSA / Pod Identity, and not the node's role"
+    );
     assert_eq!(pod["volumes"].as_array().unwrap().len(), 1, "no credentials Secret mounted");
     // Without one, the pod spec names none (the namespace's default), as before.
-    let plain = job(&caches()[1], "img");
+    let plain = job(&caches()[1], "img", false);
     assert!(plain["spec"]["template"]["spec"].get("serviceAccountName").is_none());
 }
 
@@ -127,4 +135,17 @@ fn the_service_account_is_part_of_the_job_name_only_when_set() {
     // The name without a service account is the one earlier versions gave (no restaging on upgrade).
     let what = json!([without.spec.source, without.spec.revision, without.spec.digest]);
     assert!(job_name(&without).ends_with(&content_hash(&what)[..8]));
+}
+
+#[test]
+fn the_node_role_is_out_of_reach_unless_the_operator_allows_it() {
+    for c in caches() {
+        let closed = job(&c, "img", false);
+        let env = closed["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap().clone();
+        assert!(env.contains(&json!({"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})), "{env:?}");
+        let open = job(&c, "img", true);
+        let env = open["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap().clone();
+        assert!(env.iter().all(|e| e["name"] != IMDS_DISABLED), "--stage-allow-instance-metadata: {env:?}");
+        assert_eq!(job_name(&c), open["metadata"]["name"], "the switch does not restage");
+    }
 }
