@@ -173,6 +173,7 @@ const EXEC_VERSIONS: [&str; 2] = ["client.authentication.k8s.io/v1", "client.aut
 impl ProviderFile {
     /// Parses and checks a provider file's text.
     pub fn parse(text: &str) -> Result<Self, String> {
+        flotilla_apis::yaml_bound::check_stream(text).map_err(|e| format!("not a provider file: it {e}"))?;
         let file: Self = serde_yaml_ng::from_str(text).map_err(|e| format!("not a provider file: {e}"))?;
         let mut seen = std::collections::BTreeSet::new();
         for (i, p) in file.providers.iter().enumerate() {
