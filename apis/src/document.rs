@@ -190,10 +190,11 @@ pub struct Parsed {
     pub refused: Vec<(Kind, Option<String>, String)>,
 }
 
-/// A raw document of a stream: its text and first line.
+/// A raw document of a stream: its text and first line, and why it is refused unparsed.
 struct RawDocument<'a> {
     text: &'a str,
     line: usize,
+    bound: Option<crate::yaml_bound::Refusal>,
 }
 
 /// Splits a YAML stream at `---` lines, keeping the line each document starts on.
@@ -207,13 +208,13 @@ fn split_documents(text: &str) -> Vec<RawDocument<'_>> {
         let is_sep = trimmed == "---" || trimmed.starts_with("--- ") || trimmed.starts_with("---#");
         let is_end = trimmed == "...";
         if is_sep || is_end {
-            docs.push(RawDocument { text: &text[start..offset], line: start_line });
+            docs.push(RawDocument { text: &text[start..offset], line: start_line, bound: None });
             start = offset + line.len();
             start_line = idx + 2;
         }
         offset += line.len();
     }
-    docs.push(RawDocument { text: &text[start..], line: start_line });
+    docs.push(RawDocument { text: &text[start..], line: start_line, bound: None });
     docs.into_iter()
         .filter(|d| d.text.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
         .collect()
@@ -229,7 +230,20 @@ const PARALLEL_DOCUMENTS: usize = 512;
 /// sequential one, item for item. A small one (every hand-written fleet, every hostile
 /// fixture) stays on the caller's thread.
 pub fn parse_stream(file: &str, text: &str) -> Parsed {
-    let docs = split_documents(text);
+    parse_stream_within(file, text, &mut crate::yaml_bound::Budget::default())
+}
+
+/// [`parse_stream`] for one file of several read together: `budget` bounds what YAML aliases
+/// add over the file and over the run ([`crate::yaml_bound`]). Every document's nesting and
+/// nodes are checked first, in order, on this thread (a linear pass each, and the one place
+/// the budget is spent, so the outcome does not depend on threads); documents refused there
+/// are never parsed.
+pub fn parse_stream_within(file: &str, text: &str, budget: &mut crate::yaml_bound::Budget) -> Parsed {
+    budget.next_file();
+    let mut docs = split_documents(text);
+    for doc in &mut docs {
+        doc.bound = crate::yaml_bound::check(doc.text, budget).err();
+    }
     let threads = check_threads(text.len(), docs.len());
     if threads < 2 {
         return parse_documents(file, &docs, 0);
@@ -288,8 +302,8 @@ fn parse_documents(file: &str, docs: &[RawDocument<'_>], first: usize) -> Parsed
             field: field.to_string(),
             message,
         };
-        if let Err(message) = crate::yaml_bound::check(raw.text) {
-            parsed.problems.push(error("", None, message));
+        if let Some(refusal) = &raw.bound {
+            parsed.problems.push(error("", None, refusal.message(raw.line)));
             continue;
         }
         // Through serde_yaml_ng's own Value first: it refuses duplicate keys, which a JSON map

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use flotilla_apis::document::{Parsed, Problem, Severity, parse_stream};
+use flotilla_apis::document::{Parsed, Problem, Severity, parse_stream_within};
 use flotilla_apis::validate::validate_set;
 use serde::Serialize;
 
@@ -94,11 +94,13 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
         );
     }
     let mut parsed = Parsed::default();
+    // One bound on what YAML aliases add, over each file and over all of them together.
+    let mut budget = flotilla_apis::yaml_bound::Budget::default();
     for file in &files {
         let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
         // A UTF-8 byte-order mark (editors on Windows write one) is not content: kubectl skips it.
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-        let one = parse_stream(&file.display().to_string(), text);
+        let one = parse_stream_within(&file.display().to_string(), text, &mut budget);
         parsed.objects.extend(one.objects);
         parsed.problems.extend(one.problems);
         parsed.skipped.extend(one.skipped);

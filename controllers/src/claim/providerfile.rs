@@ -120,6 +120,7 @@ pub fn load(
     classes: &BTreeMap<String, InferenceClassSpec>,
 ) -> Result<ProviderPlan, String> {
     // serde names the path, the line and, for `kind`, the kinds there are.
+    flotilla_apis::yaml_bound::check_stream(text).map_err(|e| format!("the file {e}"))?;
     let file: CapacityProviderFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
     if file.regions.is_empty() {
         return Err("regions: empty; list at least one region, or leave --capacity-provider unset".into());

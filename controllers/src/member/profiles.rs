@@ -173,6 +173,7 @@ const EXEC_VERSIONS: [&str; 2] = ["client.authentication.k8s.io/v1", "client.aut
 impl ProviderFile {
     /// Parses and checks a provider file's text.
     pub fn parse(text: &str) -> Result<Self, String> {
+        flotilla_apis::yaml_bound::check_stream(text).map_err(|e| format!("not a provider file: it {e}"))?;
         let file: Self = serde_yaml_ng::from_str(text).map_err(|e| format!("not a provider file: {e}"))?;
         let mut seen = std::collections::BTreeSet::new();
         for (i, p) in file.providers.iter().enumerate() {
@@ -257,9 +258,18 @@ pub fn resolve(profile: &ClusterProfile, file: Option<&ProviderFile>) -> Result<
         |what: String| MemberError::ClusterProfileInvalid(format!("{id}, access provider {:?}: {what}", provider.name));
     let mut cluster = access.cluster.clone();
     match cluster.server.as_deref().map(str::trim) {
-        Some(s) if s.starts_with("https://") || s.starts_with("http://") => {}
+        Some(s) if s.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://")) => {}
         Some("") | None => return Err(invalid("cluster.server is empty".into())),
-        Some(s) => return Err(invalid(format!("cluster.server {s:?} is not an http(s) URL"))),
+        Some(s) => {
+            return Err(invalid(format!(
+                "cluster.server {s:?} is not an https:// URL: the exec plugin's credential is sent only over TLS"
+            )));
+        }
+    }
+    if let Some(field) = transport_override(&cluster) {
+        return Err(invalid(format!(
+            "cluster.{field} is set: a ClusterProfile may not change where or how the controller's credential is              sent; remove it from the access provider (the server's CA goes in certificate-authority-data)"
+        )));
     }
     // A file path names a file on the cluster manager's machine, not on the controller's.
     cluster.certificate_authority = None;
@@ -274,6 +284,14 @@ pub fn resolve(profile: &ClusterProfile, file: Option<&ProviderFile>) -> Result<
             ENVS_EXTENSION if provider.envs_policy != EnvsPolicy::Ignore => {
                 let envs: BTreeMap<String, String> = serde_json::from_value(ext.extension.clone())
                     .map_err(|_| invalid(format!("extension {ENVS_EXTENSION} is not a map of strings")))?;
+                if let Some(name) = envs.keys().find(|name| denied_env(name)) {
+                    return Err(invalid(format!(
+                        "extension {ENVS_EXTENSION} sets {name}: a ClusterProfile may not set loader, search-path, \
+                         interpreter-startup, proxy or trust-store variables of the exec plugin (LD_*, DYLD_*, \
+                         *PATH, *_PROXY, ...), whatever the provider's profileSourcedEnvVarsPolicy; set it in the \
+                         provider file if the plugin needs it"
+                    )));
+                }
                 exec.env = merge_env(&exec.env, &envs, provider.envs_policy);
             }
             _ => {}
@@ -324,6 +342,60 @@ pub fn resolve(profile: &ClusterProfile, file: Option<&ProviderFile>) -> Result<
         kubeconfig,
         fingerprint: hasher.finish(),
     })
+}
+
+/// The first field of a profile's cluster block that would change where or how the
+/// credential travels (a proxy, a TLS name other than the server's, no verification), if any.
+/// Pure. `insecure-skip-tls-verify: false` changes nothing and passes.
+pub fn transport_override(cluster: &Cluster) -> Option<&'static str> {
+    let set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        Some("insecure-skip-tls-verify")
+    } else if set(&cluster.proxy_url) {
+        Some("proxy-url")
+    } else if set(&cluster.tls_server_name) {
+        Some("tls-server-name")
+    } else {
+        None
+    }
+}
+
+/// Variables a profile may never set in the exec plugin's environment, whatever the
+/// provider's policy: they choose the code the plugin runs (the dynamic loader's `LD_*` and
+/// `DYLD_*`, search paths `*PATH`, interpreters' startup and option hooks), where it sends
+/// its requests (`*_PROXY`) or whom it trusts (CA bundles). Names are compared in upper case.
+/// Pure.
+pub fn denied_env(name: &str) -> bool {
+    const EXACT: [&str; 22] = [
+        "IFS",
+        "ENV",
+        "BASH_ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PS4",
+        "HOME",
+        "PYTHONSTARTUP",
+        "PYTHONHOME",
+        "PERL5LIB",
+        "PERL5OPT",
+        "RUBYLIB",
+        "RUBYOPT",
+        "NODE_OPTIONS",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "CURL_CA_BUNDLE",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+    ];
+    let upper = name.trim().to_ascii_uppercase();
+    upper.starts_with("LD_")
+        || upper.starts_with("DYLD_")
+        || upper.ends_with("PATH")
+        || upper.ends_with("_PROXY")
+        || EXACT.contains(&upper.as_str())
 }
 
 /// KEP-5339's merge of a profile's environment variables into the plugin's: the provider's in

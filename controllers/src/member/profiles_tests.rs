@@ -103,7 +103,7 @@ fn no_matching_provider_names_both_sides() {
 
 #[test]
 fn an_unusable_cluster_block_is_invalid_and_a_ca_path_is_not_read() {
-    for (server, why) in [(json!(""), "empty"), (json!("ftp://x"), "not an http(s) URL")] {
+    for (server, why) in [(json!(""), "empty"), (json!("ftp://x"), "not an https:// URL")] {
         let p = profile(json!([{"name": "eks", "cluster": {"server": server}}]));
         let e = resolve(&p, Some(&providers())).unwrap_err();
         assert_eq!(e.reason(), "ClusterProfileInvalid");
@@ -155,6 +155,81 @@ fn profile_sourced_args_and_envs_follow_the_providers_policies() {
     let e = with_extensions(json!({"profileSourcedCLIArgsPolicy": "Append"}), bad).unwrap_err();
     assert_eq!(e.reason(), "ClusterProfileInvalid");
     assert!(e.to_string().contains("not a list of strings"), "{e}");
+}
+
+/// The healthy profile beside each hostile one below: https, a CA, no transport override.
+fn healthy() -> ClusterProfile {
+    profile(json!([access("eks", "https://a:6443")]))
+}
+
+fn with_cluster(fields: serde_json::Value) -> ClusterProfile {
+    let mut cluster = json!({"server": "https://a:6443", "certificate-authority-data": "Q0E="});
+    for (k, v) in fields.as_object().unwrap() {
+        cluster[k] = v.clone();
+    }
+    profile(json!([{"name": "eks", "cluster": cluster}]))
+}
+
+#[test]
+fn a_plain_http_server_is_refused_and_the_https_one_beside_it_accepted() {
+    let r = resolve(&healthy(), Some(&providers())).unwrap();
+    assert_eq!(r.kubeconfig.clusters[0].cluster.as_ref().unwrap().server.as_deref(), Some("https://a:6443"));
+    for server in ["http://a:6443", "HTTP://a:6443", " http://a"] {
+        let e = resolve(&with_cluster(json!({"server": server})), Some(&providers())).unwrap_err();
+        assert_eq!(e.reason(), "ClusterProfileInvalid");
+        let msg = e.to_string();
+        assert!(msg.contains("cluster.server") && msg.contains("not an https:// URL"), "{msg}");
+        assert!(msg.contains("ClusterProfile fleet-system/eu-fra-1, access provider \"eks\""), "{msg}");
+    }
+}
+
+#[test]
+fn transport_overrides_from_a_profile_are_refused_each_naming_its_field() {
+    let cases = [
+        (json!({"insecure-skip-tls-verify": true}), "cluster.insecure-skip-tls-verify is set"),
+        (json!({"proxy-url": "http://proxy.attacker:3128"}), "cluster.proxy-url is set"),
+        (json!({"tls-server-name": "kubernetes.default"}), "cluster.tls-server-name is set"),
+    ];
+    for (fields, want) in cases {
+        let e = resolve(&with_cluster(fields.clone()), Some(&providers())).unwrap_err();
+        assert_eq!(e.reason(), "ClusterProfileInvalid", "{fields}");
+        assert!(e.to_string().contains(want), "{fields}: {e}");
+    }
+    // Verification explicitly on, and empty overrides, change nothing: accepted, the same client.
+    let same = with_cluster(json!({"insecure-skip-tls-verify": false, "proxy-url": "", "tls-server-name": " "}));
+    let r = resolve(&same, Some(&providers())).unwrap();
+    let cluster = r.kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    assert_ne!(cluster.insecure_skip_tls_verify, Some(true));
+    assert!(resolve(&with_cluster(json!({})), Some(&providers())).is_ok());
+}
+
+#[test]
+fn loader_path_and_proxy_variables_are_denied_whatever_the_env_policy() {
+    let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+    for policy in ["AppendIfNotExists", "Replace"] {
+        let policies = json!({"profileSourcedEnvVarsPolicy": policy});
+        for name in
+            ["LD_PRELOAD", "ld_library_path", "DYLD_INSERT_LIBRARIES", "PATH", "PYTHONPATH", "https_proxy", "BASH_ENV"]
+        {
+            let exts = json!([{"name": ENVS_EXTENSION, "extension": {"TENANT": "t1", name: "/tmp/x"}}]);
+            let e = with_extensions(policies.clone(), exts).unwrap_err();
+            assert_eq!(e.reason(), "ClusterProfileInvalid", "{policy} {name}");
+            assert!(e.to_string().contains(&format!("sets {name}")), "{policy} {name}: {e}");
+        }
+        // The healthy variable alone beside them: added.
+        let exts = json!([{"name": ENVS_EXTENSION, "extension": {"TENANT": "t1"}}]);
+        let r = with_extensions(policies, exts).unwrap();
+        assert!(env_pairs(&r).contains(&pair("TENANT", "t1")));
+    }
+    // Ignore: the extension is not read, so nothing of it reaches the plugin and nothing is refused.
+    let exts = json!([{"name": ENVS_EXTENSION, "extension": {"LD_PRELOAD": "/tmp/x.so"}}]);
+    let r = with_extensions(json!({}), exts).unwrap();
+    assert!(env_pairs(&r).iter().all(|(n, _)| n != "LD_PRELOAD"));
+    // The operator's own provider file may set them: its PATH is the operator's choice.
+    let f = file(json!({"providers": [{"name": "eks", "execConfig": {"apiVersion": "client.authentication.k8s.io/v1",
+        "command": "x", "env": [{"name": "PATH", "value": "/opt/bin"}]}}]}));
+    assert_eq!(env_pairs(&resolve(&healthy(), Some(&f)).unwrap()), [pair("PATH", "/opt/bin")]);
+    assert!(!denied_env("TENANT") && !denied_env("AWS_REGION") && denied_env(" Ld_Audit"));
 }
 
 #[test]

@@ -69,6 +69,9 @@ impl Fetched {
                 let invalid =
                     |what: &str| MemberError::SecretInvalid(format!("Secret {ns}/{name} key {key:?}: {what}"));
                 let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text"))?;
+                // Bounded before kube's YAML reader sees it: nesting and aliases (the message
+                // gives a line and a bound, never the text).
+                flotilla_apis::yaml_bound::check_stream(&text).map_err(|e| invalid(&format!("the kubeconfig {e}")))?;
                 Kubeconfig::from_yaml(&text).map_err(|_| invalid("not a kubeconfig"))
             }
         }
@@ -307,5 +310,27 @@ mod tests {
         let count = std::fs::read_to_string(&runs).unwrap().lines().count();
         assert_eq!(count, 3);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A kubeconfig Secret is measured before kube's YAML reader sees it: one nested past the
+    /// bound is refused with the line and the bound, and without its text; a healthy one
+    /// beside it reads.
+    #[test]
+    fn a_kubeconfig_nested_past_the_bound_is_refused_before_it_is_parsed() {
+        let fetched = |text: String| Fetched::Secret {
+            ns: "fleet".into(),
+            name: "m1".into(),
+            key: "kubeconfig".into(),
+            secret: Arc::new(Secret {
+                data: Some([("kubeconfig".to_string(), k8s_openapi::ByteString(text.into_bytes()))].into()),
+                ..Secret::default()
+            }),
+        };
+        let healthy = "apiVersion: v1\nkind: Config\nclusters:\n- name: m1\n  cluster: {server: https://m1:6443}\n";
+        assert!(fetched(healthy.to_string()).kubeconfig().is_ok());
+        let deep = format!("{healthy}preferences: {}1{}\n", "{a: ".repeat(100_000), "}".repeat(100_000));
+        let Err(MemberError::SecretInvalid(message)) = fetched(deep).kubeconfig() else { panic!("not refused") };
+        assert!(message.contains("Secret fleet/m1 key \"kubeconfig\": the kubeconfig nests more than 64"), "{message}");
+        assert!(message.contains("at line 6, column") && !message.contains("{a:"), "{message}");
     }
 }

@@ -5,8 +5,10 @@
 //! m1's server and CA, and an exec plugin — a script written here that answers only when
 //! `KUBERNETES_EXEC_INFO` carries m1's server and the profile's exec extension, and prints an
 //! ExecCredential with m1's client certificate — make `pm1` Ready with m1's capacity. A
-//! profile offering only an unconfigured provider, a missing profile and a plugin that fails
-//! each get their reason; the plugin's stdout never shows. A deleted profile is reported and
+//! profile offering only an unconfigured provider, a missing profile, a plugin that fails and
+//! a hostile profile (m1's server and CA with a `proxy-url`: the controller's credential would
+//! go through the profile's proxy) each get their reason; the plugin's stdout never shows, and
+//! `pm1` beside the hostile one stays Ready. A deleted profile is reported and
 //! tears nothing down, and when it comes back unchanged nothing is built again.
 
 use std::path::PathBuf;
@@ -114,6 +116,7 @@ impl Scenario {
         apply(control, profile_cluster("nomatch", "foreign", &pools)).await;
         apply(control, profile_cluster("noprofile", "absent", &pools)).await;
         apply(control, profile_cluster("badexec", "broken", &pools)).await;
+        apply(control, profile_cluster("proxied", "proxied", &pools)).await;
         Self { provider_file, crd, plugin_log, server, ca, key_pem }
     }
 
@@ -135,6 +138,9 @@ impl Scenario {
         self.profile(control, "m1", json!([self.access(PROVIDER)])).await;
         self.profile(control, "foreign", json!([self.access("gke-workload-identity")])).await;
         self.profile(control, "broken", json!([self.access(BROKEN)])).await;
+        let mut proxied = self.access(PROVIDER);
+        proxied["cluster"]["proxy-url"] = json!("http://127.0.0.1:9");
+        self.profile(control, "proxied", json!([proxied])).await;
     }
 
     /// An access provider reaching m1: its server and CA, and the plugin's per-cluster config.
@@ -172,6 +178,7 @@ impl Scenario {
         wait_reason(api, "nomatch", "Ready", "False", "NoMatchingAccessProvider", within).await;
         wait_reason(api, "noprofile", "Ready", "False", "ClusterProfileNotFound", within).await;
         wait_reason(api, "badexec", "Reachable", "False", "ExecPluginFailed", within).await;
+        wait_reason(api, "proxied", "Ready", "False", "ClusterProfileInvalid", within).await;
         let message = |name: &str| {
             let api = api.clone();
             let name = name.to_string();
@@ -186,6 +193,12 @@ impl Scenario {
         assert!(m.contains("ClusterProfile fleet-system/absent does not exist"), "{m}");
         let m = message("badexec").await;
         assert!(m.contains("token service down") && !m.contains(BROKEN_STDOUT_TOKEN), "{m}");
+        let m = message("proxied").await;
+        assert!(m.contains("ClusterProfile fleet-system/proxied") && m.contains("cluster.proxy-url is set"), "{m}");
+        let proxied = api.get("proxied").await.unwrap().status.unwrap();
+        assert_eq!(proxied.devices_total, None, "nothing was observed through the refused profile");
+        let pm1 = api.get("pm1").await.unwrap();
+        assert!(pm1.status.unwrap().conditions.is_true("Ready"), "the healthy profile's member beside it stays Ready");
         assert!(self.plugin_runs() > 0, "the exec plugin was run");
         let m1 = api.get("m1").await.unwrap();
         assert!(m1.status.unwrap().conditions.is_true("Ready"), "the Secret member beside them stays Ready");
