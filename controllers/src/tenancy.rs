@@ -1,5 +1,5 @@
 //! Which namespaces tenants may use. A ModelDeployment or ModelCache is rendered into the same
-//! namespace of every member it reaches, so one created in `kube-system` (or in Flotilla's own
+//! namespace of every member it reaches (and a CapacityClaim spends the operator's cloud money), so one created in `kube-system` (or in Flotilla's own
 //! namespaces: the controller's and the member kubeconfigs') would run its YAML's image there: such objects are refused with `InvalidSpec`
 //! before anything is solved or written, and an operator can narrow the accepted namespaces
 //! further with an allow-list (`--tenant-namespaces`). Pure: [`Tenancy::check`] decides.
@@ -67,6 +67,8 @@ pub fn refused(types: &[&'static str], message: &str) -> Vec<Desired> {
 pub const DEPLOYMENT_REFUSED: [&str; 2] = [condition::PLACED, condition::READY];
 /// The condition types a refused ModelCache carries.
 pub const CACHE_REFUSED: [&str; 3] = [condition::ACCEPTED, condition::STAGED, condition::READY];
+/// The condition types a refused CapacityClaim carries: it asks no provider for anything.
+pub const CLAIM_REFUSED: [&str; 3] = [condition::FULFILLED, condition::PROVISIONING, condition::READY];
 
 #[cfg(test)]
 mod tests {

@@ -223,6 +223,39 @@ async fn capacity_claims_on_real_api_servers() {
     );
     claims.delete("impossible", &DeleteParams::default()).await.unwrap();
 
+    // A claim in a namespace tenants may not use (the controller's own): refused, and the
+    // provider is asked for nothing, though eu2 has room for it (without the check the
+    // simulated cloud fulfils it there).
+    let protected: Api<CapacityClaim> = Api::namespaced(control.clone(), "flotilla-system");
+    let nodes_before = (claim_nodes(&eu2).await, claim_nodes(&us1).await);
+    apply(
+        &control,
+        json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "CapacityClaim",
+        "metadata": {"name": "grab", "namespace": "flotilla-system"},
+        "spec": {"podSets": [{"name": "p", "count": 1, "devicesPerPod": 8}],
+                 "capacity": {"capacityTypes": ["on-demand"], "deviceClasses": [{"class": "h100"}],
+                              "sovereignty": {"allowedJurisdictions": ["EU"]}}}}),
+    )
+    .await;
+    let refused = wait_for("the protected claim refused", Duration::from_secs(30), || async {
+        let s = protected.get("grab").await.ok()?.status?;
+        let c = s.conditions.get("Fulfilled")?.clone();
+        (c.reason == "InvalidSpec").then_some(s)
+    })
+    .await;
+    let c = refused.conditions.get("Fulfilled").unwrap();
+    assert!(c.message.contains("namespace flotilla-system is protected"), "{}", c.message);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = protected.get("grab").await.unwrap().status.unwrap();
+    assert!(s.attempts.is_empty() && s.allocations.is_empty(), "no provider was asked: {s:?}");
+    let nodes_after = (claim_nodes(&eu2).await, claim_nodes(&us1).await);
+    assert_eq!(nodes_after, nodes_before, "no node was provisioned for the refused claim");
+    protected.delete("grab", &DeleteParams::default()).await.unwrap();
+    wait_for("the refused claim gone", Duration::from_secs(30), || async {
+        protected.get_opt("grab").await.ok()?.is_none().then_some(())
+    })
+    .await;
+
     // Deleting the deployment releases the claim's capacity: the claim and its nodes go.
     mds.delete("big", &DeleteParams::default()).await.unwrap();
     wait_for("the claim gone", Duration::from_secs(90), || async {

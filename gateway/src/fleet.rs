@@ -101,8 +101,8 @@ pub fn table_file(
     }
 
     // The oldest deployment of a model name (then namespace/name) owns it and its aliases, alone
-    // unless it gives spec.routing.weight: then the deployments of the name that give one share
-    // it (`split::join`), each route tagged with its deployment.
+    // unless it gives spec.routing.weight: then the deployments of its namespace that give one
+    // share it (`split::join`), each route tagged with its deployment.
     let mut live: Vec<&ModelDeployment> =
         deployments.iter().filter(|d| d.metadata.deletion_timestamp.is_none()).collect();
     live.sort_by(|a, b| {
@@ -117,6 +117,8 @@ pub fn table_file(
     // Name or alias → (the deployment that took it first, the model it names, how it holds it).
     let mut owner: BTreeMap<String, (String, String, Holder)> = BTreeMap::new();
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
+    // Model name → the namespace of the deployment that took it first (a split stays in it).
+    let mut first_namespace: BTreeMap<String, String> = BTreeMap::new();
     for d in live {
         let (ns, dname) = (d.namespace().unwrap_or_default(), d.name_any());
         let who = format!("ModelDeployment {ns}/{dname}");
@@ -126,6 +128,7 @@ pub fn table_file(
             None => {
                 let holder = if weight.is_some() { Holder::Split } else { Holder::Alone };
                 owner.insert(model.name.clone(), (who.clone(), model.name.clone(), holder));
+                first_namespace.insert(model.name.clone(), ns.clone());
                 file.models.push(ModelSpec {
                     name: model.name.clone(),
                     aliases: Vec::new(),
@@ -138,7 +141,14 @@ pub fn table_file(
                 index.insert(model.name.clone(), file.models.len() - 1);
                 file.models.len() - 1
             }
-            Some((first, _, holder)) => match split::join(&model.name, &who, weight, first, *holder) {
+            Some((first, _, holder)) => match split::join(
+                &model.name,
+                &who,
+                weight,
+                first,
+                *holder,
+                first_namespace.get(&model.name) == Some(&ns),
+            ) {
                 Ok(()) => match index.get(&model.name) {
                     Some(at) => *at,
                     None => continue,

@@ -1,6 +1,7 @@
 //! Weighted traffic between the deployments that serve one model name (a canary, a version
 //! roll), as pure functions. In the fleet, [`join`] says whether a ModelDeployment may share a
-//! name already served by an older one (only when both give `spec.routing.weight`; otherwise
+//! name already served by an older one (only when both give `spec.routing.weight` and both are
+//! in one namespace — a tenant never takes a share of another namespace's traffic; otherwise
 //! the oldest serves alone, as before weights existed). Per request, [`narrow`] keeps the routes
 //! of one deployment: a weighted rendezvous hash of the request's affinity key (its prefix key,
 //! else a per-request number) over the deployments that can take it now, so each gets
@@ -32,9 +33,23 @@ pub enum Holder {
     Split,
 }
 
-/// Whether `who` (giving `weight`) joins `model`, which `first` already holds as `holder`:
-/// `Err` is the problem to report (the deployment is then not routed).
-pub fn join(model: &str, who: &str, weight: Option<u32>, first: &str, holder: Holder) -> Result<(), String> {
+/// Whether `who` (giving `weight`) joins `model`, which `first` already holds as `holder`;
+/// `same_namespace`: both are in one namespace (a split never crosses namespaces: the requests
+/// of one team's clients, prompts included, never reach another team's deployment because it
+/// chose the same name). `Err` is the problem to report (the deployment is then not routed).
+pub fn join(
+    model: &str,
+    who: &str,
+    weight: Option<u32>,
+    first: &str,
+    holder: Holder,
+    same_namespace: bool,
+) -> Result<(), String> {
+    if !same_namespace && holder != Holder::Alias {
+        return Err(format!(
+            "{who}: model name `{model}` is already served by {first}, in another namespace: a name's traffic is shared only between deployments of one namespace, so it is not routed; give it another spec.model.name"
+        ));
+    }
     match (holder, weight) {
         (Holder::Split, Some(_)) => Ok(()),
         (Holder::Alias, _) => Err(format!(

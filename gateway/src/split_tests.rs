@@ -210,7 +210,7 @@ fn serving_reports_the_share_rounded_and_why_there_is_none() {
 
 #[test]
 fn join_keeps_the_oldest_rule_without_weights_and_names_the_field() {
-    let j = |weight, holder| join("chat", "ModelDeployment ml/new", weight, "ModelDeployment ml/old", holder);
+    let j = |weight, holder| join("chat", "ModelDeployment ml/new", weight, "ModelDeployment ml/old", holder, true);
     assert_eq!(j(Some(10), Holder::Split), Ok(()));
     for (weight, holder) in
         [(None, Holder::Alone), (Some(10), Holder::Alone), (None, Holder::Split), (Some(1), Holder::Alias)]
@@ -221,6 +221,18 @@ fn join_keeps_the_oldest_rule_without_weights_and_names_the_field() {
             assert!(e.contains("spec.routing.weight"), "{e}");
         }
     }
+}
+
+#[test]
+fn a_split_never_crosses_namespaces() {
+    // Both give a weight, which within one namespace joins the split: from another namespace it
+    // never does, whatever the weights.
+    for weight in [Some(10), Some(0), None] {
+        let e = join("chat", "ModelDeployment other/thief", weight, "ModelDeployment ml/old", Holder::Split, false)
+            .unwrap_err();
+        assert!(e.contains("in another namespace") && e.contains("not routed"), "{e}");
+    }
+    assert_eq!(join("chat", "ModelDeployment ml/new", Some(10), "ModelDeployment ml/old", Holder::Split, true), Ok(()));
 }
 
 mod fleet {
@@ -243,13 +255,17 @@ mod fleet {
     }
 
     fn md(name: &str, created: &str, weight: Option<i32>, on: &str, juris: &str) -> ModelDeployment {
+        md_in("ml", name, created, weight, on, juris)
+    }
+
+    fn md_in(ns: &str, name: &str, created: &str, weight: Option<i32>, on: &str, juris: &str) -> ModelDeployment {
         let routing = match weight {
             Some(w) => json!({"weight": w}),
             None => json!({}),
         };
         serde_json::from_value(json!({
             "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelDeployment",
-            "metadata": {"name": name, "namespace": "ml", "creationTimestamp": created},
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
             "spec": {"model": {"name": "chat", "aliases": ["chat-latest"], "source": "hf://o/m"}, "replicas": 1,
                      "engine": {"image": "vllm"}, "topology": {"type": "Standalone", "devicesPerReplica": 1},
                      "devices": {"alternatives": [{"class": "h100"}]},
@@ -316,6 +332,25 @@ mod fleet {
         assert_eq!(file.models[0].deployments.len(), 1);
         let p = problems.iter().find(|p| p.contains("ml/new")).unwrap();
         assert!(p.contains("gives no spec.routing.weight") && p.contains("not routed"), "{p}");
+    }
+
+    #[test]
+    fn a_tenant_naming_another_namespaces_split_model_gets_none_of_its_traffic() {
+        // ml splits `chat` 90/10 between stable and canary; a deployment in namespace `other`
+        // names the same model with a weight of 1000 and an alias of the split's.
+        let stable = md("stable", "2026-01-01T00:00:00Z", Some(90), "eu1", "EU");
+        let canary = md("canary", "2026-02-01T00:00:00Z", Some(10), "eu1", "EU");
+        let thief = md_in("other", "thief", "2026-03-01T00:00:00Z", Some(1000), "us1", "US");
+        let (file, owners, problems) = table_file(&clusters(), &[thief, canary, stable], &no_secrets);
+        let m = &file.models[0];
+        let deps: Vec<&str> = m.deployments.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(deps, ["ml/stable", "ml/canary"], "the other namespace's deployment is not in the split");
+        assert!(m.routes.iter().all(|r| r.cluster == "eu1"), "no route to the thief's cluster: {:?}", m.routes);
+        assert!(!owners.keys().any(|(ns, _)| ns == "other"), "it gets no Serving of the name");
+        let p = problems.iter().find(|p| p.contains("other/thief")).unwrap();
+        assert!(p.contains("in another namespace") && p.contains("give it another spec.model.name"), "{p}");
+        let juris: Vec<&str> = m.sovereignty.allowed_jurisdictions.iter().map(|j| j.as_str()).collect();
+        assert_eq!(juris, ["EU"], "the name's hull is not widened by the other namespace's policy");
     }
 
     #[test]

@@ -118,6 +118,9 @@ impl Look {
 
 async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Action, Error> {
     let (ns, name) = (claim.namespace().unwrap_or_else(|| "default".into()), claim.name_any());
+    if let Err(why) = ctx.config.tenancy.check("CapacityClaim", &ns) {
+        return refuse(&ctx, &claim, &why).await;
+    }
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
     let seen = Look::at(&ctx, &claim).await;
     let step = ctx.engine.step(seen.input(&claim, &classes), ctx.provider.as_ref()).await;
@@ -130,6 +133,49 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
     }
     write_status(&ctx, &claim, &step).await?;
     Ok(Action::requeue(requeue.max(Duration::from_millis(500))))
+}
+
+/// A claim in a namespace tenants may not use: `Fulfilled`, `Provisioning` and `Ready` say so
+/// with `InvalidSpec`, and no provider is asked for anything. What it already holds stays (a
+/// refusal tears nothing down); deleting the claim releases it as usual.
+async fn refuse(ctx: &ClaimContext, claim: &CapacityClaim, why: &str) -> Result<Action, Error> {
+    let status = refused_status(claim, why, &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(whole_seconds()));
+    let changed = claim.status.as_ref() != Some(&status);
+    if changed {
+        let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
+        let pp = PatchParams::apply(&ctx.config.field_manager);
+        let written = crate::status_patch::write_status(
+            &api,
+            &claim.name_any(),
+            claim.status.as_ref(),
+            claim.resource_version(),
+            &status,
+            &pp,
+        )
+        .await?;
+        if written.is_some() {
+            ctx.metrics.status_write(Kind::CapacityClaim);
+            tracing::warn!(claim = %key(claim), "refused: {why}");
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// The status of a refused claim: its last status with the refusal's conditions merged in.
+fn refused_status(
+    claim: &CapacityClaim,
+    why: &str,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> flotilla_apis::claim::CapacityClaimStatus {
+    let mut next = claim.status.clone().unwrap_or_default();
+    next.observed_generation = claim.metadata.generation;
+    next.conditions.0 = flotilla_apis::conditions::merge(
+        &next.conditions.0,
+        &crate::tenancy::refused(&crate::tenancy::CLAIM_REFUSED, why),
+        claim.metadata.generation,
+        now,
+    );
+    next
 }
 
 /// Now, to the second: the API server keeps condition and attempt times to the second, so a
@@ -264,4 +310,36 @@ async fn cleanup(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Ac
     }
     tracing::info!(claim = %key(&claim), allocations = status.allocations.len(), "capacity released");
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_apis::claim::ClaimAllocation;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn a_refused_claim_says_why_asks_for_nothing_and_keeps_what_it_holds() {
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fleet/claims.yaml")).unwrap();
+        let mut claim: CapacityClaim = serde_yaml_ng::from_str(&text).unwrap();
+        claim.metadata.namespace = Some("kube-system".into());
+        claim.metadata.generation = Some(3);
+        let held = ClaimAllocation { pod_set: "p".into(), cluster: "eu1".into(), nodes: 2, ..Default::default() };
+        claim.status =
+            Some(flotilla_apis::claim::CapacityClaimStatus { allocations: vec![held.clone()], ..Default::default() });
+        let tenancy = crate::tenancy::Tenancy::new(["flotilla-system".to_string()], []);
+        let why = tenancy.check("CapacityClaim", "kube-system").unwrap_err();
+        let status = refused_status(&claim, &why, &Time(Timestamp::from_second(1_800_000_000).unwrap()));
+        for t in crate::tenancy::CLAIM_REFUSED {
+            let c = status.conditions.get(t).unwrap();
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "InvalidSpec"), "{t}");
+            assert!(c.message.contains("namespace kube-system is protected"), "{}", c.message);
+        }
+        assert_eq!(status.allocations, [held], "a refusal releases nothing");
+        assert!(status.attempts.is_empty(), "and asks no provider");
+        assert_eq!(status.observed_generation, Some(3));
+        // An allowed namespace is not refused: the engine runs as before.
+        assert!(tenancy.check("CapacityClaim", "ml").is_ok());
+    }
 }
