@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 bin_dir=$(bash tests/e2e/harness/build.sh)
 echo "e2e: Kubernetes binaries in ${bin_dir} ($(( $(date +%s) - start )) s)"
+# The tests render the chart's controller RBAC with it (tests/e2e/README.md, "Identities").
+helm=$(bash tests/helm/build-helm.sh)
+echo "e2e: helm ${helm} ($(( $(date +%s) - start )) s)"
 
 # One test binary at a time, one test at a time: each brings up several clusters. `--workspace`
 # keeps the feature set of the main `cargo test --workspace`, so nothing is built twice.

@@ -55,7 +55,7 @@ async fn setup_control(fleet: &Fleet, control: &Client) {
     .await;
     for name in MEMBERS {
         let s: Secret = serde_json::from_value(
-            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.kubeconfig_text(name)}}),
+            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.member_kubeconfig_text(name)}}),
         )
         .unwrap();
         Api::<Secret>::namespaced(control.clone(), "flotilla-system").create(&PostParams::default(), &s).await.unwrap();

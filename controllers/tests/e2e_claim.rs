@@ -61,9 +61,11 @@ async fn setup(fleet: &Fleet, control: &Client) {
     )
     .await;
     for (name, region, jurisdiction) in MEMBERS {
+        // --sim-cloud creates the nodes it "provisions": the rights only it needs.
+        fleet.grant_member(name, "sim-cloud.yaml");
         let secrets: Api<Secret> = Api::namespaced(control.clone(), "flotilla-system");
         let s: Secret = serde_json::from_value(
-            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.kubeconfig_text(name)}}),
+            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.member_kubeconfig_text(name)}}),
         )
         .unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();

@@ -116,7 +116,7 @@ async fn inference_cluster_controller_on_real_api_servers() {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "flotilla-system"}})).unwrap();
     Api::<Namespace>::all(control.clone()).create(&PostParams::default(), &ns).await.unwrap();
     for m in MEMBERS {
-        secret(&control, &format!("{m}-kubeconfig"), &fleet.kubeconfig_text(m)).await;
+        secret(&control, &format!("{m}-kubeconfig"), &fleet.member_kubeconfig_text(m)).await;
     }
     secret(&control, "wrong-kubeconfig", &bogus_kubeconfig(&fleet.kubeconfig_text("m1"))).await;
     apply(&control, class("h100", "NVIDIA H100 80GB HBM3", 8)).await;
@@ -149,6 +149,8 @@ async fn inference_cluster_controller_on_real_api_servers() {
     for m in MEMBERS {
         wait_reason(&api, m, "Ready", "True", "AsExpected", Duration::from_secs(60)).await;
     }
+    // The controller got there with the chart's rights and the member-rbac example's, no more.
+    harness::identity::assert_least_rights(&fleet, "control", "m1").await;
     // No ClusterProfile CRD yet: its own reason; then the CRD from the Go module, and the profiles.
     let profile_started = Instant::now();
     wait_reason(&api, "pm1", "Ready", "False", "ClusterProfileCRDMissing", Duration::from_secs(30)).await;
@@ -232,9 +234,9 @@ async fn inference_cluster_controller_on_real_api_servers() {
     let secrets: Vec<String> = MEMBERS
         .iter()
         .flat_map(|m| {
-            let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fleet.kubeconfig_text(m)).unwrap();
+            let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fleet.member_kubeconfig_text(m)).unwrap();
             let user = &v["users"][0]["user"];
-            ["client-key-data", "client-certificate-data"].map(|k| user[k].as_str().unwrap_or("").to_string())
+            ["token"].map(|k| user[k].as_str().unwrap_or("").to_string())
         })
         .filter(|s| s.len() > 20)
         .map(|s| s[..40.min(s.len())].to_string())

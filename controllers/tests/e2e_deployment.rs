@@ -68,7 +68,7 @@ async fn setup_control(fleet: &Fleet, control: &Client) {
     for (name, region, jurisdiction) in MEMBERS {
         let secrets: Api<Secret> = Api::namespaced(control.clone(), "flotilla-system");
         let s: Secret = serde_json::from_value(
-            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.kubeconfig_text(name)}}),
+            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.member_kubeconfig_text(name)}}),
         )
         .unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();
@@ -339,8 +339,7 @@ async fn model_deployment_controller_on_real_api_servers() {
     setup_control(&fleet, &control).await;
 
     // Something Flotilla did not create, in a namespace it will use: it must survive everything.
-    let ml: Namespace = serde_json::from_value(json!({"metadata": {"name": "ml"}})).unwrap();
-    Api::<Namespace>::all(members["eu1"].clone()).create(&PostParams::default(), &ml).await.unwrap();
+    // (The member-rbac example applied in setup_control created the tenant namespace `ml`.)
     let bystander: Deployment = serde_json::from_value(json!({"metadata": {"name": "bystander", "labels": {"app": "bystander"}},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "bystander"}},
                  "template": {"metadata": {"labels": {"app": "bystander"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))

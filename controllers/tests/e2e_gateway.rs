@@ -75,7 +75,7 @@ async fn setup_control(fleet: &Fleet, control: &Client, sims: &BTreeMap<&str, Si
     let secrets: Api<Secret> = Api::namespaced(control.clone(), "flotilla-system");
     for (name, region, jurisdiction) in MEMBERS {
         let s: Secret = serde_json::from_value(
-            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.kubeconfig_text(name)}}),
+            json!({"metadata": {"name": format!("{name}-kubeconfig")}, "stringData": {"kubeconfig": fleet.member_kubeconfig_text(name)}}),
         )
         .unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();

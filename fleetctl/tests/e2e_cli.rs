@@ -48,7 +48,7 @@ async fn setup(fleet: &Fleet, control: &Client) {
     apply(control, class("a100", "NVIDIA A100-SXM4-80GB")).await;
     for (name, region, jurisdiction) in MEMBERS {
         let s: Secret = serde_json::from_value(json!({"metadata": {"name": format!("{name}-kubeconfig")},
-            "stringData": {"kubeconfig": fleet.kubeconfig_text(name)}}))
+            "stringData": {"kubeconfig": fleet.member_kubeconfig_text(name)}}))
         .unwrap();
         Api::<Secret>::namespaced(control.clone(), "flotilla-system").create(&PostParams::default(), &s).await.unwrap();
         apply(control, json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster", "metadata": {"name": name},

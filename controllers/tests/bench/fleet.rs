@@ -168,7 +168,7 @@ pub async fn setup(fleet: &Fleet, control: &Client, p: &Params) {
     }
     for (i, m) in p.member_names().iter().enumerate() {
         let s: Secret = serde_json::from_value(
-            json!({"metadata": {"name": format!("{m}-kubeconfig")}, "stringData": {"kubeconfig": fleet.kubeconfig_text(m)}}),
+            json!({"metadata": {"name": format!("{m}-kubeconfig")}, "stringData": {"kubeconfig": fleet.member_kubeconfig_text(m)}}),
         )
         .unwrap();
         Api::<Secret>::namespaced(control.clone(), "flotilla-system").create(&PostParams::default(), &s).await.unwrap();

@@ -4,7 +4,7 @@
 //! the CRD exists (`ClusterProfileCRDMissing`); then a profile whose access provider carries
 //! m1's server and CA, and an exec plugin — a script written here that answers only when
 //! `KUBERNETES_EXEC_INFO` carries m1's server and the profile's exec extension, and prints an
-//! ExecCredential with m1's client certificate — make `pm1` Ready with m1's capacity. A
+//! ExecCredential with the token of m1's member-rbac identity — make `pm1` Ready with m1's capacity. A
 //! profile offering only an unconfigured provider, a missing profile, a plugin that fails and
 //! a hostile profile (m1's server and CA with a `proxy-url`: the controller's credential would
 //! go through the profile's proxy) each get their reason; the plugin's stdout never shows, and
@@ -16,7 +16,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use flotilla_apis::InferenceCluster;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -40,12 +39,8 @@ pub struct Scenario {
     plugin_log: PathBuf,
     server: String,
     ca: String,
-    key_pem: String,
-}
-
-fn decode(b64: &str) -> String {
-    let b: ByteString = serde_json::from_value(json!(b64)).unwrap();
-    String::from_utf8(b.0).unwrap()
+    /// The member-rbac token the plugin hands out (must never leak).
+    token: String,
 }
 
 fn write_script(path: &PathBuf, text: &str) {
@@ -73,17 +68,17 @@ impl Scenario {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let crd = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
 
-        let kc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fleet.kubeconfig_text("m1")).unwrap();
+        // The plugin hands out the member-rbac identity's token, as a real one would.
+        let kc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fleet.member_kubeconfig_text("m1")).unwrap();
         let cluster = &kc["clusters"][0]["cluster"];
         let user = &kc["users"][0]["user"];
         let server = cluster["server"].as_str().unwrap().to_string();
         let ca = cluster["certificate-authority-data"].as_str().unwrap().to_string();
-        let cert_pem = decode(user["client-certificate-data"].as_str().unwrap());
-        let key_pem = decode(user["client-key-data"].as_str().unwrap());
+        let token = user["token"].as_str().unwrap().to_string();
 
         let cred = fleet.dir.join("m1-exec-credential.json");
         let credential = json!({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-            "status": {"clientCertificateData": cert_pem, "clientKeyData": key_pem}});
+            "status": {"token": token}});
         std::fs::write(&cred, credential.to_string()).unwrap();
         let plugin_log = fleet.dir.join("exec-plugin.log");
         let plugin = fleet.dir.join("exec-plugin.sh");
@@ -117,7 +112,7 @@ impl Scenario {
         apply(control, profile_cluster("noprofile", "absent", &pools)).await;
         apply(control, profile_cluster("badexec", "broken", &pools)).await;
         apply(control, profile_cluster("proxied", "proxied", &pools)).await;
-        Self { provider_file, crd, plugin_log, server, ca, key_pem }
+        Self { provider_file, crd, plugin_log, server, ca, token }
     }
 
     /// Installs the CRD (as published) and the profiles, their status as a cluster manager writes it.
@@ -226,8 +221,7 @@ impl Scenario {
 
     /// Credential fragments that must appear in no log, event or status.
     pub fn credentials(&self) -> Vec<String> {
-        let key_line = self.key_pem.lines().nth(1).unwrap_or_default().to_string();
-        assert!(key_line.len() > 20, "a PEM body line");
-        vec![key_line, BROKEN_STDOUT_TOKEN.to_string()]
+        assert!(self.token.len() > 20, "a token");
+        vec![self.token.clone(), BROKEN_STDOUT_TOKEN.to_string()]
     }
 }

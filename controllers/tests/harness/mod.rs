@@ -1,11 +1,14 @@
 //! The Rust side of the e2e harness: starts real clusters with `tests/e2e/harness/up.sh`
 //! (etcd + kube-apiserver + controller-manager + scheduler + kwok per cluster), adds fake GPU
 //! nodes, stops and starts members, runs `flotilla-controller` processes with captured logs,
-//! and tears everything down on drop. A harness that cannot start fails the test loudly.
+//! and tears everything down on drop. A harness that cannot start fails the test loudly. The
+//! controller runs as the chart's ServiceAccount, and member kubeconfig Secrets hold the
+//! member-rbac identity's token (`identity`): never the harness's admin kubeconfigs.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod apiserver;
+pub mod identity;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -81,15 +84,15 @@ impl Fleet {
         self.dir.join(format!("{name}.kubeconfig"))
     }
 
+    /// The harness's admin kubeconfig of cluster `name` (for the tests' own setup and checks;
+    /// member kubeconfig Secrets take `member_kubeconfig_text`).
     pub fn kubeconfig_text(&self, name: &str) -> String {
         std::fs::read_to_string(self.kubeconfig(name)).unwrap()
     }
 
+    /// An admin client of cluster `name`.
     pub async fn client(&self, name: &str) -> Client {
-        let kc = Kubeconfig::read_from(self.kubeconfig(name)).unwrap();
-        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
-        flotilla_controllers::install_crypto();
-        Client::try_from(config).unwrap()
+        client_of(Kubeconfig::read_from(self.kubeconfig(name)).unwrap()).await
     }
 
     /// Adds `count` fake GPU nodes of a profile (h100, a100, l40s) in pool `pool`.
@@ -120,6 +123,13 @@ impl Drop for Fleet {
     }
 }
 
+/// A client from a kubeconfig.
+pub async fn client_of(kc: Kubeconfig) -> Client {
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
+    flotilla_controllers::install_crypto();
+    Client::try_from(config).unwrap()
+}
+
 /// A running `flotilla-controller` with its logs captured in a file.
 pub struct ControllerProcess {
     pub child: Child,
@@ -133,15 +143,27 @@ pub fn free_port() -> u16 {
 }
 
 impl ControllerProcess {
+    /// Starts a replica authenticated as the chart's controller ServiceAccount
+    /// (`Fleet::controller_kubeconfig`). With `--cluster-profile-providers` in `extra`, the chart
+    /// is rendered with `controller.clusterProfiles.enabled=true`, as a user who configures
+    /// ClusterProfile providers sets it.
     pub fn start(fleet: &Fleet, control: &str, identity: &str, extra: &[&str]) -> Self {
+        let values: &[&str] = if extra.contains(&"--cluster-profile-providers") {
+            &["controller.clusterProfiles.enabled=true"]
+        } else {
+            &[]
+        };
+        let kubeconfig = fleet.controller_kubeconfig(control, values);
         let log = fleet.dir.join(format!("controller-{identity}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let port = free_port();
         let probe = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_flotilla-controller"))
             .arg("--kubeconfig")
-            .arg(fleet.kubeconfig(control))
-            .args(["--probe-addr", &probe, "--identity", identity, "--lease-namespace", "flotilla-system"])
+            .arg(kubeconfig)
+            .args(["--probe-addr", &probe, "--identity", identity])
+            .args(["--lease-namespace", identity::RELEASE_NAMESPACE])
+            .args(["--member-secret-namespace", identity::MEMBER_SECRET_NAMESPACE])
             .args(extra)
             .env("RUST_LOG", "info,flotilla_controllers=debug")
             .stdout(Stdio::from(file.try_clone().unwrap()))

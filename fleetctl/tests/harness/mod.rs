@@ -5,13 +5,18 @@
 //! this package's, so its path comes from `$FLOTILLA_CONTROLLER_BIN` or sits next to
 //! `fleetctl` in the target directory (`cargo build -p flotilla-controllers --bin
 //! flotilla-controller`; `scripts/test-e2e.sh` builds it with the controllers' tests).
-//! Everything is torn down on drop.
+//! Everything is torn down on drop. The controller runs as the chart's ServiceAccount and member
+//! kubeconfig Secrets hold the member-rbac identity (`identity`, shared with the controllers'
+//! harness).
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "../../../controllers/tests/harness/identity.rs"]
+pub mod identity;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
@@ -75,11 +80,9 @@ impl Fleet {
         std::fs::read_to_string(self.kubeconfig(name)).unwrap()
     }
 
+    /// An admin client of cluster `name`.
     pub async fn client(&self, name: &str) -> Client {
-        let kc = Kubeconfig::read_from(self.kubeconfig(name)).unwrap();
-        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        Client::try_from(config).unwrap()
+        client_of(Kubeconfig::read_from(self.kubeconfig(name)).unwrap()).await
     }
 
     /// Adds `count` fake GPU nodes of a profile (h100, a100, l40s) in pool `pool`.
@@ -100,6 +103,13 @@ impl Drop for Fleet {
         }
         let _ = self.script("down.sh", &[]);
     }
+}
+
+/// A client from a kubeconfig.
+pub async fn client_of(kc: Kubeconfig) -> Client {
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::try_from(config).unwrap()
 }
 
 /// The `flotilla-controller` binary.
@@ -124,15 +134,18 @@ pub struct ControllerProcess {
 }
 
 impl ControllerProcess {
+    /// Starts the controller authenticated as the chart's ServiceAccount
+    /// (`Fleet::controller_kubeconfig`).
     pub fn start(fleet: &Fleet, control: &str, extra: &[&str]) -> Self {
         let log = fleet.dir.join("controller.log");
         let file = std::fs::File::create(&log).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(controller_bin())
             .arg("--kubeconfig")
-            .arg(fleet.kubeconfig(control))
+            .arg(fleet.controller_kubeconfig(control, &[]))
             .args(["--probe-addr", &format!("127.0.0.1:{port}"), "--identity", "ctl-cli"])
-            .args(["--lease-namespace", "flotilla-system"])
+            .args(["--lease-namespace", identity::RELEASE_NAMESPACE])
+            .args(["--member-secret-namespace", identity::MEMBER_SECRET_NAMESPACE])
             .args(extra)
             .env("RUST_LOG", "info,flotilla_controllers=debug")
             .stdout(Stdio::from(file.try_clone().unwrap()))
