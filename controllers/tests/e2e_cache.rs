@@ -226,8 +226,12 @@ async fn model_cache_controller_on_real_api_servers() {
         members.insert(m, fleet.client(m).await);
     }
     setup_control(&fleet, &control).await;
-    let mut ctl =
-        ControllerProcess::start(&fleet, "control", "ctl", &["--poll-seconds", "2", "--member-timeout-seconds", "8"]);
+    let mut ctl = ControllerProcess::start(
+        &fleet,
+        "control",
+        "ctl",
+        &["--poll-seconds", "2", "--member-timeout-seconds", "8", "--tenant-namespaces", "ml"],
+    );
     let caches: Api<ModelCache> = Api::namespaced(control.clone(), "ml");
     let mds: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
 

@@ -69,8 +69,12 @@ async fn a_tenants_cache_reaches_only_its_own_rights() {
         serde_json::from_value(json!({"metadata": {"name": "hf-token"}, "stringData": {"token": "hf_neighbour"}}))
             .unwrap();
     Api::<Secret>::namespaced(control.clone(), "ml").create(&PostParams::default(), &token).await.unwrap();
-    let mut ctl =
-        ControllerProcess::start(&fleet, "control", "ctl", &["--poll-seconds", "2", "--member-timeout-seconds", "4"]);
+    let mut ctl = ControllerProcess::start(
+        &fleet,
+        "control",
+        "ctl",
+        &["--poll-seconds", "2", "--member-timeout-seconds", "4", "--tenant-namespaces", "ml"],
+    );
     let caches: Api<ModelCache> = Api::namespaced(control.clone(), "ml");
     let stolen = json!({"namespace": "flotilla-system", "name": STOLEN, "key": "kubeconfig"});
     let everywhere = json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}]});
@@ -105,7 +109,10 @@ async fn a_tenants_cache_reaches_only_its_own_rights() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let kubeconfig = fleet.kubeconfig_text("m1");
+    // What the tenant tried to steal: the member kubeconfig the control cluster holds for m1.
+    let stolen_secret = Api::<Secret>::namespaced(control.clone(), "flotilla-system").get(STOLEN).await.unwrap();
+    let kubeconfig = String::from_utf8_lossy(&stolen_secret.data.unwrap()["kubeconfig"].0).into_owned();
+    assert!(kubeconfig.contains("token:"), "the member identity's kubeconfig: {kubeconfig}");
     for (m, client) in &members {
         let secrets = member_secrets(client).await;
         assert!(

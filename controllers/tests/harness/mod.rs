@@ -147,13 +147,18 @@ impl ControllerProcess {
     /// (`Fleet::controller_kubeconfig`). With `--cluster-profile-providers` in `extra`, the chart
     /// is rendered with `controller.clusterProfiles.enabled=true`, as a user who configures
     /// ClusterProfile providers sets it.
+    /// `--tenant-namespaces A,B` renders `controller.tenantNamespaces={A,B}` (the chart passes
+    /// that flag from that value), which grants the Secret reads ModelCaches need there.
     pub fn start(fleet: &Fleet, control: &str, identity: &str, extra: &[&str]) -> Self {
-        let values: &[&str] = if extra.contains(&"--cluster-profile-providers") {
-            &["controller.clusterProfiles.enabled=true"]
-        } else {
-            &[]
-        };
-        let kubeconfig = fleet.controller_kubeconfig(control, values);
+        let mut values: Vec<String> = Vec::new();
+        if extra.contains(&"--cluster-profile-providers") {
+            values.push("controller.clusterProfiles.enabled=true".into());
+        }
+        if let Some(i) = extra.iter().position(|a| *a == "--tenant-namespaces") {
+            values.push(format!("controller.tenantNamespaces={{{}}}", extra[i + 1]));
+        }
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        let kubeconfig = fleet.controller_kubeconfig(control, &values);
         let log = fleet.dir.join(format!("controller-{identity}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let port = free_port();
