@@ -57,6 +57,11 @@ How to read the tables:
   `lastTransitionTime`) keyed on `type`, with one aggregate `Ready`. Reasons are a closed set
   per kind: alert on them. A reason marked *reserved* belongs to the set but no component of
   this release writes it yet.
+- **what a field may reach**: a field of a namespaced kind acts only within the object's own
+  namespace — the Secrets it names, the member namespace its objects are written into — and
+  on objects this installation made. Every field that leads to a privileged action (a Secret
+  read, a write to a member, a cloud purchase, a share of the gateway) is listed with the check
+  that bounds it in [operations.md, What a tenant controls](operations.md#what-a-tenant-controls).
 
 | kind | scope | short names | what it is |
 |---|---|---|---|
@@ -190,10 +195,14 @@ and by the solver.\n\n\
 | estimated cost | {MAX_COST}, Kubernetes' CEL budget | estimated from the syntax tree as cel-go does: one unit per node, a tenth per byte or element a string or list operation touches, a comprehension's body once per element of its range. A device map has at most 32 entries and strings of at most 64 bytes (DRA's bounds); literal lists count their length, `lists.range(n)` counts `n` (unbounded unless `n` is a literal), and `replace` counts what the string can grow to. The error gives the estimate. |\n\
 | run-time growth | `replace` builds at most {MAX_STRING_BYTES} bytes, `lists.range` at most {MAX_LIST_LEN} elements, `quantity()` range-checks its argument | a guard behind the estimate: the checked functions refuse before kube-cel's run. |\n\
 | quantities | magnitude at most 2^63-1 units, in steps of 1n; device capacities not negative (`-0` included) | what Kubernetes' `resource.Quantity` can hold. Kubernetes silently caps larger values and rounds finer ones; Flotilla refuses them, since a capped `1e400` compares wrongly and overflows kube-cel's quantity arithmetic. |\n\
-| YAML documents | {} nodes each, aliases expanded | one anchor referenced 3,000 times by nodes referenced 3,000 times is 9 million nodes (12 s, 950 MB); the count stops at the bound. |\n\
+| YAML and JSON nesting | {} levels, block collections and flow brackets together, counted in one pass over the text before it is parsed; the error gives the file, line and column | the parser's time grew with the square of the depth: 100,000 nested flow mappings took minutes before its recursion limit answered. |\n\
+| YAML documents | {} nodes each, aliases expanded; the nodes aliases add, beyond two per byte of text, at most {} per file and {} per run of `fleetctl` | one anchor referenced 3,000 times by nodes referenced 3,000 times is 9 million nodes (12 s, 950 MB); the count stops at the bound. Aliases spread over 1,000 documents of one file were each under the per-document bound. |\n\
 | directories | a symlink back to a directory being read is refused; one to a directory already read is read once | `a -> .` and `b -> .` made 2^40 paths. A UTF-8 byte-order mark is accepted, as kubectl does. |\n\n\
 Library functions called through a namespace, as Kubernetes CEL offers them: {}.\n",
+        flotilla_apis::yaml_bound::depth::MAX_DEPTH,
         flotilla_apis::yaml_bound::MAX_YAML_NODES,
+        flotilla_apis::yaml_bound::MAX_FILE_ALIAS_NODES,
+        flotilla_apis::yaml_bound::MAX_RUN_ALIAS_NODES,
         NAMESPACED_FUNCTIONS.iter().map(|f| code(f)).collect::<Vec<_>>().join(", ")
     );
 }
