@@ -115,6 +115,11 @@ pub struct StreamArgs {
     /// continuation does (repeatable).
     #[arg(long = "refuse-prefill", value_name = "MODEL")]
     pub refuse_prefill: Vec<String>,
+    /// Silently ignore `continue_final_message` for this model: the final assistant message is
+    /// dropped and the conversation answered from the start, as an engine (or chat template)
+    /// that does not honour the option does, with a 200 (repeatable).
+    #[arg(long = "ignore-prefill", value_name = "MODEL")]
+    pub ignore_prefill: Vec<String>,
     /// Generate a different answer on every attempt for this model, as sampling without a seed
     /// does; continuations then never match (repeatable).
     #[arg(long = "nondeterministic", value_name = "MODEL")]
@@ -134,6 +139,8 @@ pub struct ModelCounters {
     pub diverged: u64,
     /// Continuations refused with a 400.
     pub prefill_refused: u64,
+    /// Continuations answered from the start instead (`--ignore-prefill`).
+    pub prefill_ignored: u64,
     /// Streams given a fault from the model's script.
     pub stream_faults: u64,
 }
@@ -142,6 +149,7 @@ pub struct ModelCounters {
 struct Model {
     script: Script,
     refuse_prefill: bool,
+    ignore_prefill: bool,
     nondeterministic: bool,
     counters: ModelCounters,
 }
@@ -159,6 +167,9 @@ impl Registry {
         }
         for model in &args.refuse_prefill {
             r.with(model, |m| m.refuse_prefill = true);
+        }
+        for model in &args.ignore_prefill {
+            r.with(model, |m| m.ignore_prefill = true);
         }
         for model in &args.nondeterministic {
             r.with(model, |m| m.nondeterministic = true);
@@ -180,6 +191,11 @@ impl SimState {
     /// Makes `model` refuse (or accept) prefill continuation.
     pub fn set_refuse_prefill(&self, model: &str, refuse: bool) {
         self.streams.with(model, |m| m.refuse_prefill = refuse);
+    }
+
+    /// Makes `model` silently ignore (or honour again) prefill continuation.
+    pub fn set_ignore_prefill(&self, model: &str, ignore: bool) {
+        self.streams.with(model, |m| m.ignore_prefill = ignore);
     }
 
     /// Makes `model` regenerate non-deterministically (or deterministically again).
@@ -207,13 +223,20 @@ pub struct Planned {
 /// gives `Err(message)` for a continuation the model (or vLLM's rules) refuses with a 400.
 pub fn turn(s: &SimState, kind: Kind, body: &Value, streamed: bool) -> Result<Planned, String> {
     let model = body["model"].as_str().unwrap_or_default();
-    let (nonce, refuse, fault) = s.streams.with(model, |m| {
+    let prefill = kind == Kind::Chat && body["continue_final_message"].as_bool() == Some(true);
+    let (nonce, refuse, ignore, fault) = s.streams.with(model, |m| {
         m.counters.planned += 1;
         let fault = if streamed { next_fault(&mut m.script) } else { None };
         let nonce = if m.nondeterministic { m.counters.planned } else { 0 };
-        (nonce, m.refuse_prefill, fault)
+        let ignore = prefill && m.ignore_prefill && !m.refuse_prefill;
+        m.counters.prefill_ignored += u64::from(ignore);
+        (nonce, m.refuse_prefill, ignore, fault)
     });
-    let planned = canonical::plan(&s.config, kind, body, nonce, refuse);
+    let planned = if ignore {
+        canonical::plan(&s.config, kind, &without_prefill(body), nonce, refuse)
+    } else {
+        canonical::plan(&s.config, kind, body, nonce, refuse)
+    };
     s.streams.with(model, |m| {
         let c = &mut m.counters;
         match &planned {
@@ -229,6 +252,22 @@ pub fn turn(s: &SimState, kind: Kind, body: &Value, streamed: bool) -> Result<Pl
     Ok(Planned { turn: planned?, fault })
 }
 
+/// `body` as an engine that ignores prefill reads it: no `continue_final_message`, no final
+/// assistant message.
+fn without_prefill(body: &Value) -> Value {
+    let mut v = body.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("continue_final_message");
+        o.remove("add_generation_prompt");
+    }
+    if let Some(m) = v["messages"].as_array_mut()
+        && m.last().is_some_and(|l| l["role"] == "assistant")
+    {
+        m.pop();
+    }
+    v
+}
+
 fn next_fault(script: &mut Script) -> Option<StreamFault> {
     if script.repeat_last && script.faults.len() == 1 {
         return script.faults.front().copied().flatten();
@@ -237,7 +276,7 @@ fn next_fault(script: &mut Script) -> Option<StreamFault> {
 }
 
 /// `POST /sim/streams {"model", "faults": ["cut:3", null, …], "repeat_last", "refuse_prefill",
-/// "nondeterministic"}` (absent fields stay as they are) and `GET /sim/streams/{model}`.
+/// "ignore_prefill", "nondeterministic"}` (absent fields stay as they are) and `GET /sim/streams/{model}`.
 pub fn routes() -> axum::Router<Arc<SimState>> {
     axum::Router::new().route("/sim/streams", post(configure)).route("/sim/streams/{model}", get(counters))
 }
@@ -260,6 +299,9 @@ async fn configure(State(s): State<Arc<SimState>>, Json(v): Json<Value>) -> Resp
     if let Some(on) = v["refuse_prefill"].as_bool() {
         s.set_refuse_prefill(model, on);
     }
+    if let Some(on) = v["ignore_prefill"].as_bool() {
+        s.set_ignore_prefill(model, on);
+    }
     if let Some(on) = v["nondeterministic"].as_bool() {
         s.set_nondeterministic(model, on);
     }
@@ -270,7 +312,8 @@ async fn counters(State(s): State<Arc<SimState>>, Path(model): Path<String>) -> 
     let c = s.model_counters(&model);
     Json(json!({
         "requests": c.requests, "planned": c.planned, "continuations": c.continuations,
-        "diverged": c.diverged, "prefill_refused": c.prefill_refused, "stream_faults": c.stream_faults,
+        "diverged": c.diverged, "prefill_refused": c.prefill_refused, "prefill_ignored": c.prefill_ignored,
+        "stream_faults": c.stream_faults,
     }))
 }
 

@@ -239,8 +239,11 @@ pub struct GatewayConfig {
     /// it with an error event).
     #[arg(long, env = "FLOTILLA_GATEWAY_CONTINUATION", default_value_t = true, action = clap::ArgAction::Set)]
     pub continuation: bool,
-    /// How routes that do not declare `continuation` in the table continue a stream.
-    #[arg(long, value_enum, default_value_t = Continuation::Prefill)]
+    /// How routes that do not declare `continuation` in the table continue a stream. The
+    /// default regenerates and verifies: an engine that silently ignores a prefill cannot be
+    /// told from one that honours it in general, so prefill is for routes whose engine is
+    /// known to continue (declared `continuation: prefill`, or this flag).
+    #[arg(long, value_enum, default_value_t = Continuation::Regenerate)]
     pub continuation_default: Continuation,
     /// Most continuations of one stream; the next break ends it with an error event.
     #[arg(long, default_value_t = 2)]

@@ -27,6 +27,33 @@ use crate::sse::{self, Event, Parser, Progress, Relay};
 use crate::table::{Model, Route, RoutingTable};
 use crate::upstream::Success;
 
+/// Whether `body` asks for a reproducible answer (`temperature` 0, or a `seed`): the same
+/// request gives the same text, so a regeneration can be verified against the text sent and is
+/// exactly the answer the client would have had without the break.
+pub fn deterministic(body: &serde_json::Value) -> bool {
+    body["temperature"].as_f64() == Some(0.0) || body["seed"].is_number()
+}
+
+/// Whether the client asked for the stream's `usage` chunk.
+pub fn client_usage(body: &serde_json::Value) -> bool {
+    body["stream_options"]["include_usage"].as_bool() == Some(true)
+}
+
+/// `body` (a JSON object) asking the engine for the stream's `usage` chunk, so what is charged
+/// and spliced is the engine's own count; unchanged when it is not an object or already asks.
+pub fn asking_usage(body: &Bytes) -> Bytes {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(mut v) if v.is_object() && !client_usage(&v) => {
+            if !v["stream_options"].is_object() {
+                v["stream_options"] = serde_json::json!({});
+            }
+            v["stream_options"]["include_usage"] = true.into();
+            Bytes::from(v.to_string())
+        }
+        _ => body.clone(),
+    }
+}
+
 /// How `route` continues streams now: its declared capability (else the default), and a
 /// prefill route that refused a prefill regenerates.
 pub fn capability(cfg: &GatewayConfig, route: &Route) -> Continuation {
@@ -60,12 +87,15 @@ pub(crate) fn request(
     let chat = p.endpoint == Endpoint::chat_completions;
     let (body, prefill) = match capability(cfg, route) {
         Continuation::None => return None,
+        // A reproducible request regenerates: verified against the text sent, it is the answer
+        // the client would have had; a prefill continuation is another answer after the seam.
+        Continuation::Prefill if deterministic(&p.body) => (asking_usage(plain), false),
         Continuation::Prefill => match prefill_body(chat, &p.body, &m.name, splice.text(), splice.tokens()) {
-            Some(v) => (Bytes::from(v.to_string()), true),
+            Some(v) => (asking_usage(&Bytes::from(v.to_string())), true),
             // A prompt that cannot take the partial answer: the engine may still regenerate.
-            None => (plain.clone(), false),
+            None => (asking_usage(plain), false),
         },
-        Continuation::Regenerate => (plain.clone(), false),
+        Continuation::Regenerate => (asking_usage(plain), false),
     };
     (body.len() <= cfg.max_body_bytes).then_some((body, prefill))
 }
@@ -112,7 +142,7 @@ pub(crate) fn respond(s: Stream, up: Upstream) -> Response {
 async fn run(s: Stream, mut up: Upstream, tx: mpsc::Sender<Bytes>) {
     let (st, cfg) = (&s.st, &s.st.cfg);
     let relay = Relay { tx: &tx, idle: ms(cfg.idle_timeout_ms), max_malformed: cfg.max_malformed_events };
-    let mut splice = Splice::new(s.record);
+    let mut splice = Splice::new(s.record).client_usage(client_usage(&s.p.body));
     let mut progress = Progress::default();
     let mut skip: Vec<(String, String)> = Vec::new();
     let mut continued = 0u32;
@@ -161,8 +191,8 @@ async fn run(s: Stream, mut up: Upstream, tx: mpsc::Sender<Bytes>) {
     } else if continued > 0 && matches!(end, StreamEnd::complete | StreamEnd::finalised) {
         st.metrics.continuation(ContinuationResult::succeeded);
     }
-    // A stream's `usage` chunk (when asked for) is exact; otherwise each content chunk counts
-    // as a token and four bytes of prompt as one.
+    // A stream's `usage` chunk (asked of the engine for every recorded stream) is exact;
+    // without one each content chunk counts as a token and four bytes of prompt as one.
     let t = progress.tokens;
     s.charge.pay(st, t.total.unwrap_or(t.chunks + (s.charge.prompt_bytes / 4) as u64)).await;
     drop(s.permit);
@@ -242,7 +272,9 @@ mod tests {
     #[test]
     fn capability_is_declared_or_default_and_a_refused_prefill_regenerates() {
         let cfg = GatewayConfig::with_table("t.yaml");
-        assert_eq!(capability(&cfg, &route(None)), Continuation::Prefill, "the default");
+        assert_eq!(capability(&cfg, &route(None)), Continuation::Regenerate, "the default");
+        let cfg = GatewayConfig { continuation_default: Continuation::Prefill, ..cfg };
+        assert_eq!(capability(&cfg, &route(None)), Continuation::Prefill);
         assert_eq!(capability(&cfg, &route(Some(Continuation::None))), Continuation::None);
         let r = route(None);
         r.health.learn_refuses_prefill();
@@ -259,6 +291,7 @@ mod tests {
     #[test]
     fn continuation_requests_are_bounded_and_fall_back_to_regeneration() {
         let mut cfg = GatewayConfig::with_table("t.yaml");
+        cfg.continuation_default = Continuation::Prefill;
         let m = Model {
             name: "m".into(),
             aliases: vec![],
@@ -277,9 +310,22 @@ mod tests {
         assert!(prefill && std::str::from_utf8(&body).unwrap().contains("continue_final_message"));
         assert_eq!(
             request(&cfg, &chat, &m, &route(Some(Continuation::Regenerate)), &splice, &chat.raw),
-            Some((chat.raw.clone(), false))
+            Some((asking_usage(&chat.raw), false))
         );
         assert_eq!(request(&cfg, &chat, &m, &route(Some(Continuation::None)), &splice, &chat.raw), None);
+        let asked = |b: &Bytes| serde_json::from_slice::<serde_json::Value>(b).unwrap()["stream_options"].clone();
+        assert_eq!(asked(&body), json!({"include_usage": true}), "the engine's own count is asked for");
+        for det in [json!({"temperature": 0}), json!({"seed": 7}), json!({"temperature": 0.0, "seed": 1})] {
+            let mut b = chat.body.clone();
+            b.as_object_mut().unwrap().extend(det.as_object().unwrap().clone());
+            let p = prepared(Endpoint::chat_completions, b);
+            let (body, prefill) = request(&cfg, &p, &m, &route(None), &splice, &p.raw).unwrap();
+            assert!(!prefill, "a reproducible request regenerates: {det}");
+            assert!(!std::str::from_utf8(&body).unwrap().contains("continue_final_message"));
+            assert_eq!(asked(&body), json!({"include_usage": true}));
+        }
+        let warm = prepared(Endpoint::chat_completions, json!({"model": "m", "messages": [], "temperature": 0.7}));
+        assert!(request(&cfg, &warm, &m, &route(None), &splice, &warm.raw).unwrap().1, "sampled: prefill");
         let tokens = prepared(Endpoint::completions, json!({"model": "m", "prompt": [1, 2, 3]}));
         let (_, prefill) = request(&cfg, &tokens, &m, &route(None), &splice, &tokens.raw).unwrap();
         assert!(!prefill, "a prompt of token ids cannot take the text: regenerate");

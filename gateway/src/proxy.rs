@@ -305,7 +305,8 @@ async fn try_model<'t>(
         }
         let route = routes[i];
         let (body, prefill, collect) = match job {
-            Job::Fresh => (bytes.clone(), false, continuation::records(cfg, p, route)),
+            Job::Fresh if continuation::records(cfg, p, route) => (continuation::asking_usage(&bytes), false, true),
+            Job::Fresh => (bytes.clone(), false, false),
             Job::Resume { splice, .. } => match continuation::request(cfg, p, m, route, splice, &bytes) {
                 Some((body, prefill)) => (body, prefill, true),
                 None => {

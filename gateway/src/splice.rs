@@ -5,7 +5,13 @@
 //! [`Splice::data`], which rewrites them to the first chunk's identity, shifts a prefill
 //! continuation's `usage` back onto the original prompt, and, for a regenerated answer, drops
 //! the text the client already has, relaying only what follows it, or reports that the new
-//! answer does not begin with exactly that text.
+//! answer does not begin with exactly that text. A prefill continuation is checked too: an
+//! engine that ignores the prefill (or echoes it) starts its answer with the text the client
+//! already has; that start is held back until it either covers the whole text sent (dropped:
+//! what follows continues it) or departs from it — after [`RESTART_BYTES`] repeated bytes the
+//! engine is taken to have restarted with a different answer and the stream ends, never a
+//! second answer spliced after the first. Unless the client asked for `usage`, the usage the
+//! gateway asked of the engine is taken out of the events.
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -21,6 +27,10 @@ pub enum Step {
     Diverged,
 }
 
+/// A prefill continuation that repeats at least this many bytes of the start of the text sent
+/// (but not all of it) before departing from it restarted the answer: the stream ends.
+pub const RESTART_BYTES: usize = 16;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     /// The first stream: relayed as is.
@@ -28,6 +38,8 @@ enum Mode {
     /// A continuation: `shift` tokens of the prompt were the partial answer; the first `sent`
     /// bytes of the text are the client's already, `matched` of them were seen again.
     Continue { shift: u64, sent: usize, matched: usize },
+    /// A prefill continuation whose start is still checked against the text sent (`held`).
+    Check { shift: u64 },
 }
 
 /// The state of one client stream across its upstream streams.
@@ -40,6 +52,8 @@ pub struct Splice {
     first: Option<Bytes>,
     identity: Option<[Value; 3]>,
     mode: Mode,
+    held: String,
+    usage: bool,
 }
 
 impl Splice {
@@ -53,7 +67,16 @@ impl Splice {
             first: None,
             identity: None,
             mode: Mode::Relay,
+            held: String::new(),
+            usage: true,
         }
+    }
+
+    /// `false`: the client did not ask for `usage` (the gateway did, of the engine): usage
+    /// chunks are dropped and `usage` fields taken out of the events relayed.
+    pub fn client_usage(mut self, asked: bool) -> Self {
+        self.usage = asked;
+        self
     }
 
     /// Whether the stream can be continued: recorded, with one plain-text choice so far.
@@ -74,8 +97,9 @@ impl Splice {
     /// Switch to relaying a continuation: `prefill` (the engine continues the text, its usage
     /// counts the text as prompt) or a regeneration from the start.
     pub fn resume(&mut self, prefill: bool) {
+        self.held.clear();
         self.mode = if prefill {
-            Mode::Continue { shift: self.tokens, sent: 0, matched: 0 }
+            Mode::Check { shift: self.tokens }
         } else {
             Mode::Continue { shift: 0, sent: self.text.len(), matched: 0 }
         };
@@ -84,16 +108,24 @@ impl Splice {
     /// One upstream data event (`raw` is `data: …\n\n`) with its choice's `text`; `odd`: the
     /// event carries something other than one choice's text (tool calls, a second choice).
     pub fn data(&mut self, raw: Bytes, text: &str, odd: bool, finished: bool) -> Step {
-        let Mode::Continue { shift, sent, matched } = self.mode else {
-            if self.record {
-                self.keep(text, odd);
-                self.first.get_or_insert_with(|| raw.clone());
-            }
-            return Step::Send(raw);
-        };
-        if odd {
-            return Step::Diverged;
+        if !self.usage && text.is_empty() && !finished && has_usage(&raw) {
+            return Step::Skip; // the usage chunk the gateway asked for, not the client
         }
+        let (shift, sent, matched) = match self.mode {
+            Mode::Relay => {
+                if self.record {
+                    self.keep(text, odd);
+                    self.first.get_or_insert_with(|| raw.clone());
+                }
+                if !self.usage && has_usage(&raw) {
+                    return Step::Send(self.rewrite(&raw, None, 0, false));
+                }
+                return Step::Send(raw);
+            }
+            _ if odd => return Step::Diverged,
+            Mode::Check { shift } => return self.check(raw, text, finished, shift),
+            Mode::Continue { shift, sent, matched } => (shift, sent, matched),
+        };
         let mut replace = None;
         if matched < sent {
             let want = &self.text.as_bytes()[matched..sent];
@@ -120,8 +152,35 @@ impl Splice {
             }
         }
         let relayed = replace.unwrap_or(text);
-        let bytes = self.rewrite(&raw, replace, shift);
+        let bytes = self.rewrite(&raw, replace, shift, true);
         self.keep(relayed, false);
+        Step::Send(bytes)
+    }
+
+    /// A prefill continuation's event while its start may still repeat the text sent.
+    fn check(&mut self, raw: Bytes, text: &str, finished: bool, shift: u64) -> Step {
+        if text.is_empty() && !finished {
+            // A role-only chunk: nothing to check yet, one assistant turn already began.
+            return Step::Skip;
+        }
+        self.held.push_str(text);
+        let (held, sent) = (self.held.as_bytes(), self.text.as_bytes());
+        let common = held.iter().zip(sent).take_while(|(a, b)| a == b).count();
+        let relay = if common == sent.len() {
+            // The whole text again (echoed, or the answer restarted and reached it): what
+            // follows it continues the text sent.
+            self.held.get(sent.len()..).unwrap_or_default().to_string()
+        } else if common == held.len() && !finished {
+            return Step::Skip; // still repeating the start of the text sent
+        } else if common >= RESTART_BYTES {
+            return Step::Diverged; // restarted, then departed from the text sent
+        } else {
+            std::mem::take(&mut self.held)
+        };
+        self.held.clear();
+        self.mode = Mode::Continue { shift, sent: 0, matched: 0 };
+        let bytes = self.rewrite(&raw, Some(&relay), shift, true);
+        self.keep(&relay, false);
         Step::Send(bytes)
     }
 
@@ -133,8 +192,16 @@ impl Splice {
 
     /// `raw` with the first chunk's identity, no repeated `role`, the text replaced when asked,
     /// and `usage` shifted by the `shift` prompt tokens that were the client's answer.
-    fn rewrite(&mut self, raw: &Bytes, text: Option<&str>, shift: u64) -> Bytes {
+    fn rewrite(&mut self, raw: &Bytes, text: Option<&str>, shift: u64, identity: bool) -> Bytes {
         let Some(mut v) = json_of(raw) else { return raw.clone() };
+        if !self.usage
+            && let Some(o) = v.as_object_mut()
+        {
+            o.remove("usage");
+        }
+        if !identity {
+            return Bytes::from(format!("data: {v}\n\n"));
+        }
         if self.identity.is_none() {
             self.identity = self
                 .first
@@ -170,6 +237,11 @@ impl Splice {
         }
         Bytes::from(format!("data: {v}\n\n"))
     }
+}
+
+/// Whether an event carries a `usage` object (cheap test first: most events do not).
+fn has_usage(raw: &Bytes) -> bool {
+    raw.windows(7).any(|w| w == b"\"usage\"") && json_of(raw).is_some_and(|v| v["usage"].is_object())
 }
 
 fn json_of(raw: &Bytes) -> Option<Value> {
@@ -259,6 +331,51 @@ mod tests {
         let step = s.data(Bytes::from(format!("data: {usage}\n\n")), "", false, false);
         assert_eq!(sent(&step)["usage"], json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}));
         assert_eq!(s.text(), "the fleet routes ");
+    }
+
+    #[test]
+    fn a_prefill_continuation_that_repeats_the_text_sent_is_stripped_or_ended() {
+        // Echoed or restarted deterministically: the repeated text is dropped.
+        let mut s = Splice::new(true);
+        feed(&mut s, "first", &["the ", "fleet "]);
+        s.resume(true);
+        let steps = feed(&mut s, "again", &["", "the ", "fleet rou", "tes "]);
+        assert_eq!(steps[..2], [Step::Skip, Step::Skip]);
+        assert_eq!(sent(&steps[2])["choices"][0]["delta"]["content"], "rou");
+        assert_eq!(sent(&steps[3])["choices"][0]["delta"]["content"], "tes ");
+        assert_eq!(s.text(), "the fleet routes ");
+        // A true continuation that happens to begin like the text: held, then relayed whole.
+        let mut s = Splice::new(true);
+        feed(&mut s, "first", &["the ", "fleet "]);
+        s.resume(true);
+        let steps = feed(&mut s, "next", &["the", "ir ships "]);
+        assert_eq!(steps[0], Step::Skip);
+        assert_eq!(sent(&steps[1])["choices"][0]["delta"]["content"], "their ships ");
+        assert_eq!(s.text(), "the fleet their ships ");
+        // Restarted with another answer: RESTART_BYTES repeated, then different.
+        let mut s = Splice::new(true);
+        feed(&mut s, "first", &["the fleet routes ", "requests "]);
+        s.resume(true);
+        let steps = feed(&mut s, "other", &["the fleet routes ", "answers "]);
+        assert_eq!(steps, [Step::Skip, Step::Diverged]);
+        let mut s = Splice::new(true);
+        feed(&mut s, "first", &["the fleet routes ", "requests "]);
+        s.resume(true);
+        let (raw, text, fin) = chunk("other", "the fleet routes ", Some("length"));
+        assert_eq!(s.data(raw, &text, false, fin), Step::Diverged, "ended inside the repeated start");
+    }
+
+    #[test]
+    fn usage_the_client_did_not_ask_for_is_taken_out() {
+        let mut s = Splice::new(true).client_usage(false);
+        let with = json!({"id": "a", "choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}});
+        let step = s.data(Bytes::from(format!("data: {with}\n\n")), "x", false, false);
+        assert!(sent(&step).get("usage").is_none(), "{step:?}");
+        let only = json!({"id": "a", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}});
+        assert_eq!(s.data(Bytes::from(format!("data: {only}\n\n")), "", false, false), Step::Skip);
+        let mut asked = Splice::new(true).client_usage(true);
+        let raw = Bytes::from(format!("data: {only}\n\n"));
+        assert_eq!(asked.data(raw.clone(), "", false, false), Step::Send(raw), "asked: untouched");
     }
 
     #[test]

@@ -98,7 +98,8 @@ fn parse_event(text: &str, collect: bool) -> Option<Event> {
 }
 
 /// The text of the one choice of a chunk, and whether the chunk carries anything else a splice
-/// cannot handle (a second choice, tool or function calls).
+/// cannot handle (a second choice, tool or function calls, reasoning: a continuation would
+/// begin the reasoning again or lose it, so a stream that reasoned is not continued).
 fn choice_text(v: &Value) -> (String, bool) {
     let Some(choices) = v["choices"].as_array() else { return (String::new(), false) };
     let mut odd = choices.len() > 1;
@@ -106,7 +107,10 @@ fn choice_text(v: &Value) -> (String, bool) {
     for c in choices {
         let delta = &c["delta"];
         odd |= c["index"].as_u64().is_some_and(|i| i > 0)
-            || ["tool_calls", "function_call"].iter().any(|k| delta.get(k).is_some_and(|x| !x.is_null()));
+            || ["tool_calls", "function_call"].iter().any(|k| delta.get(k).is_some_and(|x| !x.is_null()))
+            || ["reasoning_content", "reasoning"]
+                .iter()
+                .any(|k| delta.get(k).and_then(Value::as_str).is_some_and(|r| !r.is_empty()));
         text.push_str(delta["content"].as_str().or(c["text"].as_str()).unwrap_or_default());
     }
     (text, odd)
@@ -206,7 +210,7 @@ pub fn broken_event(end: StreamEnd) -> Option<Bytes> {
             "upstream_event_too_large",
         ),
         StreamEnd::diverged => (
-            "the answer broke mid-stream and the engine that took over did not begin with the text already sent (regeneration needs deterministic output, e.g. temperature 0 or a seed); the answer is incomplete",
+            "the answer broke mid-stream and the engine that took over did not continue the text already sent (it began a different answer; regeneration needs deterministic output, e.g. temperature 0 or a seed); the answer is incomplete",
             "continuation_diverged",
         ),
         _ => return None,
@@ -258,6 +262,8 @@ async fn forward(events: Vec<Event>, r: &Relay<'_>, splice: &mut Splice, p: &mut
             Event::Malformed => return Some(StreamEnd::malformed),
             Event::Oversized => return Some(StreamEnd::oversized),
             Event::Data { raw, finished, error, usage, content, text, odd } => {
+                // The engine's own count, whether or not the client sees it.
+                p.tokens.total = usage.or(p.tokens.total);
                 let bytes = match splice.data(raw, &text, odd, finished) {
                     Step::Send(b) => b,
                     Step::Skip => continue,
@@ -265,7 +271,6 @@ async fn forward(events: Vec<Event>, r: &Relay<'_>, splice: &mut Splice, p: &mut
                 };
                 p.finished |= finished;
                 p.tokens.chunks += u64::from(content);
-                p.tokens.total = usage.or(p.tokens.total);
                 (bytes, error.then_some(StreamEnd::upstream_error))
             }
         };
@@ -388,6 +393,13 @@ mod tests {
         assert!(matches!(&tool[0], Event::Data { odd: true, .. }));
         let second = p.push(b"data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"x\"}}]}\n\n");
         assert!(matches!(&second[0], Event::Data { odd: true, .. }));
+        for key in ["reasoning_content", "reasoning"] {
+            let chunk = format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"{key}\":\"hmm\"}}}}]}}\n\n");
+            assert!(matches!(&p.push(chunk.as_bytes())[0], Event::Data { odd: true, .. }), "{key}");
+        }
+        let empty =
+            p.push(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\",\"reasoning_content\":null}}]}\n\n");
+        assert!(matches!(&empty[0], Event::Data { odd: false, .. }), "no reasoning: continuable");
     }
 
     #[test]

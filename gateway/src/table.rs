@@ -122,7 +122,8 @@ pub struct RouteSpec {
 #[serde(rename_all = "lowercase")]
 pub enum Continuation {
     /// The engine continues the partial answer (vLLM's `continue_final_message` on chat, the
-    /// partial answer appended to the prompt on completions).
+    /// partial answer appended to the prompt on completions); a reproducible request
+    /// (`temperature` 0 or a `seed`) regenerates instead.
     Prefill,
     /// The engine answers from the start; only what follows the text already sent is relayed,
     /// and only when the new answer begins with exactly that text.

@@ -77,7 +77,7 @@ fn metric(m: &str, line: &str) -> bool {
 async fn a_cut_stream_is_finished_by_prefill_on_another_cluster() {
     let (a, b) = (engine("a").await, engine("b").await);
     a.state.set_stream_script("m", "cut:4".parse().unwrap());
-    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", "")], ""), |_| {}).await;
+    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], ""), |_| {}).await;
     let body = chat_stream("m", PROMPT, true);
     let r = post(&gw.url("/v1/chat/completions"), &body).await;
     assert_one_answer(&r);
@@ -101,7 +101,7 @@ async fn a_cut_stream_is_finished_by_prefill_on_another_cluster() {
 async fn a_cut_completion_is_finished_by_extending_the_prompt() {
     let (a, b) = (engine("a").await, engine("b").await);
     a.state.set_stream_script("m", "cut:3".parse().unwrap());
-    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", "")], ""), |_| {}).await;
+    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], ""), |_| {}).await;
     let body = json!({"model": "m", "prompt": "Once upon a time ", "stream": true, "max_tokens": 7});
     let r = post(&gw.url("/v1/completions"), &body).await;
     assert_one_answer(&r);
@@ -114,7 +114,7 @@ async fn a_cut_completion_is_finished_by_extending_the_prompt() {
 async fn a_stalled_stream_is_finished_elsewhere() {
     let (a, b) = (engine("a").await, engine("b").await);
     a.state.set_stream_script("m", "stall:5:60000".parse().unwrap());
-    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", "")], ""), |_| {}).await;
+    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], ""), |_| {}).await;
     let body = chat_stream("m", PROMPT, false);
     let r = post(&gw.url("/v1/chat/completions"), &body).await;
     assert_one_answer(&r);
@@ -126,7 +126,7 @@ async fn a_stalled_stream_is_finished_elsewhere() {
 #[tokio::test]
 async fn a_malformed_event_is_skipped_or_when_fatal_continued() {
     let (a, b) = (engine("a").await, engine("b").await);
-    let yaml = table(&[&a, &b], &[("a", A), ("b", "")], "");
+    let yaml = table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], "");
     let body = chat_stream("m", PROMPT, true);
     let canonical = canonical_text(&a.state.config, Kind::Chat, &body);
     let skipping = gateway(&yaml, |_| {}).await;
@@ -148,7 +148,7 @@ async fn a_malformed_event_is_skipped_or_when_fatal_continued() {
 async fn a_route_that_refuses_prefill_regenerates_and_is_remembered() {
     let (a, b) = (engine("a").await, engine("b").await);
     b.state.set_refuse_prefill("m", true);
-    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", "")], ""), |_| {}).await;
+    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], ""), |_| {}).await;
     let body = chat_stream("m", PROMPT, true);
     let canonical = canonical_text(&a.state.config, Kind::Chat, &body);
     for round in 1..=2u64 {
@@ -183,6 +183,54 @@ async fn a_nondeterministic_regeneration_ends_with_an_error_event_not_a_wrong_an
     assert_eq!((c.requests, c.continuations, c.prefill_refused), (1, 0, 0), "a regeneration, not a prefill");
     let m = get(&gw.url("/metrics")).await.text;
     assert!(metric(&m, "flotilla_gateway_continuations_abandoned_total{reason=\"diverged\"} 1"), "{m}");
+    // A route that declares nothing regenerates too: a prefill would have been relayed unchecked.
+    let undeclared = gateway(&table(&[&a, &b], &[("a", A), ("b", "")], ""), |_| {}).await;
+    a.state.set_stream_script("m", "cut:4".parse().unwrap());
+    let r = post(&undeclared.url("/v1/chat/completions"), &body).await;
+    assert_eq!(error_code(&r), "continuation_diverged", "{}", r.text);
+    assert!(canonical.starts_with(&text(&r)));
+    let c = b.state.model_counters("m");
+    assert_eq!((c.requests, c.continuations, c.diverged), (2, 0, 0), "no prefill was asked");
+}
+
+#[tokio::test]
+async fn an_engine_that_silently_ignores_prefill_never_repeats_the_text_sent() {
+    // b takes `continue_final_message` with a 200 and answers from the start; the gateway drops
+    // the repeated start, so the client has the answer once.
+    let (a, b) = (engine("a").await, engine("b").await);
+    b.state.set_ignore_prefill("m", true);
+    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], ""), |_| {}).await;
+    a.state.set_stream_script("m", "cut:4".parse().unwrap());
+    let body = chat_stream("m", PROMPT, true);
+    let r = post(&gw.url("/v1/chat/completions"), &body).await;
+    assert_one_answer(&r);
+    assert_eq!(text(&r), canonical_text(&a.state.config, Kind::Chat, &body), "no text twice");
+    let c = b.state.model_counters("m");
+    assert_eq!((c.requests, c.prefill_ignored, c.continuations), (1, 1, 0));
+}
+
+#[tokio::test]
+async fn a_reproducible_request_regenerates_on_a_prefill_route_with_the_engines_usage() {
+    let (a, b) = (engine("a").await, engine("b").await);
+    let gw = gateway(&table(&[&a, &b], &[("a", A), ("b", ", continuation: prefill")], ""), |_| {}).await;
+    for usage in [true, false] {
+        a.state.set_stream_script("m", "cut:4".parse().unwrap());
+        let mut body = chat_stream("m", PROMPT, usage);
+        body["seed"] = 3.into();
+        let r = post(&gw.url("/v1/chat/completions"), &body).await;
+        assert_one_answer(&r);
+        assert_eq!(text(&r), canonical_text(&a.state.config, Kind::Chat, &body), "the uninterrupted answer");
+        let reported: Vec<Value> =
+            chunks(&r).into_iter().filter(|c| c["usage"].is_object()).map(|c| c["usage"].clone()).collect();
+        if usage {
+            // b's own count of the whole answer: the original prompt, every token once.
+            assert_eq!(reported, [json!({"prompt_tokens": 4, "completion_tokens": 10, "total_tokens": 14})]);
+        } else {
+            assert!(reported.is_empty(), "usage the gateway asked for is not passed on: {}", r.text);
+        }
+    }
+    let c = b.state.model_counters("m");
+    assert_eq!((c.requests, c.continuations), (2, 0), "regenerated, never a prefill");
 }
 
 #[tokio::test]
@@ -191,7 +239,8 @@ async fn an_eu_model_whose_eu_clusters_all_break_never_continues_in_the_us() {
     for s in [&eu1, &eu2] {
         s.state.set_stream_script("m", "cut:2".parse().unwrap());
     }
-    let routes = [("eu1", ""), ("eu2", ""), ("us1", "")];
+    let p = ", continuation: prefill";
+    let routes = [("eu1", p), ("eu2", p), ("us1", p)];
     let yaml = table(&[&eu1, &eu2, &us], &routes, ", sovereignty: {allowedJurisdictions: [EU]}");
     let gw = gateway(&yaml, |_| {}).await;
     let r = post(&gw.url("/v1/chat/completions"), &chat_stream("m", PROMPT, false)).await;
@@ -252,7 +301,7 @@ async fn an_eu_key_keeps_the_continuation_in_the_eu() {
     let digest = flotilla_gateway::keys::hex(&flotilla_gateway::keys::sha256(b"sk-eu"));
     write_atomic(&keys, &format!("keys:\n  - {{id: eu, sha256: {digest}, jurisdictions: [EU]}}\n"));
     let k = keys.clone();
-    let yaml = table(&[&eu, &us], &[("eu1", A), ("us1", "")], "");
+    let yaml = table(&[&eu, &us], &[("eu1", A), ("us1", ", continuation: prefill")], "");
     let gw = gateway(&yaml, move |c| {
         c.keys_file = Some(k);
         c.api_keys = vec!["sk-any".into()];
@@ -276,7 +325,7 @@ async fn the_model_continues_on_its_other_clusters_before_its_fallbacks() {
     let both = |name: &'static str| sim(name, &["m", "m2"], |c| c.default_tokens = 10);
     let (a, b, c) = (both("a").await, both("b").await, both("c").await);
     let yaml = format!(
-        "{}models:\n  - {{name: m, fallbacks: [m2], routes: [{{cluster: a{A}}}, {{cluster: c}}]}}\n  - {{name: m2, routes: [{{cluster: b}}]}}\n",
+        "{}models:\n  - {{name: m, fallbacks: [m2], routes: [{{cluster: a{A}}}, {{cluster: c, continuation: prefill}}]}}\n  - {{name: m2, routes: [{{cluster: b, continuation: prefill}}]}}\n",
         clusters_yaml(&[("a", a.url(), "EU"), ("b", b.url(), "EU"), ("c", c.url(), "EU")])
     );
     let gw = gateway(&yaml, |_| {}).await;

@@ -109,11 +109,12 @@ def client(gateway_url):
 # and engine `b`; every model has its own pair of clusters, named `<model>-a` / `<model>-b` so
 # that the idle `-a` cluster is chosen first (least load, then name) and the `-b` one continues.
 CONTINUATION_MODELS = {
-    # model: (flags for engine a, flags for engine b, extra fields for the b route)
-    "cut": (["--stream-fault", "cut=cut:3*"], [], ""),
-    "stall": (["--stream-fault", "stall=stall:3:60000*"], [], ""),
+    # model: (flags for engine a, flags for engine b, extra fields for the b route; routes that
+    # declare nothing regenerate)
+    "cut": (["--stream-fault", "cut=cut:3*"], [], ", continuation: prefill"),
+    "stall": (["--stream-fault", "stall=stall:3:60000*"], [], ", continuation: prefill"),
     "malformed": (["--stream-fault", "malformed=malformed:3*"], [], ""),
-    "refuse": (["--stream-fault", "refuse=cut:3*"], ["--refuse-prefill", "refuse"], ""),
+    "refuse": (["--stream-fault", "refuse=cut:3*"], ["--refuse-prefill", "refuse"], ", continuation: prefill"),
     "nondet": (["--stream-fault", "nondet=cut:3*"], ["--nondeterministic", "nondet"], ", continuation: regenerate"),
     "euonly": (["--stream-fault", "euonly=cut:2*"], ["--stream-fault", "euonly=cut:2*"], ""),
 }

@@ -120,31 +120,40 @@ def test_errors_come_back_in_the_openai_shape(fleet):
     assert ok.usage.completion_tokens == 4
 
 
+# Sampled as far as the gateway can tell (temperature above 0, no seed), greedy for llama-server
+# (top_k 1): the gateway continues such a request by prefill on a prefill route.
+SAMPLED_GREEDY = {"temperature": 0.5, "extra_body": {"top_k": 1}}
+
+
 def _continued(f, name, partial, max_tokens):
     """The text engine `name` streams after `partial` when asked to continue it (a prefill)."""
     chunks = list(f.client(f.url(name)).chat.completions.create(
         model="tiny", messages=MESSAGES + [{"role": "assistant", "content": partial}], stream=True,
-        max_tokens=max_tokens, extra_body={"continue_final_message": True, "add_generation_prompt": False}, **GREEDY,
+        max_tokens=max_tokens, temperature=0.5,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False, "top_k": 1},
     ))
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-@pytest.mark.parametrize("continuation", ["regenerate", "prefill"])
-def test_killing_the_engine_mid_stream_gives_one_coherent_answer_or_a_clean_error(continuation):
-    """`regenerate`: the survivor answers again and only what follows the text sent is relayed,
-    so a completed answer is exactly the uninterrupted one. `prefill`: the survivor continues
-    the text sent, so a completed answer is a prefix of the uninterrupted one (up to where the
-    stream broke, at a chunk boundary) followed by exactly what the survivor gives when asked
-    to continue that prefix; text repeated or lost at the seam fails both."""
+@pytest.mark.parametrize("continuation,sampled", [("regenerate", False), ("prefill", False), ("prefill", True)])
+def test_killing_the_engine_mid_stream_gives_one_coherent_answer_or_a_clean_error(continuation, sampled):
+    """A reproducible request (temperature 0 and a seed) is regenerated on either kind of route:
+    the survivor answers again and only what follows the text sent is relayed, so a completed
+    answer is exactly the uninterrupted one, with its usage. A sampled request on a `prefill`
+    route: the survivor continues the text sent, so a completed answer is a prefix of the
+    uninterrupted one (up to where the stream broke, at a chunk boundary) followed by exactly
+    what the survivor gives when asked to continue that prefix; text repeated or lost at the
+    seam fails both."""
     f = Fleet(continuation=continuation)
     try:
         max_tokens = 1500
-        want = _direct(f, "llama-b", max_tokens=max_tokens).choices[0].message.content
+        direct = _direct(f, "llama-b", max_tokens=max_tokens)
+        want = direct.choices[0].message.content
         assert want == _direct(f, "llama-a", max_tokens=max_tokens).choices[0].message.content
 
         raw = f.client().chat.completions.with_raw_response.create(
             model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True},
-            max_tokens=max_tokens, **GREEDY,
+            max_tokens=max_tokens, **(SAMPLED_GREEDY if sampled else GREEDY),
         )
         serving = raw.headers["x-flotilla-cluster"]
         survivor = next(n for n in f.engines if n != serving)
@@ -179,8 +188,11 @@ def test_killing_the_engine_mid_stream_gives_one_coherent_answer_or_a_clean_erro
         assert len({c.id for c in chunks}) == 1, "one answer, one id"
         usage = chunks[-1].usage
         assert usage is not None and usage.completion_tokens == max_tokens
-        if continuation == "regenerate":
+        if not sampled:
             assert text == want, "a regenerated answer is exactly the uninterrupted one"
+            assert (usage.prompt_tokens, usage.completion_tokens) == (
+                direct.usage.prompt_tokens, direct.usage.completion_tokens
+            ), "the engine's own count of the uninterrupted answer: the client's prompt, every token once"
         else:
             # The seam is at a chunk boundary at or after what the client had at the kill.
             seams = [i for i in range(len(pieces), 0, -1)
