@@ -26,6 +26,10 @@ pub mod annotations {
     /// that cannot be reached and leave whatever Flotilla runs there (a later sweep removes it
     /// once the member answers again, if its InferenceCluster still exists).
     pub const ORPHAN_ON_UNREACHABLE: &str = "flotilla.dev/orphan-on-unreachable";
+    /// On an InferenceCluster, a number: the periodic sweep of its member may delete up to that
+    /// many objects in one pass, past the share bound that otherwise holds it
+    /// (`SweepHeld`). Remove it once the sweep has run.
+    pub const APPROVE_SWEEP: &str = "flotilla.dev/approve-sweep";
 }
 
 /// Namespaces no tenant object (ModelDeployment, ModelCache) may use, on the control cluster or
@@ -54,6 +58,14 @@ pub mod labels {
     pub const SCALE_DOWN: &str = "flotilla.dev/scale-down";
     /// Standard Kubernetes label marking who manages an object.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// The installation (control plane) that wrote a member object: the controller's
+    /// `--install-id`, by default the UID of the control cluster's `kube-system` Namespace.
+    /// Every selector, prune, sweep and cleanup matches it, so two control planes sharing a
+    /// member never touch each other's objects.
+    pub const INSTALL: &str = "flotilla.dev/install";
+    /// The InferenceCluster through which a member object was written: its deletion with
+    /// `deletionPolicy: Cleanup` removes only the objects carrying its name.
+    pub const CLUSTER: &str = "flotilla.dev/cluster";
 }
 
 /// Condition types. Every kind has one aggregate `Ready`.
@@ -100,6 +112,9 @@ pub mod reason {
     pub const AS_EXPECTED: &str = "AsExpected";
     /// Deletion waits: a member that holds the object's workloads cannot be reached.
     pub const CLEANUP_BLOCKED: &str = "CleanupBlocked";
+    /// Deletion waits while Flotilla's objects are removed from the member; the message counts
+    /// what is left.
+    pub const CLEANING_UP: &str = "CleaningUp";
     /// The controller has not observed enough yet to say.
     pub const PENDING: &str = "Pending";
 
@@ -163,6 +178,9 @@ pub mod reason {
     pub const APPLY_FAILED: &str = "ApplyFailed";
     /// The referenced ModelCache is not Ready in the cluster.
     pub const CACHE_NOT_READY: &str = "CacheNotReady";
+    /// A member object the deployment renders exists and is not this installation's object of
+    /// this deployment: it is left alone and the message names it.
+    pub const NAME_CONFLICT: &str = "NameConflict";
 
     // ModelCache.
     /// Staging waits to start in a cluster.
@@ -245,4 +263,7 @@ pub mod event {
     /// A member's scheduler refused replicas of a deployment past the grace; they are placed
     /// elsewhere.
     pub const REPLICAS_UNSCHEDULABLE: &str = "ReplicasUnschedulable";
+    /// A sweep of a member would have deleted more than its bounded share of this
+    /// installation's objects there; it deleted nothing and waits for an operator.
+    pub const SWEEP_HELD: &str = "SweepHeld";
 }

@@ -1,14 +1,19 @@
 //! Deleting an InferenceCluster. Its finalizer (`flotilla.dev/cluster-cleanup`) applies
 //! `spec.deletionPolicy`: `Orphan` leaves Flotilla's workloads running in the member; `Cleanup`
-//! (the default) deletes every object carrying Flotilla's labels there first (`crate::sweep`
-//! with no owner left). Decide ([`plan`], [`after_cleanup`], pure): a member Flotilla never
-//! reached (no heartbeat ever) holds nothing of its; an unreachable member holds the
-//! InferenceCluster — `Ready=False` `CleanupBlocked` — until it answers, the user lets go
+//! (the default) deletes, first, every object this installation wrote to the member through
+//! this InferenceCluster (`crate::sweep` with no owner left, limited to the labels
+//! `flotilla.dev/install` and `flotilla.dev/cluster`): a second InferenceCluster pointing at
+//! the same member, or another installation, keeps its own. Passes repeat until the member
+//! holds none of them (objects being deleted included), not one pass of at most
+//! `sweep::MAX_DELETES`. Decide ([`plan`], [`after_cleanup`], pure): a member Flotilla never
+//! reached (no heartbeat ever) holds nothing of its; while objects are left the
+//! InferenceCluster keeps its finalizer — `Ready=False` `CleaningUp` counting them; an
+//! unreachable member holds it — `CleanupBlocked` — until it answers, the user lets go
 //! (`deletionPolicy: Orphan` or the annotation `flotilla.dev/orphan-on-unreachable=true`), or
-//! [`CLEANUP_TIMEOUT`] has passed since deletion began; then the workloads are orphaned.
+//! [`CLEANUP_TIMEOUT`] has passed since deletion began; then the rest is orphaned.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flotilla_apis::InferenceCluster;
 use flotilla_apis::cluster::DeletionPolicy;
@@ -21,10 +26,12 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
 use crate::deployment::cleanup::orphan_annotated;
-use crate::sweep::{self, Owners};
+use crate::member::Handle;
+use crate::sweep::{self, Owners, Scope};
 use crate::{Context, Error};
 
-/// How long a `Cleanup` deletion waits for an unreachable member before orphaning.
+/// How long a `Cleanup` deletion waits (for an unreachable member, or for the member's
+/// objects to go) before orphaning what is left.
 pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What deletion does first.
@@ -57,10 +64,25 @@ pub enum After {
     Wait(Desired),
 }
 
-/// From the attempt's result and how long the deletion has been going on.
+/// From the attempt's result (how many of the cluster's objects the member still holds, or
+/// why it could not be cleaned) and how long the deletion has been going on.
 pub fn after_cleanup(result: Result<usize, String>, waited: Duration) -> After {
     match result {
-        Ok(_) => After::Release,
+        Ok(0) => After::Release,
+        Ok(left) if waited >= CLEANUP_TIMEOUT => {
+            After::Orphan(format!("{left} object(s) still in the member after {} min", CLEANUP_TIMEOUT.as_secs() / 60))
+        }
+        Ok(left) => After::Wait(Desired::new(
+            condition::READY,
+            Status::False,
+            reason::CLEANING_UP,
+            format!(
+                "deletion (deletionPolicy Cleanup) removes the objects Flotilla wrote to the member through this \
+                 cluster: {left} left; the finalizer stays until none is, or until {} min have passed (then the rest \
+                 is orphaned)",
+                CLEANUP_TIMEOUT.as_secs() / 60
+            ),
+        )),
         Err(e) if waited >= CLEANUP_TIMEOUT => After::Orphan(e),
         Err(e) => After::Wait(Desired::new(
             condition::READY,
@@ -77,6 +99,31 @@ pub fn after_cleanup(result: Result<usize, String>, waited: Duration) -> After {
     }
 }
 
+/// Passes over the member until it holds none of the cluster's objects, or `budget` has
+/// passed: how many are left.
+async fn clean(
+    member: &Handle,
+    scope: &Scope<'_>,
+    t: crate::member::Timeouts,
+    budget: Duration,
+) -> Result<usize, String> {
+    let until = Instant::now() + budget;
+    loop {
+        let s = sweep::member(member, scope, t).await?;
+        tracing::info!(found = s.found, deleted = s.deleted, "InferenceCluster cleanup pass");
+        if s.found == 0 {
+            return Ok(0);
+        }
+        if Instant::now() >= until {
+            return Ok(s.found - s.deleted);
+        }
+        if s.deleted == 0 {
+            // All that is left is being deleted: look again shortly.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
 /// The finalizer's cleanup.
 pub async fn cleanup(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = ic.name_any();
@@ -87,11 +134,21 @@ pub async fn cleanup(ic: Arc<InferenceCluster>, ctx: Arc<Context>) -> Result<Act
     }
     let result = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
         Ok(member) => {
-            let owners = Owners::from_stores(&ctx.tenants.0, &ctx.tenants.1);
-            // No owner: every labelled object goes; look in the tenants' namespaces where the
-            // member does not allow a cluster-wide list.
+            let namespaces = Owners::from_stores(&ctx.tenants.0, &ctx.tenants.1).namespaces();
+            // No owner: every object of this installation written through this cluster goes;
+            // look in the tenants' namespaces where the member does not allow a cluster-wide list.
             let t = ctx.config.timeouts;
-            sweep::member(&member, &Owners::default(), &owners.namespaces(), Duration::ZERO, t, true).await
+            let scope = Scope {
+                owners: &Owners::default(),
+                namespaces: &namespaces,
+                install: &ctx.config.install_id,
+                grace: Duration::ZERO,
+                cluster: Some(&name),
+                max_share: None,
+                approved: None,
+                list_all: true,
+            };
+            clean(&member, &scope, t, t.observe * 4).await
         }
         Err(e) => Err(e.to_string()),
     };
@@ -142,7 +199,7 @@ mod tests {
 
     #[test]
     fn an_unreachable_member_holds_deletion_only_up_to_the_timeout() {
-        assert_eq!(after_cleanup(Ok(3), Duration::ZERO), After::Release);
+        assert_eq!(after_cleanup(Ok(0), Duration::ZERO), After::Release);
         let early = after_cleanup(Err("connection failed".into()), Duration::from_secs(30));
         let After::Wait(c) = early else { panic!("{early:?}") };
         assert_eq!((c.type_, c.status, c.reason), (condition::READY, Status::False, reason::CLEANUP_BLOCKED));
@@ -152,5 +209,15 @@ mod tests {
             c.message
         );
         assert_eq!(after_cleanup(Err("x".into()), CLEANUP_TIMEOUT), After::Orphan("x".into()));
+    }
+
+    #[test]
+    fn the_finalizer_stays_while_objects_are_left_up_to_the_timeout() {
+        let w = after_cleanup(Ok(250), Duration::from_secs(30));
+        let After::Wait(c) = w else { panic!("{w:?}") };
+        assert_eq!((c.status, c.reason), (Status::False, reason::CLEANING_UP));
+        assert!(c.message.contains("250 left"), "{}", c.message);
+        let After::Orphan(why) = after_cleanup(Ok(7), CLEANUP_TIMEOUT) else { panic!() };
+        assert!(why.contains("7 object(s)"), "{why}");
     }
 }

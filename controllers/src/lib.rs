@@ -117,6 +117,15 @@ pub struct ControllerConfig {
     pub tenancy: tenancy::Tenancy,
     /// How often every member is swept for objects no ModelDeployment or ModelCache owns.
     pub sweep_every: Duration,
+    /// A sweep pass that would delete more than this percentage of a member's objects of this
+    /// installation (and more than [`sweep::ALWAYS`]) deletes nothing and waits for an
+    /// operator (`--sweep-max-share`).
+    pub sweep_max_share: u32,
+    /// Objects younger than this are never swept (`--sweep-grace-seconds`).
+    pub sweep_grace: Duration,
+    /// This installation's identity, the value of `flotilla.dev/install` on everything it writes
+    /// to members (`--install-id`; by default the control cluster's `kube-system` UID).
+    pub install_id: String,
     /// Namespace of member kubeconfig Secrets whose `secretRef` names none.
     pub secret_namespace: String,
     /// The provider file ClusterProfiles are resolved against (`--cluster-profile-providers`).
@@ -141,6 +150,28 @@ impl std::fmt::Debug for Capacity {
     }
 }
 
+/// The install id of a configuration built with `Default` (tests); the controller binary always
+/// sets its own.
+pub const DEFAULT_INSTALL_ID: &str = "local";
+
+/// Checks an install id: a label value (at most 63 letters, digits, `-`, `_`, `.`, beginning
+/// and ending with a letter or digit).
+pub fn check_install_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= render::MAX_LABEL
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && id.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{id:?} is not a label value: use 1 to 63 letters, digits, '-', '_' or '.', beginning and ending with a \
+             letter or digit"
+        ))
+    }
+}
+
 /// The staging image used when none is configured.
 pub const DEFAULT_STAGE_IMAGE: &str = "ghcr.io/flotilla-dev/flotilla-stage:0.1.0";
 
@@ -159,6 +190,9 @@ impl Default for ControllerConfig {
             stage_instance_metadata: false,
             tenancy: tenancy::Tenancy::new([member::DEFAULT_SECRET_NAMESPACE.to_string()], []),
             sweep_every: Duration::from_secs(300),
+            sweep_max_share: 50,
+            sweep_grace: sweep::GRACE,
+            install_id: DEFAULT_INSTALL_ID.into(),
             secret_namespace: member::DEFAULT_SECRET_NAMESPACE.into(),
             cluster_profile_providers: None,
         }
@@ -319,6 +353,14 @@ pub async fn run_controllers(
             caches: caches.clone(),
             members: members.clone(),
             timeouts: config.timeouts,
+            install: config.install_id.clone(),
+            max_share: config.sweep_max_share,
+            grace: config.sweep_grace,
+            metrics: metrics.clone(),
+            recorder: kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter { controller: "flotilla-controller".into(), instance: None },
+            ),
         },
         config.sweep_every,
         stop(rx.clone()),
@@ -643,6 +685,17 @@ mod tests {
         let hard = Error::Finalizer("x".into());
         assert_eq!(retry_after(&failures, "ModelDeployment", "ml/a", &hard, Duration::MAX), Duration::from_secs(1));
         assert_eq!(retry_after(&failures, "ModelDeployment", "ml/a", &hard, Duration::MAX), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn install_ids_are_label_values() {
+        for ok in ["local", "prod-eu", "0f6b6a4e-8a1c-4a7e-9b7e-2f3c1d2e4a5b", "a.b_c"] {
+            assert_eq!(check_install_id(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "-x", "x-", "has space", "a/b", &"x".repeat(64)] {
+            let e = check_install_id(bad).unwrap_err();
+            assert!(e.contains("not a label value"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -77,6 +77,22 @@ struct StepLabels {
     step: StepUse,
 }
 
+/// What a member sweep pass did (`sweep.rs`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum SweepOutcome {
+    /// Deleted what it found orphaned (possibly nothing).
+    Swept,
+    /// Would have deleted more than the bounded share: deleted nothing, waits for an operator.
+    Held,
+    /// Past the share bound, approved by the InferenceCluster's annotation.
+    Approved,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SweepLabels {
+    outcome: SweepOutcome,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WakeLabels {
     reason: Wake,
@@ -107,6 +123,7 @@ pub struct Metrics {
     solve_steps: Family<StepLabels, Counter>,
     solve_attempts: Family<StepLabels, Counter>,
     leader: Gauge,
+    sweeps: Family<SweepLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -152,6 +169,12 @@ impl Default for Metrics {
             solve_attempts.clone(),
         );
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        let sweeps = Family::<SweepLabels, Counter>::default();
+        registry.register(
+            "member_sweeps",
+            "Sweep passes over members by outcome (held: past the share bound, waiting for an operator)",
+            sweeps.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -164,11 +187,22 @@ impl Default for Metrics {
             solve_steps,
             solve_attempts,
             leader,
+            sweeps,
         }
     }
 }
 
 impl Metrics {
+    /// Counts one member sweep pass.
+    pub fn swept(&self, outcome: SweepOutcome) {
+        self.sweeps.get_or_create(&SweepLabels { outcome }).inc();
+    }
+
+    /// Member sweep passes with `outcome` so far.
+    pub fn sweeps(&self, outcome: SweepOutcome) -> u64 {
+        self.sweeps.get_or_create(&SweepLabels { outcome }).get()
+    }
+
     /// Counts one reconcile.
     pub fn reconciled(&self, kind: Kind, outcome: Outcome, took: Duration) {
         self.reconciles.get_or_create(&ReconcileLabels { kind, outcome }).inc();

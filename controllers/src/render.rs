@@ -6,7 +6,10 @@
 //! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). Pods prefer the nodes that already run
 //! the pool's Flotilla pods, so the member's scheduler packs them as the solver counted them
 //! (`packing_affinity`). Every object carries the labels that tie it to the deployment, so cleanup can find
-//! exactly what Flotilla made and nothing else. Pure: objects as JSON, applied by the caller.
+//! exactly what Flotilla made and nothing else (the writer adds the installation's and the
+//! InferenceCluster's labels: `deployment/members.rs`). Names and label values stay within 63
+//! characters: today's when they fit, else shortened with a hash ([`workload_name`],
+//! [`label_value`]). Pure: objects as JSON, applied by the caller.
 
 use std::collections::BTreeMap;
 
@@ -37,9 +40,56 @@ pub struct PoolWorkload<'a> {
     pub replicas: i32,
 }
 
-/// `<namespace>.<name>`: the deployment label value.
+/// `<namespace>.<name>`: the deployment label value (bounded: [`label_value`]).
 pub fn deployment_key(md: &ModelDeployment) -> String {
-    format!("{}.{}", md.metadata.namespace.as_deref().unwrap_or("default"), md.metadata.name.as_deref().unwrap_or(""))
+    label_value(&format!(
+        "{}.{}",
+        md.metadata.namespace.as_deref().unwrap_or("default"),
+        md.metadata.name.as_deref().unwrap_or("")
+    ))
+}
+
+/// FNV-1a over `parts`, each followed by a `/` (a character no part may hold): stable across
+/// versions and platforms, unlike `DefaultHasher`; `("a-b", "c")` and `("a", "b-c")` differ.
+fn fnv(parts: &[&str]) -> u32 {
+    let h = parts
+        .iter()
+        .flat_map(|p| p.bytes().chain(std::iter::once(b'/')))
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    h as u32
+}
+
+/// The longest label value and DNS label Kubernetes accepts.
+pub const MAX_LABEL: usize = 63;
+
+/// `text` if it has at most `max` characters, else its first characters (ending in a letter or
+/// digit) and `-` and a hash of `hashed`: the same input always gives the same output.
+fn shorten(text: &str, max: usize, hashed: &[&str]) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(max - 9).collect();
+    let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{head}-{:08x}", fnv(hashed))
+}
+
+/// A label value: `value` as it is when it has at most 63 characters (every value Flotilla
+/// wrote before stays as it was), else shortened with a hash of the whole value.
+pub fn label_value(value: &str) -> String {
+    shorten(value, MAX_LABEL, &[value])
+}
+
+/// The name of a deployment's workload in one pool (and role): `<name>-<pool>[-<role>]` as it
+/// always was when that has at most 63 characters, else shortened with a hash of the
+/// (name, pool, role) tuple. Names that collide across deployments (`qwen` + `h100-spot` and
+/// `qwen-h100` + `spot`) are not renamed here: the second deployment finds the first's
+/// objects carry another owner and leaves them alone (`deployment/members.rs`).
+pub fn workload_name(name: &str, pool: &str, role: Option<&str>) -> String {
+    let full = match role {
+        Some(r) => format!("{name}-{pool}-{r}"),
+        None => format!("{name}-{pool}"),
+    };
+    shorten(&full, MAX_LABEL, &[name, pool, role.unwrap_or("")])
 }
 
 /// The label selector that finds every member object of a deployment.
@@ -52,7 +102,7 @@ fn object_labels(md: &ModelDeployment, extra: &[(&str, &str)]) -> BTreeMap<Strin
     l.insert(labels::MANAGED_BY.to_string(), MANAGED_BY.to_string());
     l.insert(labels::DEPLOYMENT.to_string(), deployment_key(md));
     l.insert(labels::GENERATION.to_string(), md.metadata.generation.unwrap_or(0).to_string());
-    l.insert("app.kubernetes.io/name".to_string(), md.metadata.name.clone().unwrap_or_default());
+    l.insert("app.kubernetes.io/name".to_string(), label_value(md.metadata.name.as_deref().unwrap_or_default()));
     for (k, v) in extra {
         l.insert((*k).to_string(), (*v).to_string());
     }
@@ -131,10 +181,7 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
             _ => vec![(None, spec.topology.devices_per_replica, w.replicas)],
         };
         for (role, devices, replicas) in units {
-            let base = match role {
-                Some(r) => format!("{name}-{}-{r}", w.pool),
-                None => format!("{name}-{}", w.pool),
-            };
+            let base = workload_name(&name, w.pool, role);
             let claim_name = format!("{base}-gpus");
             if dra {
                 let mut selectors = class_selectors(w.class);
@@ -171,7 +218,7 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
             let mut pod_spec = json!({
                 "nodeSelector": {labels::POOL: w.pool},
                 "tolerations": [{"key": labels::CLAIM, "operator": "Equal",
-                                 "value": format!("{}.{}", kube::ResourceExt::namespace(md).unwrap_or_default(), kube::ResourceExt::name_any(md)),
+                                 "value": label_value(&format!("{}.{}", kube::ResourceExt::namespace(md).unwrap_or_default(), kube::ResourceExt::name_any(md))),
                                  "effect": "NoSchedule"}],
                 "containers": []
             });
@@ -232,7 +279,7 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
         // One budget over the pool's pods, every role's: a replica spans them all.
         out.push(crate::render_budget::pdb(
             md,
-            &format!("{name}-{}", w.pool),
+            &workload_name(&name, w.pool, None),
             &ns,
             &object_labels(md, &[(labels::POOL, w.pool)]),
             &pod_labels(md, w.pool, None),
@@ -277,7 +324,7 @@ pub fn service_name(name: &str) -> String {
     if !out.starts_with(|c: char| c.is_ascii_lowercase()) {
         out.insert_str(0, "m-");
     }
-    if out == name && out.len() <= 63 && !out.ends_with('-') {
+    if out == name && out.len() <= MAX_LABEL && !out.ends_with('-') {
         return out;
     }
     // FNV-1a: stable across versions and platforms, unlike `DefaultHasher`.

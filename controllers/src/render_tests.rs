@@ -220,3 +220,49 @@ fn service_names_are_rfc1035_labels() {
         assert!(n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{n}");
     }
 }
+
+#[test]
+fn workload_names_keep_todays_form_and_are_bounded_when_long() {
+    assert_eq!(workload_name("qwen", "h100-spot", None), "qwen-h100-spot", "a name that fits is kept");
+    assert_eq!(workload_name("qwen", "h100", Some("decode")), "qwen-h100-decode");
+    let n = "m".repeat(60);
+    let a = workload_name(&n, "h100", None);
+    let b = workload_name(&n, "h100", Some("decode"));
+    let c = workload_name(&n, "h200", None);
+    for x in [&a, &b, &c] {
+        assert!(x.len() <= MAX_LABEL && x.starts_with("mmmm"), "{x}");
+        assert!(x.ends_with(|ch: char| ch.is_ascii_alphanumeric()), "{x}");
+    }
+    assert!(a != b && a != c && b != c, "pool and role are in the hash: {a} {b} {c}");
+    assert_eq!(a, workload_name(&n, "h100", None), "stable");
+    // The hash takes the tuple, not the joined string.
+    let long = "q".repeat(60);
+    assert_ne!(workload_name(&long, "h100-spot", None), workload_name(&format!("{long}-h100"), "spot", None));
+}
+
+#[test]
+fn label_values_are_bounded_and_unchanged_when_they_fit() {
+    assert_eq!(label_value("ml.llama"), "ml.llama");
+    let long = format!("ml.{}", "x".repeat(64));
+    let v = label_value(&long);
+    assert!(v.len() <= MAX_LABEL && v.starts_with("ml.xxx"), "{v}");
+    assert_ne!(v, label_value(&format!("ml.{}", "x".repeat(65))));
+    let (fleet, classes) = fleet();
+    let mut md = fleet[0].clone();
+    md.metadata.name = Some("a".repeat(64));
+    let alternative = md.spec.devices.alternatives[1].clone();
+    let w = PoolWorkload { pool: "h100", class: &classes["h100-sxm-80g"], alternative: &alternative, replicas: 1 };
+    let objects = render(&md, &[w], true);
+    let tolerations = &objects[1]["spec"]["template"]["spec"]["tolerations"][0]["value"];
+    assert!(tolerations.as_str().unwrap().len() <= MAX_LABEL, "{tolerations}");
+    for o in &objects {
+        let name = o["metadata"]["name"].as_str().unwrap();
+        // A claim template is `<workload>-gpus`: a DNS subdomain (253), kept so that no pod
+        // template changes for names that already fit.
+        let max = if o["kind"] == "ResourceClaimTemplate" { MAX_LABEL + 5 } else { MAX_LABEL };
+        assert!(name.len() <= max, "{name}");
+        for (k, v) in o["metadata"]["labels"].as_object().unwrap() {
+            assert!(v.as_str().unwrap().len() <= MAX_LABEL, "{k}={v}");
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! Removing what Flotilla left in a member. Observe: the member's objects carrying Flotilla's
 //! labels (`app.kubernetes.io/managed-by=flotilla` plus `flotilla.dev/deployment` or
-//! `flotilla.dev/cache`). Deployments, Services, PodDisruptionBudgets, LeaderWorkerSets and
+//! `flotilla.dev/cache`) and this installation's `flotilla.dev/install` — another control
+//! plane's objects, and objects of a release before install labels (until their deployment's
+//! next apply labels them), are never touched. Deployments, Services, PodDisruptionBudgets, LeaderWorkerSets and
 //! ResourceClaimTemplates come from the member's caches (`member/objects.rs`: every namespace the controller applied
 //! to since it started); the first pass that reaches a member also lists them once —
 //! across the cluster where the member lets the controller, else in the namespaces of the
@@ -9,32 +11,42 @@
 //! some may be ([`kinds_to_list`]: the last listing there found some, or the ModelCache
 //! reconciler has been there since), so a fleet without caches sends its members no LIST.
 //! Decide ([`orphans`], pure): those whose owner (`<namespace>.<name>`) no ModelDeployment or
-//! ModelCache is any more, older than a grace period, at most a bounded number per pass.
+//! ModelCache is any more, older than a grace period, at most a bounded number per pass; and
+//! ([`gate`], pure) whether that is more than a bounded share of the member's objects of this
+//! installation — a control cluster restored from an old backup, or pointed at the wrong
+//! member, sees most of them as orphans: then the pass deletes nothing, raises a `SweepHeld`
+//! Warning event on the InferenceCluster and counts `member_sweeps_total{outcome="Held"}`
+//! until an operator approves (the annotation `flotilla.dev/approve-sweep=<count>`).
 //! Apply: delete them. Objects without Flotilla's labels are never listed, so never touched.
 //! The periodic sweep runs every member concurrently, each bounded by a timeout, so one
 //! unreachable member stalls no other; an InferenceCluster deleted with `deletionPolicy:
-//! Cleanup` is swept with no owner at all.
+//! Cleanup` is swept with no owner at all, limited to the objects written through it
+//! (`flotilla.dev/cluster`), without the share bound (the deletion asked for all of them).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_apis::constants::labels;
+use flotilla_apis::constants::{annotations, event, labels};
 use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ObjectMeta;
 use kube::api::{DeleteParams, ListParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 
 use crate::member::{Handle, MemberClients, Timeouts, brief};
+use crate::metrics::{Metrics, SweepOutcome};
 
 /// Objects younger than this are never swept: their owner may not have reached the reflector
 /// the sweep reads yet.
 pub const GRACE: Duration = Duration::from_secs(60);
 /// At most this many deletions per member per pass; the next pass continues.
 pub const MAX_DELETES: usize = 200;
+/// A pass may always delete this many objects, whatever their share of the member's.
+pub const ALWAYS: usize = 10;
 
 /// The member kinds Flotilla creates, with the label naming their owner. The first five are
 /// the ModelDeployment kinds the member caches hold.
@@ -60,6 +72,8 @@ pub struct Found {
     pub name: String,
     /// The owner label's value (`<namespace>.<name>`).
     pub owner: String,
+    /// The InferenceCluster it was written through (`flotilla.dev/cluster`), if labelled.
+    pub cluster: Option<String>,
     /// Seconds since it was created.
     pub age: Duration,
     /// Whether it is already being deleted.
@@ -102,16 +116,86 @@ impl Owners {
 }
 
 /// The objects to delete: those whose owner does not exist, older than `grace`, not already
-/// being deleted, at most `max`, in a stable order.
-pub fn orphans(found: &[Found], owners: &Owners, grace: Duration, max: usize) -> Vec<Found> {
+/// being deleted, written through `cluster` when one is given, at most `max`, in a stable
+/// order.
+pub fn orphans(found: &[Found], owners: &Owners, grace: Duration, cluster: Option<&str>, max: usize) -> Vec<Found> {
     let mut out: Vec<Found> = found
         .iter()
+        .filter(|f| cluster.is_none_or(|c| f.cluster.as_deref() == Some(c)))
         .filter(|f| !f.deleting && f.age >= grace && !owners.owns(KINDS[f.kind].3, &f.owner))
         .cloned()
         .collect();
     out.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
     out.truncate(max);
     out
+}
+
+/// Whether a pass may delete `doomed` of the `total` objects of this installation it found in
+/// a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Within the bound (or no bound): delete.
+    Proceed,
+    /// Past the bound, but an operator approved at least this many: delete.
+    Approved,
+    /// Past the bound: delete nothing, say so, wait for an operator.
+    Held,
+}
+
+/// More than `max_share` percent of `total`, and more than [`ALWAYS`], is held unless
+/// `approved` (the InferenceCluster's `flotilla.dev/approve-sweep`) is at least `doomed`.
+/// `max_share` of `None`: no bound (an InferenceCluster's deletion).
+pub fn gate(doomed: usize, total: usize, max_share: Option<u32>, approved: Option<usize>) -> Gate {
+    let Some(share) = max_share else { return Gate::Proceed };
+    let bound = total.saturating_mul(share as usize) / 100;
+    if doomed <= ALWAYS || doomed <= bound {
+        Gate::Proceed
+    } else if approved.is_some_and(|a| a >= doomed) {
+        Gate::Approved
+    } else {
+        Gate::Held
+    }
+}
+
+/// The count an InferenceCluster's `flotilla.dev/approve-sweep` annotation approves.
+pub fn approved(ic: &InferenceCluster) -> Option<usize> {
+    ic.metadata.annotations.as_ref()?.get(annotations::APPROVE_SWEEP)?.trim().parse().ok()
+}
+
+/// What one pass over a member is told.
+#[derive(Clone, Debug)]
+pub struct Scope<'a> {
+    /// `<namespace>.<name>` of the owners that exist.
+    pub owners: &'a Owners,
+    /// Where to look when the member refuses a cluster-wide list.
+    pub namespaces: &'a BTreeSet<String>,
+    /// This installation's `flotilla.dev/install`.
+    pub install: &'a str,
+    /// Younger objects are left.
+    pub grace: Duration,
+    /// Only objects written through this InferenceCluster (its deletion).
+    pub cluster: Option<&'a str>,
+    /// The share bound ([`gate`]); `None`: none.
+    pub max_share: Option<u32>,
+    /// What the InferenceCluster's annotation approves.
+    pub approved: Option<usize>,
+    /// List every kind, fresh (an InferenceCluster's deletion), instead of reading the caches.
+    pub list_all: bool,
+}
+
+/// What one pass over a member did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Objects of this installation found (in the cluster's scope, when given), before deleting.
+    pub found: usize,
+    /// Of those, orphaned (all of them, before the per-pass bound).
+    pub orphaned: usize,
+    /// Deleted.
+    pub deleted: usize,
+    /// Whether the share bound held the pass (nothing deleted).
+    pub held: bool,
+    /// Whether the pass went past the share bound by an operator's approval.
+    pub approved: bool,
 }
 
 fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
@@ -126,10 +210,11 @@ fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
 /// How many of `KINDS` the member caches hold.
 const CACHED_KINDS: usize = 5;
 
-fn found(kind: usize, o: &ObjectMeta, now: Timestamp) -> Option<Found> {
-    let owner = o.labels.as_ref()?.get(KINDS[kind].3)?.clone();
-    let managed = o.labels.as_ref()?.get(labels::MANAGED_BY).is_some_and(|v| v == "flotilla");
-    if !managed {
+fn found(kind: usize, o: &ObjectMeta, now: Timestamp, install: &str) -> Option<Found> {
+    let l = o.labels.as_ref()?;
+    let owner = l.get(KINDS[kind].3)?.clone();
+    let managed = l.get(labels::MANAGED_BY).is_some_and(|v| v == "flotilla");
+    if !managed || l.get(labels::INSTALL).map(String::as_str) != Some(install) {
         return None;
     }
     let created = o.creation_timestamp.as_ref().map_or(now, |t| t.0);
@@ -139,30 +224,36 @@ fn found(kind: usize, o: &ObjectMeta, now: Timestamp) -> Option<Found> {
         namespace: o.namespace.clone().unwrap_or_default(),
         name: o.name.clone().unwrap_or_default(),
         owner,
+        cluster: l.get(labels::CLUSTER).cloned(),
         age,
         deleting: o.deletion_timestamp.is_some(),
     })
 }
 
-/// Lists Flotilla's labelled objects of `KINDS[kinds]` in a member: cluster-wide, or — where
-/// the member refuses that (namespaced RBAC) — in each of `namespaces`. A kind the member lacks
-/// or does not let the controller see is skipped.
+/// Lists this installation's labelled objects of `KINDS[kinds]` in a member: cluster-wide, or
+/// — where the member refuses that (namespaced RBAC) — in each of `namespaces`. A kind the
+/// member lacks or does not let the controller see is skipped.
 pub async fn list(
     client: &Client,
     namespaces: &BTreeSet<String>,
     kinds: std::ops::Range<usize>,
+    install: &str,
 ) -> Result<Vec<Found>, kube::Error> {
     let now = Timestamp::now();
     let mut out = Vec::new();
     for (i, (_, _, kind, label)) in KINDS.iter().enumerate().filter(|(i, _)| kinds.contains(i)) {
-        let lp = ListParams::default().labels(&format!("{label},{}=flotilla", labels::MANAGED_BY));
+        let lp = ListParams::default().labels(&format!(
+            "{label},{}=flotilla,{}={install}",
+            labels::MANAGED_BY,
+            labels::INSTALL
+        ));
         match api(client, i, None).list_metadata(&lp).await {
-            Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now))),
+            Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now, install))),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(kube::Error::Api(s)) if s.code == 403 => {
                 for ns in namespaces {
                     match api(client, i, Some(ns)).list_metadata(&lp).await {
-                        Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now))),
+                        Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now, install))),
                         Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
                             tracing::debug!(kind, namespace = %ns, code = s.code, "sweep: not listable there");
                         }
@@ -190,7 +281,7 @@ pub async fn delete(client: &Client, doomed: &[Found]) -> Result<usize, kube::Er
 }
 
 /// What a member's caches hold of the ModelDeployment kinds, as `Found`s.
-async fn cached(member: &Handle, t: Timeouts) -> Vec<Found> {
+async fn cached(member: &Handle, t: Timeouts, install: &str) -> Vec<Found> {
     let now = Timestamp::now();
     member
         .objects
@@ -199,7 +290,7 @@ async fn cached(member: &Handle, t: Timeouts) -> Vec<Found> {
         .into_iter()
         .filter_map(|(i, o)| {
             let kind = KINDS.iter().position(|k| k.2 == crate::member::objects::KINDS[i].2)?;
-            found(kind, &o.metadata, now)
+            found(kind, &o.metadata, now, install)
         })
         .collect()
 }
@@ -218,26 +309,18 @@ pub fn kinds_to_list(first: bool, cache_kinds_possible: bool) -> std::ops::Range
     }
 }
 
-/// One pass over one member: observe (caches, and lists as the module header says; every kind
-/// when `list_all`, as an InferenceCluster's deletion does), decide, delete; bounded by the
-/// member timeout (twice: the reads and the deletions). `namespaces` are where to look when
-/// the member refuses a cluster-wide list.
-pub async fn member(
-    member: &Handle,
-    owners: &Owners,
-    namespaces: &BTreeSet<String>,
-    grace: Duration,
-    t: Timeouts,
-    list_all: bool,
-) -> Result<usize, String> {
+/// One pass over one member: observe (caches, and lists as the module header says; every kind,
+/// fresh, when `scope.list_all`, as an InferenceCluster's deletion does), decide, delete;
+/// bounded by the member timeout (twice: the reads and the deletions).
+pub async fn member(member: &Handle, scope: &Scope<'_>, t: Timeouts) -> Result<Swept, String> {
     use std::sync::atomic::Ordering;
-    let first = list_all || !member.objects.swept_once.load(Ordering::Relaxed);
+    let first = scope.list_all || !member.objects.swept_once.load(Ordering::Relaxed);
     // Taken for this pass; set again below when the listing finds some, or by the ModelCache
     // reconciler meanwhile (so a write during the pass is not lost), or when the pass fails.
     let possible = member.objects.cache_kinds.swap(false, Ordering::SeqCst);
     let pass = async {
-        let mut found = cached(member, t).await;
-        let more = list(&member.client, namespaces, kinds_to_list(first, possible)).await?;
+        let mut found = if scope.list_all { Vec::new() } else { cached(member, t, scope.install).await };
+        let more = list(&member.client, scope.namespaces, kinds_to_list(first, possible), scope.install).await?;
         if more.iter().any(|f| f.kind >= CACHED_KINDS) {
             member.objects.cache_kinds.store(true, Ordering::SeqCst);
         }
@@ -247,9 +330,18 @@ pub async fn member(
                 found.push(f);
             }
         }
-        let n = delete(&member.client, &orphans(&found, owners, grace, MAX_DELETES)).await?;
+        let in_scope = found.iter().filter(|f| scope.cluster.is_none_or(|c| f.cluster.as_deref() == Some(c))).count();
+        let doomed = orphans(&found, scope.owners, scope.grace, scope.cluster, usize::MAX);
+        let mut swept = Swept { found: in_scope, orphaned: doomed.len(), ..Swept::default() };
+        match gate(doomed.len(), found.len(), scope.max_share, scope.approved) {
+            Gate::Held => swept.held = true,
+            g => {
+                swept.approved = g == Gate::Approved;
+                swept.deleted = delete(&member.client, &doomed[..doomed.len().min(MAX_DELETES)]).await?;
+            }
+        }
         member.objects.swept_once.store(true, Ordering::Relaxed);
-        Ok::<usize, kube::Error>(n)
+        Ok::<Swept, kube::Error>(swept)
     };
     let outcome = match tokio::time::timeout(t.observe * 2, pass).await {
         Ok(Ok(n)) => Ok(n),
@@ -276,6 +368,41 @@ pub struct SweepContext {
     pub members: Arc<MemberClients>,
     /// Member call timeouts.
     pub timeouts: Timeouts,
+    /// This installation's `flotilla.dev/install`.
+    pub install: String,
+    /// The share bound, in percent ([`gate`]).
+    pub max_share: u32,
+    /// Younger objects are left.
+    pub grace: Duration,
+    /// Counts passes by outcome.
+    pub metrics: Metrics,
+    /// Raises `SweepHeld` on InferenceClusters.
+    pub recorder: Recorder,
+}
+
+/// Says that a pass over `ic`'s member was held: a Warning event on the InferenceCluster.
+async fn report_held(ctx: &SweepContext, ic: &InferenceCluster, s: &Swept) {
+    let note = format!(
+        "the sweep would delete {} of the {} objects of this Flotilla installation in the member (more than {}%): \
+         nothing deleted. If their ModelDeployments and ModelCaches were really deleted, approve with the annotation \
+         {}={} on this InferenceCluster (remove it after the sweep); if not (a control cluster restored from an older \
+         backup, or pointed at the wrong member), fix the control cluster",
+        s.orphaned,
+        s.found,
+        ctx.max_share,
+        annotations::APPROVE_SWEEP,
+        s.orphaned
+    );
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: event::SWEEP_HELD.into(),
+        note: Some(note),
+        action: "Sweep".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &kube::Resource::object_ref(ic, &())).await {
+        tracing::debug!(error = %brief(&e), "SweepHeld event not recorded");
+    }
 }
 
 /// One periodic pass over every member that is not being deleted, concurrently.
@@ -293,10 +420,28 @@ pub async fn pass(ctx: &SweepContext) {
                 Err(e) => return tracing::debug!(cluster = %name, "sweep skipped: {e}"),
             };
             let first = !handle.objects.swept_once.load(std::sync::atomic::Ordering::Relaxed);
-            match member(&handle, owners, namespaces, GRACE, ctx.timeouts, false).await {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(cluster = %name, deleted = n, "sweep removed objects no ModelDeployment or ModelCache owns");
+            let scope = Scope {
+                owners,
+                namespaces,
+                install: &ctx.install,
+                grace: ctx.grace,
+                cluster: None,
+                max_share: Some(ctx.max_share),
+                approved: approved(ic),
+                list_all: false,
+            };
+            match member(&handle, &scope, ctx.timeouts).await {
+                Ok(s) if s.held => {
+                    ctx.metrics.swept(SweepOutcome::Held);
+                    tracing::warn!(cluster = %name, orphaned = s.orphaned, found = s.found, max_share = ctx.max_share,
+                        "sweep held: it would delete more than the bounded share of this installation's objects in the member; nothing deleted");
+                    report_held(ctx, ic, &s).await;
+                }
+                Ok(s) => {
+                    ctx.metrics.swept(if s.approved { SweepOutcome::Approved } else { SweepOutcome::Swept });
+                    if s.deleted > 0 {
+                        tracing::info!(cluster = %name, deleted = s.deleted, orphaned = s.orphaned, found = s.found, approved = s.approved,
+                            "sweep removed objects no ModelDeployment or ModelCache owns");
                     }
                     // The first pass lists what the caches do not hold (objects from before this
                     // controller); later ones read the caches only.
@@ -345,6 +490,7 @@ mod tests {
             namespace: owner.split('.').next().unwrap().into(),
             name: name.into(),
             owner: owner.into(),
+            cluster: None,
             age: Duration::from_secs(age),
             deleting: false,
         }
@@ -370,7 +516,7 @@ mod tests {
         ];
         assert_eq!(KINDS[2].2, "PodDisruptionBudget");
         assert_eq!(KINDS[5].2, "Job");
-        let names: Vec<String> = orphans(&found, &owners(), GRACE, 10).into_iter().map(|f| f.name).collect();
+        let names: Vec<String> = orphans(&found, &owners(), GRACE, None, 10).into_iter().map(|f| f.name).collect();
         assert_eq!(names, ["weights-x", "gone", "gone-h100", "stage-2"], "by kind, namespace, name");
     }
 
@@ -379,20 +525,76 @@ mod tests {
         let mut deleting = f(0, "ml.gone", "b", 600);
         deleting.deleting = true;
         let found = [f(0, "ml.gone", "young", 5), deleting, f(0, "ml.gone", "c", 600), f(0, "ml.gone", "a", 600)];
-        let names: Vec<String> = orphans(&found, &owners(), GRACE, 1).into_iter().map(|f| f.name).collect();
+        let names: Vec<String> = orphans(&found, &owners(), GRACE, None, 1).into_iter().map(|f| f.name).collect();
         assert_eq!(names, ["a"], "the first in a stable order, one per pass");
-        assert!(orphans(&found[..1], &owners(), GRACE, 10).is_empty(), "younger than the grace period");
+        assert!(orphans(&found[..1], &owners(), GRACE, None, 10).is_empty(), "younger than the grace period");
     }
 
     #[test]
     fn with_no_owner_at_all_everything_labelled_goes() {
         let found = [f(0, "ml.llama", "x", 0), f(7, "ml.weights", "y", 0)];
-        assert_eq!(orphans(&found, &Owners::default(), Duration::ZERO, 10).len(), 2);
+        assert_eq!(orphans(&found, &Owners::default(), Duration::ZERO, None, 10).len(), 2);
     }
 
     #[test]
     fn the_namespaces_of_tenant_objects() {
         let ns: Vec<String> = owners().namespaces().into_iter().collect();
         assert_eq!(ns, ["ml"]);
+    }
+
+    #[test]
+    fn a_cluster_deletion_takes_only_what_was_written_through_it() {
+        let mut a = f(0, "ml.llama", "a", 600);
+        a.cluster = Some("eu1".into());
+        let mut b = f(0, "ml.llama", "b", 600);
+        b.cluster = Some("eu1-again".into());
+        let unlabelled = f(1, "ml.llama", "c", 600);
+        let found = [a, b, unlabelled];
+        let names: Vec<String> =
+            orphans(&found, &Owners::default(), Duration::ZERO, Some("eu1"), 10).into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["a"], "the other InferenceCluster's objects and unlabelled ones stay");
+    }
+
+    #[test]
+    fn only_this_installations_labelled_objects_are_found() {
+        let meta = |install: Option<&str>, managed: &str| ObjectMeta {
+            name: Some("x".into()),
+            namespace: Some("ml".into()),
+            labels: Some(
+                [(labels::DEPLOYMENT, "ml.llama"), (labels::MANAGED_BY, managed)]
+                    .into_iter()
+                    .chain(install.map(|i| (labels::INSTALL, i)))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        };
+        let now = Timestamp::now();
+        assert!(found(0, &meta(Some("prod"), "flotilla"), now, "prod").is_some());
+        assert!(found(0, &meta(Some("staging"), "flotilla"), now, "prod").is_none(), "another installation's");
+        assert!(found(0, &meta(None, "flotilla"), now, "prod").is_none(), "a release before install labels");
+        assert!(found(0, &meta(Some("prod"), "helm"), now, "prod").is_none(), "not Flotilla's");
+    }
+
+    #[test]
+    fn a_sweep_past_the_share_bound_is_held_until_approved() {
+        assert_eq!(gate(3, 4, Some(50), None), Gate::Proceed, "a few always go");
+        assert_eq!(gate(ALWAYS, ALWAYS, Some(0), None), Gate::Proceed);
+        assert_eq!(gate(50, 100, Some(50), None), Gate::Proceed, "at the bound");
+        assert_eq!(gate(51, 100, Some(50), None), Gate::Held, "past it");
+        assert_eq!(gate(180, 200, Some(50), Some(179)), Gate::Held, "approving fewer does not do");
+        assert_eq!(gate(180, 200, Some(50), Some(180)), Gate::Approved);
+        assert_eq!(gate(500, 500, None, None), Gate::Proceed, "an InferenceCluster's deletion has no bound");
+        let mut ic = InferenceCluster::new(
+            "eu1",
+            serde_json::from_value(serde_json::json!({
+            "provider": {"sim": {"cloud": "x"}}, "region": "r", "jurisdiction": "EU", "pools": []}))
+            .unwrap(),
+        );
+        assert_eq!(approved(&ic), None);
+        ic.metadata.annotations = Some([(annotations::APPROVE_SWEEP.to_string(), " 180".to_string())].into());
+        assert_eq!(approved(&ic), Some(180));
+        ic.metadata.annotations = Some([(annotations::APPROVE_SWEEP.to_string(), "all".to_string())].into());
+        assert_eq!(approved(&ic), None, "a number, nothing else");
     }
 }

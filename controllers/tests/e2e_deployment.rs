@@ -18,12 +18,19 @@
 //! workloads from its member; deleting a ModelDeployment removes every member object it created
 //! and nothing else, is not held up by an unrelated unreachable member, waits (naming it) for one
 //! that holds its objects until annotated `flotilla.dev/orphan-on-unreachable=true`, and the
-//! periodic sweep removes what was orphaned once that member answers again. Run by
-//! `scripts/test-e2e.sh`.
+//! periodic sweep removes what was orphaned once that member answers again. Flotilla touches
+//! only what it made (`e2e_deployment/ownership.rs`): someone else's Service under a
+//! deployment's name is left alone, a 64-character name works, a second installation on its own
+//! control cluster (`control2`) shares eu1 without either deleting the other's objects, a sweep
+//! past its share bound is held until approved, and deleting InferenceCluster eu1 removes all of
+//! its 250+ objects (more than one pass) before its finalizer goes, and nothing of another
+//! InferenceCluster or installation. Run by `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
+#[path = "e2e_deployment/ownership.rs"]
+mod ownership;
 #[path = "e2e_deployment/packing.rs"]
 mod packing;
 #[path = "e2e_deployment/unschedulable.rs"]
@@ -45,8 +52,18 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-const CTL_ARGS: &[&str] =
-    &["--poll-seconds", "3", "--member-timeout-seconds", "8", "--sweep-seconds", "3", "--unschedulable-seconds", "5"];
+const CTL_ARGS: &[&str] = &[
+    "--poll-seconds",
+    "3",
+    "--member-timeout-seconds",
+    "8",
+    "--sweep-seconds",
+    "3",
+    "--sweep-grace-seconds",
+    "2",
+    "--unschedulable-seconds",
+    "5",
+];
 
 const MEMBERS: [(&str, &str, &str); 3] =
     [("eu1", "eu-central-1", "EU"), ("eu2", "eu-west-3", "EU"), ("us1", "us-east-1", "US")];
@@ -326,7 +343,7 @@ async fn refusing_member(fleet: &Fleet, control: &Client, api: &Api<ModelDeploym
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn model_deployment_controller_on_real_api_servers() {
-    let fleet = Fleet::up_audited("deploy", &["control", "eu1", "eu2", "us1"]);
+    let fleet = Fleet::up_audited("deploy", &["control", "eu1", "eu2", "us1", "control2"]);
     fleet.gpu_nodes("eu1", "h100", 3, "h100", "eu-central-1");
     fleet.gpu_nodes("eu2", "h100", 1, "h100", "eu-west-3");
     fleet.gpu_nodes("us1", "h100", 2, "h100", "us-east-1");
@@ -758,16 +775,38 @@ async fn model_deployment_controller_on_real_api_servers() {
         "a PlacementChanged event for us-model"
     );
 
-    // Deleting InferenceCluster eu1 (deletionPolicy Cleanup, the default) removes Flotilla's
-    // workloads from the member first; the bystander stays.
+    // Flotilla touches only what it made (ownership.rs): a name someone else holds, a long
+    // name, a second installation sharing eu1, a sweep past its share bound.
+    let install = ownership::install_id(&control).await;
+    ownership::name_taken_and_long_name(&control, &api, &members).await;
+    ownership::second_installation(&fleet, &api, &members).await;
+    ownership::sweep_held(&ctl, &control, &members, &install).await;
+
+    // Deleting InferenceCluster eu1 (deletionPolicy Cleanup, the default) removes the workloads
+    // this installation wrote through it from the member — more than one pass's 200 deletions —
+    // before it goes; another InferenceCluster's and another installation's objects there, and
+    // the bystander, stay.
     assert!(!member_deployments(&members["eu1"], "eu-model").await.is_empty(), "eu-model runs in eu1 before");
+    ownership::plant(&members["eu1"], "bulk", 250, "ml.bulk", &install, "eu1").await;
+    ownership::plant(&members["eu1"], "other-ic", 2, "ml.bulk", &install, "eu1-again").await;
+    ownership::plant(&members["eu1"], "other-install", 2, "ml.bulk", "e2e-b", "eu1").await;
     let clusters: Api<flotilla_apis::InferenceCluster> = Api::all(control.clone());
     clusters.delete("eu1", &DeleteParams::default()).await.unwrap();
-    wait_for("InferenceCluster eu1 gone and its member clean", Duration::from_secs(60), || async {
-        let gone = clusters.get_opt("eu1").await.unwrap().is_none();
-        (gone && flotilla_objects(&members["eu1"]).await.is_empty()).then_some(())
+    wait_for("InferenceCluster eu1 gone", Duration::from_secs(90), || async {
+        clusters.get_opt("eu1").await.unwrap().is_none().then_some(())
     })
     .await;
+    let left = flotilla_objects(&members["eu1"]).await;
+    assert_eq!(
+        left,
+        [
+            "Service ml/other-ic-0 (ml.bulk)",
+            "Service ml/other-ic-1 (ml.bulk)",
+            "Service ml/other-install-0 (ml.bulk)",
+            "Service ml/other-install-1 (ml.bulk)"
+        ],
+        "when the finalizer went, nothing of eu1's was left and nothing else was taken"
+    );
     let deps = Api::<Deployment>::namespaced(members["eu1"].clone(), "ml");
     assert!(deps.get_opt("bystander").await.unwrap().is_some(), "objects Flotilla did not create are untouched");
 

@@ -131,6 +131,13 @@ pub const ALL: &[ReasonDoc] = &[
     ),
     r!(
         INFERENCE_CLUSTER,
+        CLEANING_UP,
+        "`Ready`=False",
+        "The cluster is being deleted with `deletionPolicy: Cleanup` and Flotilla's objects written through it are being removed from the member; the message counts what is left. The finalizer stays until none is left, or 10 minutes have passed (then the rest is orphaned).",
+        "Wait. To stop now and leave the rest running, set `spec.deletionPolicy: Orphan`.",
+    ),
+    r!(
+        INFERENCE_CLUSTER,
         CLEANUP_BLOCKED,
         "`Ready`=False",
         "The cluster is being deleted with `deletionPolicy: Cleanup` and the member cannot be reached to remove Flotilla's workloads; after 10 minutes of this they are orphaned.",
@@ -220,6 +227,13 @@ pub const ALL: &[ReasonDoc] = &[
         "`Ready`=False",
         "No desired replica is ready anywhere (or none is placed); the message names members that could not be observed.",
         "Check `Placed` first; then the member pods of the deployment (pending, crash-looping, pulling weights). Requests for the model get 503 until one is ready.",
+    ),
+    r!(
+        MODEL_DEPLOYMENT,
+        NAME_CONFLICT,
+        "`Ready`=False, `Degraded`=True",
+        "An object the deployment renders in a member (the message names cluster, kind, namespace and name) already exists and is not this installation's object of this deployment: another team's object, another ModelDeployment's, or another Flotilla installation's. Flotilla leaves it alone byte for byte and writes the deployment's other objects.",
+        "Rename the ModelDeployment (or the pool) so its names do not collide, or delete the other object if it is truly unused; the apply is retried on every reconcile.",
     ),
     r!(
         MODEL_DEPLOYMENT,

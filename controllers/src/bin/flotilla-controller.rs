@@ -106,6 +106,23 @@ struct Args {
     /// or ModelCache owns any more, in seconds.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     sweep_seconds: u64,
+    /// A sweep pass that would delete more than this percentage of a member's objects of this
+    /// installation (and more than 10) deletes nothing, raises a `SweepHeld` Warning event on
+    /// the InferenceCluster and waits for `flotilla.dev/approve-sweep=<count>` there.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=100))]
+    sweep_max_share: u32,
+    /// Objects younger than this many seconds are never swept (their owner may not have reached
+    /// the controller's caches yet).
+    #[arg(long, default_value_t = 60)]
+    sweep_grace_seconds: u64,
+    /// This installation's identity: the value of the label `flotilla.dev/install` on every
+    /// object it writes to members, and part of every selector, prune, sweep and cleanup, so two
+    /// control planes sharing a member never touch each other's objects. At most 63 letters,
+    /// digits, `-`, `_`, `.`. Default: the UID of the control cluster's `kube-system`
+    /// Namespace. Keep it when the control plane moves (blue/green, restore from backup): set
+    /// it explicitly there (docs/operations.md, "Installations sharing a member").
+    #[arg(long, env = "FLOTILLA_INSTALL_ID")]
+    install_id: Option<String>,
     /// Namespace of member kubeconfig Secrets when an InferenceCluster's secretRef names none
     /// (the Helm chart passes its memberSecrets namespace). Protected like --lease-namespace.
     #[arg(long, env = "FLOTILLA_MEMBER_SECRET_NAMESPACE", default_value = flotilla_controllers::member::DEFAULT_SECRET_NAMESPACE)]
@@ -192,6 +209,19 @@ fn identity(args: &Args) -> String {
     })
 }
 
+/// `--install-id`, checked; else the UID of the control cluster's `kube-system` Namespace.
+async fn install_id(args: &Args, client: &Client) -> anyhow::Result<String> {
+    if let Some(id) = &args.install_id {
+        flotilla_controllers::check_install_id(id).map_err(|e| anyhow::anyhow!("--install-id: {e}"))?;
+        return Ok(id.clone());
+    }
+    let ns = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).get("kube-system").await.context(
+        "reading the control cluster's kube-system Namespace for the default --install-id: grant get on \
+             namespaces/kube-system (the Helm chart does) or set --install-id",
+    )?;
+    ns.metadata.uid.ok_or_else(|| anyhow::anyhow!("the kube-system Namespace has no UID: set --install-id"))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let filter = flotilla_controllers::member::log_filter(std::env::var("RUST_LOG").ok().as_deref());
@@ -207,6 +237,8 @@ async fn main() -> anyhow::Result<()> {
         )),
         None => None,
     };
+    let install_id = install_id(&args, &client).await?;
+    tracing::info!(install_id = %install_id, "this installation's flotilla.dev/install");
     let id = identity(&args);
     let metrics = Metrics::default();
     let probes = Probes::default();
@@ -263,6 +295,9 @@ async fn main() -> anyhow::Result<()> {
             args.tenant_namespaces.clone(),
         ),
         sweep_every: Duration::from_secs(args.sweep_seconds),
+        sweep_max_share: args.sweep_max_share,
+        sweep_grace: Duration::from_secs(args.sweep_grace_seconds),
+        install_id,
         heartbeat_every: Duration::from_secs(args.heartbeat_seconds),
         unschedulable_after: Duration::from_secs(args.unschedulable_seconds),
         unschedulable_backoff: Duration::from_secs(args.unschedulable_backoff_seconds),

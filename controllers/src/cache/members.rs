@@ -86,13 +86,16 @@ pub async fn observe(client: &Client, cache: &ModelCache) -> Result<Observed, ku
 pub async fn apply(
     client: &Client,
     field_manager: &str,
+    stamp: md_members::Stamp<'_>,
     objects: &[Value],
     observed: &Observed,
 ) -> Result<usize, kube::Error> {
     let todo: Vec<Value> =
         objects.iter().filter(|o| o["kind"] != "Job" || observed.objects.job.is_none()).cloned().collect();
     let mut written =
-        md_members::apply_with(client, field_manager, &todo, &observed.state, None, |_, _, _, _, _| {}).await?.written;
+        md_members::apply_with(client, field_manager, stamp, &todo, &observed.state, None, |_, _, _, _, _| {})
+            .await?
+            .written;
     if let Some(ns) = objects.first().and_then(|o| o["metadata"]["namespace"].as_str()) {
         let jobs = Api::<Job>::namespaced(client.clone(), ns);
         for name in &observed.stale_jobs {

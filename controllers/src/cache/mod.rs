@@ -237,7 +237,15 @@ async fn stage_in(
         }
         objects.push(render::job(cache, &ctx.config.stage_image, ctx.config.stage_instance_metadata));
         // The member answered: a refused write is a finding about it, not unreachability.
-        let n = match members::apply(&client, &ctx.config.field_manager, &objects, &observed).await {
+        let n = match members::apply(
+            &client,
+            &ctx.config.field_manager,
+            crate::deployment::members::Stamp { install: &ctx.config.install_id, cluster: name },
+            &objects,
+            &observed,
+        )
+        .await
+        {
             Ok(n) => n,
             Err(e @ kube::Error::Api(_)) => {
                 observed.objects.apply_error = Some(brief(&e));

@@ -99,7 +99,7 @@ async fn prune_in(ctx: &DeploymentContext, ic: &InferenceCluster, md: &ModelDepl
     let member = ctx.members.handle(&ctx.client, ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
     let t = ctx.config.timeouts.observe;
     // Bounded twice: a cache's first sync or a list, and the deletions.
-    match tokio::time::timeout(t * 2, members::prune(&member, md, &[], t)).await {
+    match tokio::time::timeout(t * 2, members::prune(&member, md, &ctx.config.install_id, &[], t)).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(brief(&e)),
         Err(_) => Err("did not answer in time".into()),

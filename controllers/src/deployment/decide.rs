@@ -202,11 +202,17 @@ pub fn decide(input: &Input<'_>) -> Decision {
 impl Decision {
     /// The outcome when the members in `failed` (cluster → why) could not be written: they are
     /// reported (`Degraded`, reason `ApplyFailed`) and the deployment is not settled.
-    pub fn after_failures(&self, input: &Input<'_>, failed: &BTreeMap<String, String>) -> Outcome {
-        if failed.is_empty() || input.plan.invalid.is_some() {
+    pub fn after_failures(
+        &self,
+        input: &Input<'_>,
+        failed: &BTreeMap<String, String>,
+        conflicts: &BTreeMap<String, String>,
+    ) -> Outcome {
+        if (failed.is_empty() && conflicts.is_empty()) || input.plan.invalid.is_some() {
             return self.outcome.clone();
         }
-        let observed = Observed { apply_failed: failed.clone(), ..self.observed.clone() };
+        let observed =
+            Observed { apply_failed: failed.clone(), name_conflicts: conflicts.clone(), ..self.observed.clone() };
         conclude(input, &self.target, &self.step, &observed, self.write_ahead.as_ref())
     }
 }

@@ -270,7 +270,7 @@ fn an_invalid_spec_touches_no_member_and_waits_for_a_change() {
     assert!(d.outcome.events.is_empty());
     // A failed write cannot happen (nothing is written): the outcome stays.
     let failed = BTreeMap::from([("eu1".to_string(), "x".to_string())]);
-    assert_eq!(d.after_failures(&c.input(), &failed), d.outcome);
+    assert_eq!(d.after_failures(&c.input(), &failed, &BTreeMap::new()), d.outcome);
 }
 
 #[test]
@@ -316,12 +316,38 @@ fn a_failed_member_write_degrades_and_unsettles() {
     let d = c.decide();
     assert_eq!(d.outcome.pace, Pace::Settled);
     let failed = BTreeMap::from([("eu1".to_string(), "forbidden".to_string())]);
-    let o = d.after_failures(&c.input(), &failed);
+    let o = d.after_failures(&c.input(), &failed, &BTreeMap::new());
     let degraded = o.status.conditions.get("Degraded").unwrap();
     assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "ApplyFailed"));
     assert!(degraded.message.contains("eu1: apply failed: forbidden"), "{}", degraded.message);
     assert_eq!(o.pace, Pace::Converging);
-    assert_eq!(d.after_failures(&c.input(), &BTreeMap::new()), d.outcome, "no failure: the outcome decided");
+    assert_eq!(
+        d.after_failures(&c.input(), &BTreeMap::new(), &BTreeMap::new()),
+        d.outcome,
+        "no failure: the outcome decided"
+    );
+}
+
+#[test]
+fn a_name_taken_by_someone_else_is_not_ready_and_says_which() {
+    let c = Case::new(Some(placed(&[("eu1", 4, 4)])), plan(&[("eu1", 4)]), seen(&[("eu1", 4, 4)]));
+    let d = c.decide();
+    assert!(d.outcome.status.conditions.is_true("Ready"), "all replicas ready without the conflict");
+    let taken = BTreeMap::from([(
+        "eu1".to_string(),
+        "Service ml/llama exists and it was not created by Flotilla: left alone".to_string(),
+    )]);
+    let o = d.after_failures(&c.input(), &BTreeMap::new(), &taken);
+    for t in ["Ready", "Degraded"] {
+        let cond = o.status.conditions.get(t).unwrap();
+        assert_eq!(cond.reason, "NameConflict", "{t}");
+        assert!(cond.message.contains("eu1: Service ml/llama exists"), "{t}: {}", cond.message);
+    }
+    assert_eq!(
+        o.status.conditions.get("Ready").unwrap().status,
+        "False",
+        "someone else's Service serves nothing of it"
+    );
 }
 
 #[test]

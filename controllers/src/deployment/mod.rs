@@ -401,8 +401,8 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         base_rv = written.resource_version();
         base_status = written.status;
     }
-    let failed = write_members(&ctx, &md, &members, &decision.members).await;
-    let outcome = decision.after_failures(&input, &failed);
+    let (failed, conflicts) = write_members(&ctx, &md, &members, &decision.members).await;
+    let outcome = decision.after_failures(&input, &failed, &conflicts);
     let wrote = write_status(&ctx, &md, base_status.as_ref(), base_rv, &outcome.status).await?.is_some();
     let changed = wrote || decision.write_ahead.is_some();
     if changed {
@@ -470,14 +470,16 @@ fn cache_view(ctx: &DeploymentContext, ns: &str, name: &str) -> decide::CacheVie
 }
 
 /// Applies each member's objects and prunes the rest of the deployment's objects there.
-/// Returns the members where that failed, with why.
+/// Returns the members where that failed, with why, and those where names were taken by
+/// objects that are not this deployment's (left alone), naming them.
 async fn write_members(
     ctx: &DeploymentContext,
     md: &ModelDeployment,
     members: &observe::Members,
     objects: &BTreeMap<String, Vec<serde_json::Value>>,
-) -> BTreeMap<String, String> {
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let mut failed = BTreeMap::new();
+    let mut conflicts = BTreeMap::new();
     let mut writes = 0usize;
     let who = trigger::namespaced_key(md);
     let cap = ctx.config.poll * SETTLED_POLLS;
@@ -491,16 +493,22 @@ async fn write_members(
             continue;
         }
         let result = async {
-            let a = members::apply(client, md, &ctx.config.field_manager, objects, state).await?;
+            let stamp = members::Stamp { install: &ctx.config.install_id, cluster };
+            let a = members::apply(client, md, &ctx.config.field_manager, stamp, objects, state).await?;
             members::report_drift(&ctx.recorder, md, cluster, &a.drifted).await;
-            let d = members::prune(client, md, &members::ids(objects), ctx.config.timeouts.observe).await?;
-            Ok::<usize, kube::Error>(a.written + d)
+            let install = &ctx.config.install_id;
+            let d = members::prune(client, md, install, &members::ids(objects), ctx.config.timeouts.observe).await?;
+            Ok::<(usize, Vec<String>), kube::Error>((a.written + d, a.conflicts))
         }
         .await;
         let now = Instant::now();
         match result {
-            Ok(n) => {
+            Ok((n, left_alone)) => {
                 writes += n;
+                if !left_alone.is_empty() {
+                    tracing::warn!(deployment = %who, cluster, objects = ?left_alone, "names taken by objects that are not this deployment's: left alone");
+                    conflicts.insert(cluster.clone(), left_alone.join("; "));
+                }
                 let streak = ctx.apply_failures.record(&who, cluster, None, now, cap);
                 if streak.before > 0 {
                     tracing::info!(deployment = %who, cluster, after = streak.before, "the member took the deployment's objects again");
@@ -518,7 +526,7 @@ async fn write_members(
     if writes > 0 {
         tracing::info!(deployment = %who, writes, "member workloads updated");
     }
-    failed
+    (failed, conflicts)
 }
 
 /// Writes `next` over `current` (the status as of `resource_version`) through the one

@@ -50,7 +50,7 @@ pub async fn observe_members(ctx: &DeploymentContext, md: &ModelDeployment, invo
                 continue;
             }
         };
-        match members::observe(&member, md, ctx.config.timeouts.observe).await {
+        match members::observe(&member, md, &ctx.config.install_id, ctx.config.timeouts.observe).await {
             Ok(state) => {
                 for (pool, r) in &state.running {
                     out.seen.running.insert((cluster.clone(), pool.clone()), *r);

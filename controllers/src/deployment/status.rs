@@ -29,6 +29,9 @@ pub struct Observed {
     pub refused: BTreeMap<Key, super::decide::Refusal>,
     /// Members where applying failed, with why.
     pub apply_failed: BTreeMap<String, String>,
+    /// Members where objects were left alone because someone else's object holds their name,
+    /// naming them.
+    pub name_conflicts: BTreeMap<String, String>,
     /// The CapacityClaim the deployment owns, asking a provider for what does not fit.
     pub claim: Option<String>,
     /// The ModelCache the deployment references, if any, and where replicas wait for it.
@@ -187,7 +190,16 @@ pub fn desired(
     let mut problems: Vec<String> = observed.unreachable.iter().map(|(c, m)| format!("{c}: {m}")).collect();
     problems.extend(observed.apply_failed.iter().map(|(c, m)| format!("{c}: apply failed: {m}")));
     let tail = if problems.is_empty() { String::new() } else { format!("; {}", problems.join("; ")) };
-    let ready_cond = if desired_total > 0 && ready >= desired_total {
+    let conflicts: Vec<String> = observed.name_conflicts.iter().map(|(c, m)| format!("{c}: {m}")).collect();
+    let conflict_message = format!(
+        "{ready}/{desired_total} replicas ready; names taken by objects that are not this deployment's: {}; rename the \
+         ModelDeployment or the other object{tail}",
+        conflicts.join("; ")
+    );
+    let ready_cond = if !conflicts.is_empty() {
+        // A Service or workload that is someone else's is not serving this model: not Ready.
+        Desired::new(condition::READY, Status::False, reason::NAME_CONFLICT, conflict_message.clone())
+    } else if desired_total > 0 && ready >= desired_total {
         Desired::new(
             condition::READY,
             Status::True,
@@ -211,7 +223,9 @@ pub fn desired(
             format!("{ready}/{desired_total} replicas ready{tail}"),
         )
     };
-    let degraded = if ready > 0 && ready < desired_total {
+    let degraded = if !conflicts.is_empty() {
+        Desired::new(condition::DEGRADED, Status::True, reason::NAME_CONFLICT, conflict_message)
+    } else if ready > 0 && ready < desired_total {
         Desired::new(
             condition::DEGRADED,
             Status::True,

@@ -259,13 +259,16 @@ impl MemberObjects {
     }
 
     /// Flotilla's objects in `ns` whose label `owner_label` is `owner` (a ModelDeployment's
-    /// `<namespace>.<name>`), as the caches and the memo say to read them: written but not yet
-    /// cached ones with their hash, deleted but still cached ones left out.
+    /// `<namespace>.<name>`) and that installation `install` wrote (or a release before install
+    /// labels: `deployment::members::ours_or_legacy`), as the caches and the memo say to read
+    /// them: written but not yet cached ones with their hash, deleted but still cached ones
+    /// left out. Another installation's objects are never returned.
     pub async fn owned(
         &self,
         ns: &str,
         owner_label: &str,
         owner: &str,
+        install: &str,
         wait: Duration,
     ) -> Result<Vec<Cached>, MemberError> {
         let cache = self.namespace(ns, wait).await?;
@@ -278,7 +281,9 @@ impl MemberObjects {
         for (i, store) in &cache.stores {
             let kind = KINDS[*i].2;
             for o in store.state() {
-                if o.metadata.labels.as_ref().and_then(|l| l.get(owner_label)).map(String::as_str) != Some(owner) {
+                if o.metadata.labels.as_ref().and_then(|l| l.get(owner_label)).map(String::as_str) != Some(owner)
+                    || !crate::deployment::members::ours_or_legacy(&o.metadata, install)
+                {
                     continue;
                 }
                 let name = o.metadata.name.clone().unwrap_or_default();
