@@ -508,6 +508,7 @@ for _ in $(seq 30); do
 done
 k create namespace fleet-credentials >/dev/null
 k create namespace fleet-api-keys >/dev/null
+k create namespace team-a >/dev/null  # the values' second tenant namespace (its Secret-read Role)
 if err=$(k apply --dry-run=server --server-side --field-manager=helm -f "${here}/snapshots/full.yaml" 2>&1 >/dev/null); then
   ok "snapshots/full.yaml ($(grep -c '^kind:' "${here}/snapshots/full.yaml") objects incl. ServiceMonitor, PrometheusRule, HPA, NetworkPolicy): accepted (server-side dry run)"
 else bad "snapshots/full.yaml refused: ${err}"; fi

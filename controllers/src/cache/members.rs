@@ -3,7 +3,7 @@
 //! the rendered volume claim and credentials Secret when their content hash differs, create the
 //! Job only when it does not exist yet (a finished Job is the proof that the files are there:
 //! it is never run again for the same spec), delete Jobs of an earlier spec, and on cleanup
-//! delete every object with the cache's labels (or, for a cache refused for its
+//! delete every object with the cache's and this installation's labels (or, for a cache refused for its
 //! `credentialsRef`, only the credentials copy). Nothing without them is touched.
 
 use std::collections::BTreeMap;
@@ -37,23 +37,29 @@ fn record<K: kube::Resource>(state: &mut MemberState, kind: &str, o: &K) {
     }
 }
 
-/// Lists the cache's objects in a member.
-pub async fn observe(client: &Client, cache: &ModelCache) -> Result<Observed, kube::Error> {
+/// Lists the cache's objects in a member: those of installation `install` (or of a release
+/// before install labels); another installation's object of the same name is not evidence.
+pub async fn observe(client: &Client, cache: &ModelCache, install: &str) -> Result<Observed, kube::Error> {
     let ns = cache.namespace().unwrap_or_else(|| "default".into());
     let lp = ListParams::default().labels(&selector(cache));
     let mut state = MemberState::default();
-    let pvc =
-        Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).get_opt(&pvc_name(&cache.name_any())).await?;
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .get_opt(&pvc_name(&cache.name_any()))
+        .await?
+        .filter(|p| md_members::ours_or_legacy(&p.metadata, install));
     if let Some(p) = &pvc {
         record(&mut state, "PersistentVolumeClaim", p);
     }
     for s in Api::<Secret>::namespaced(client.clone(), &ns).list_metadata(&lp).await?.items {
-        record(&mut state, "Secret", &s);
+        if md_members::ours_or_legacy(&s.metadata, install) {
+            record(&mut state, "Secret", &s);
+        }
     }
     let current = job_name(cache);
     let mut job = None;
     let mut stale_jobs = Vec::new();
-    for j in Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items {
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items;
+    for j in jobs.into_iter().filter(|j| md_members::ours_or_legacy(&j.metadata, install)) {
         if j.name_any() == current {
             job = Some(j);
         } else if j.metadata.deletion_timestamp.is_none() {
@@ -106,43 +112,47 @@ pub async fn apply(
     Ok(written)
 }
 
-/// Deletes every object of the cache in a member (Jobs with their pods, the volume claim, the
-/// Secret). Returns how many were deleted.
-pub async fn remove(client: &Client, cache: &ModelCache) -> Result<usize, kube::Error> {
+/// Deletes every object of the cache that installation `install` wrote in a member (Jobs with
+/// their pods, the volume claim, the Secret); another installation's objects of the same cache
+/// name stay. Returns how many were deleted.
+pub async fn remove(client: &Client, cache: &ModelCache, install: &str) -> Result<usize, kube::Error> {
     let ns = cache.namespace().unwrap_or_else(|| "default".into());
     let lp = ListParams::default().labels(&selector(cache));
     let dp = DeleteParams::background();
     let mut deleted = 0;
     let jobs = Api::<Job>::namespaced(client.clone(), &ns);
     for j in jobs.list_metadata(&lp).await?.items {
-        if j.metadata.deletion_timestamp.is_none() {
+        if j.metadata.deletion_timestamp.is_none() && md_members::is_ours(&j.metadata, install) {
             jobs.delete(&j.name_any(), &dp).await?;
             deleted += 1;
         }
     }
     let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns);
     for p in pvcs.list_metadata(&lp).await?.items {
-        if p.metadata.deletion_timestamp.is_none() {
+        if p.metadata.deletion_timestamp.is_none() && md_members::is_ours(&p.metadata, install) {
             pvcs.delete(&p.name_any(), &dp).await?;
             deleted += 1;
         }
     }
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     for s in secrets.list_metadata(&lp).await?.items {
-        secrets.delete(&s.name_any(), &dp).await?;
-        deleted += 1;
+        if md_members::is_ours(&s.metadata, install) {
+            secrets.delete(&s.name_any(), &dp).await?;
+            deleted += 1;
+        }
     }
     Ok(deleted)
 }
 
 /// Deletes the member copy of the cache's credentials Secret, if there is one with the cache's
 /// labels. Returns whether one was deleted.
-pub async fn remove_credentials(client: &Client, cache: &ModelCache) -> Result<bool, kube::Error> {
+pub async fn remove_credentials(client: &Client, cache: &ModelCache, install: &str) -> Result<bool, kube::Error> {
     let ns = cache.namespace().unwrap_or_else(|| "default".into());
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     let name = credentials_secret_name(&cache.name_any());
     let Some(s) = secrets.get_metadata_opt(&name).await? else { return Ok(false) };
-    let ours = s.metadata.labels.as_ref().and_then(|l| l.get(labels::CACHE)) == Some(&cache_key(cache));
+    let ours = s.metadata.labels.as_ref().and_then(|l| l.get(labels::CACHE)) == Some(&cache_key(cache))
+        && md_members::ours_or_legacy(&s.metadata, install);
     if !ours {
         return Ok(false);
     }

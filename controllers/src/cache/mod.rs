@@ -174,7 +174,10 @@ async fn refuse_credentials(
 ) -> Result<Action, Error> {
     for entry in cache.status.iter().flat_map(|s| &s.clusters) {
         let Ok((client, _)) = member_client(ctx, clusters, &entry.cluster).await else { continue };
-        let removed = tokio::time::timeout(ctx.config.timeouts.observe, members::remove_credentials(&client, cache));
+        let removed = tokio::time::timeout(
+            ctx.config.timeouts.observe,
+            members::remove_credentials(&client, cache, &ctx.config.install_id),
+        );
         if let Ok(Ok(true)) = removed.await {
             tracing::warn!(cache = %cache.name_any(), cluster = %entry.cluster, "credentials copy removed");
         }
@@ -229,7 +232,7 @@ async fn stage_in(
         Err(e) => return Observation::Unreachable(e),
     };
     let work = async {
-        let mut observed = members::observe(&client, cache).await?;
+        let mut observed = members::observe(&client, cache, &ctx.config.install_id).await?;
         let class = render::storage_class(cache, ic.spec.cache_storage_class_name.as_deref());
         let mut objects = vec![render::pvc(cache, class.as_deref())];
         if let Some(data) = secret {
@@ -272,7 +275,9 @@ async fn remove_in(
     name: &str,
 ) -> Result<usize, String> {
     let (client, _) = member_client(ctx, clusters, name).await?;
-    match tokio::time::timeout(ctx.config.timeouts.observe, members::remove(&client, cache)).await {
+    match tokio::time::timeout(ctx.config.timeouts.observe, members::remove(&client, cache, &ctx.config.install_id))
+        .await
+    {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(brief(&e)),
         Err(_) => Err("did not answer in time".into()),
