@@ -96,7 +96,11 @@ pub async fn name_taken_and_long_name(control: &Client, api: &Api<ModelDeploymen
         assert_eq!(&serde_json::to_value(&s).unwrap(), whole, "byte for byte");
         Api::<Service>::namespaced(members[m].clone(), "ml").delete("taken", &DeleteParams::default()).await.unwrap();
     }
-    assert!(status_of(api, "eu-model").await.conditions.is_true("Ready"), "the neighbour stays Ready");
+    // The neighbour is unharmed (it may still be settling from the outage phases before: wait).
+    wait_for("the neighbour eu-model Ready", Duration::from_secs(90), || async {
+        status_of(api, "eu-model").await.conditions.is_true("Ready").then_some(())
+    })
+    .await;
 
     // A 64-character name (a valid Kubernetes name; a label value may hold 63).
     let long = format!("long-{}", "n".repeat(59));
@@ -219,7 +223,10 @@ pub async fn second_installation(fleet: &Fleet, api: &Api<ModelDeployment>, memb
         b_objects.keys().collect::<Vec<_>>(),
         "the first installation's sweep left the second's b-model"
     );
-    assert!(status_of(api, "eu-model").await.conditions.is_true("Ready"), "the first's eu-model stays Ready");
+    wait_for("the first's eu-model Ready", Duration::from_secs(90), || async {
+        status_of(api, "eu-model").await.conditions.is_true("Ready").then_some(())
+    })
+    .await;
     // The second deletes its InferenceCluster eu1 (Cleanup): its objects go, the first's stay.
     Api::<flotilla_apis::InferenceCluster>::all(control2.clone())
         .delete("eu1", &DeleteParams::default())
