@@ -15,14 +15,14 @@ use std::sync::Arc;
 
 use flotilla_apis::ModelCache;
 use flotilla_apis::cache::ClusterCacheStatus;
-use flotilla_apis::conditions::{Desired, Status, merge};
-use flotilla_apis::constants::{annotations, condition, reason};
+use flotilla_apis::conditions::merge;
+use flotilla_apis::constants::annotations;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use super::{CacheContext, now, remove_in, status, write_status};
 use crate::Error;
-use crate::deployment::cleanup::{Scope, Verdict, decide, orphan_annotated, reachable};
+use crate::deployment::cleanup::{Scope, Verdict, blocked_condition, decide, orphan_annotated, reachable};
 
 /// Which members the deletion of a cache touches: `held` are the clusters in its status,
 /// `in_use` those where a deployment still mounts it (left alone), `clusters` every
@@ -32,22 +32,8 @@ pub fn scope(held: &BTreeSet<String>, in_use: &BTreeSet<String>, clusters: &[(St
     crate::deployment::cleanup::scope(held, &others)
 }
 
-/// `Ready=False CleanupBlocked`, naming each member that holds the cache's objects and cannot
-/// be reached, and the way out.
-pub fn blocked_condition(blocked: &BTreeMap<String, String>) -> Desired {
-    let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c} ({why})")).collect();
-    Desired::new(
-        condition::READY,
-        Status::False,
-        reason::CLEANUP_BLOCKED,
-        format!(
-            "deletion waits: member(s) holding this cache's volume and Jobs cannot be reached: {}; bring them back, \
-             or annotate {}=true to delete it and leave the objects there",
-            which.join("; "),
-            annotations::ORPHAN_ON_UNREACHABLE
-        ),
-    )
-}
+/// What a blocked ModelCache deletion waits for (`deployment::cleanup::blocked_condition`).
+const CACHE_OBJECTS: &str = "this cache's volume and Jobs";
 
 /// The finalizer's cleanup: wait for deployments that mount the cache, remove its objects in
 /// the scope's members concurrently, then act on the verdict.
@@ -105,8 +91,12 @@ pub async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Actio
         }
         Verdict::Wait(blocked) => {
             let mut next = cache.status.clone().unwrap_or_default();
-            next.conditions.0 =
-                merge(&next.conditions.0, &[blocked_condition(&blocked)], cache.metadata.generation, &now());
+            next.conditions.0 = merge(
+                &next.conditions.0,
+                &[blocked_condition(CACHE_OBJECTS, &blocked)],
+                cache.metadata.generation,
+                &now(),
+            );
             write_status(ctx, &cache, next).await?;
             let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c}: {why}")).collect();
             Err(Error::Cleanup(which.join("; ")))
@@ -117,6 +107,8 @@ pub async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Actio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flotilla_apis::conditions::Status;
+    use flotilla_apis::constants::{condition, reason};
 
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|s| s.to_string()).collect()
@@ -147,7 +139,7 @@ mod tests {
         let failed: BTreeMap<String, String> = [("eu2".to_string(), "connection refused".to_string())].into();
         assert_eq!(decide(failed.clone(), false), Verdict::Wait(failed.clone()));
         assert_eq!(decide(failed.clone(), true), Verdict::Orphan(failed.clone()));
-        let c = blocked_condition(&failed);
+        let c = blocked_condition(CACHE_OBJECTS, &failed);
         assert_eq!((c.type_, c.status, c.reason), (condition::READY, Status::False, reason::CLEANUP_BLOCKED));
         assert!(c.message.contains("eu2 (connection refused)"), "{}", c.message);
         assert!(c.message.contains("flotilla.dev/orphan-on-unreachable=true"), "{}", c.message);

@@ -69,21 +69,25 @@ pub fn decide(failed: BTreeMap<String, String>, orphan: bool) -> Verdict {
     }
 }
 
-/// `Ready=False CleanupBlocked`, naming each member and what to do.
-pub fn blocked_condition(blocked: &BTreeMap<String, String>) -> Desired {
+/// `Ready=False CleanupBlocked`, naming each member that holds `what` (`this deployment's
+/// objects`, `this cache's volume and Jobs`) and cannot be reached, and what to do.
+pub fn blocked_condition(what: &str, blocked: &BTreeMap<String, String>) -> Desired {
     let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c} ({why})")).collect();
     Desired::new(
         condition::READY,
         Status::False,
         reason::CLEANUP_BLOCKED,
         format!(
-            "deletion waits: member(s) holding this deployment's objects cannot be reached: {}; bring them back, or \
-             annotate {}=true to delete it and leave the objects there",
+            "deletion waits: member(s) holding {what} cannot be reached: {}; bring them back, or annotate {}=true to \
+             delete it and leave the objects there",
             which.join("; "),
             annotations::ORPHAN_ON_UNREACHABLE
         ),
     )
 }
+
+/// What a blocked ModelDeployment deletion waits for.
+pub const DEPLOYMENT_OBJECTS: &str = "this deployment's objects";
 
 /// Whether an object carries `flotilla.dev/orphan-on-unreachable: "true"`.
 pub fn orphan_annotated(meta: &kube::api::ObjectMeta) -> bool {
@@ -148,7 +152,7 @@ pub async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> R
             let mut next = current.clone();
             next.conditions.0 = merge(
                 &current.conditions.0,
-                &[blocked_condition(&blocked)],
+                &[blocked_condition(DEPLOYMENT_OBJECTS, &blocked)],
                 md.metadata.generation,
                 &Time(Timestamp::now()),
             );
@@ -183,7 +187,7 @@ mod tests {
         let failed: BTreeMap<String, String> = [("eu2".to_string(), "connection failed".to_string())].into();
         assert_eq!(decide(failed.clone(), false), Verdict::Wait(failed.clone()));
         assert_eq!(decide(failed.clone(), true), Verdict::Orphan(failed.clone()));
-        let c = blocked_condition(&failed);
+        let c = blocked_condition(DEPLOYMENT_OBJECTS, &failed);
         assert_eq!((c.type_, c.status, c.reason), (condition::READY, Status::False, reason::CLEANUP_BLOCKED));
         assert!(c.message.contains("eu2 (connection failed)"), "{}", c.message);
         assert!(c.message.contains("flotilla.dev/orphan-on-unreachable=true"), "{}", c.message);
