@@ -4,7 +4,7 @@
 # tests/gateway/requirements.txt changes), the gateway and simulator binaries, llama.cpp's
 # llama-server for tests/gateway/test_real_engine.py (scripts/build-llama-server.sh: cached, and
 # under scripts/test.sh already built beside the Rust build), then pytest.
-# Extra arguments go to pytest.
+# Arguments go to pytest (none: every test under tests/gateway; a file or node id: only that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +26,4 @@ export FLOTILLA_GATEWAY_BIN="$TARGET/debug/flotilla-gateway"
 export FLOTILLA_ENGINESIM_BIN="$TARGET/debug/flotilla-enginesim"
 FLOTILLA_LLAMA_SERVER_BIN="$(bash scripts/build-llama-server.sh)"
 export FLOTILLA_LLAMA_SERVER_BIN
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/gateway "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${@:-tests/gateway}"

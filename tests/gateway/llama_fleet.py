@@ -96,10 +96,10 @@ class Fleet:
         self.procs = []
         self.engines = {}
         model = _model()
-        logs = tempfile.mkdtemp(prefix="flotilla-llama-")
+        self.logs = tempfile.mkdtemp(prefix="flotilla-llama-")
         try:
             for name in ("llama-a", "llama-b"):
-                proc, url = start_engine(model, logs, name)
+                proc, url = start_engine(model, self.logs, name)
                 self.procs.append(proc)
                 self.engines[name] = (proc, url)
             extra = f", continuation: {continuation}" if continuation else ""
@@ -125,6 +125,11 @@ class Fleet:
 
     def url(self, name):
         return self.engines[name][1]
+
+    def log_tail(self, name, chars=3000):
+        """The end of engine `name`'s log, for a failure message."""
+        with open(os.path.join(self.logs, f"{name}.log")) as f:
+            return f.read()[-chars:]
 
     def client(self, url=None):
         return openai.OpenAI(base_url=(url or self.gateway) + "/v1", api_key="none", max_retries=0, timeout=60)

@@ -8,22 +8,38 @@ import time
 
 from llama_fleet import GREEDY, MESSAGES, Fleet, get, metric
 
+# Long answers asked of llama-a directly: its one slot runs one, the others wait in its queue.
+# A 3,000-token answer of the test model takes about 4 s on an idle core, so four of them keep
+# the queue non-empty for over 10 s however the machine is loaded.
+BUSY = 4
+
 
 def test_an_engines_own_queue_steers_routing_away_from_it():
     f = Fleet(gateway_args=("--scrape-interval-ms", "100"))
+    errors = []
+
+    def busy_request():
+        try:
+            # One client each: no shared connection pool between the waiting requests.
+            f.client(f.url("llama-a")).chat.completions.create(
+                model="tiny", messages=MESSAGES, max_tokens=3000, **GREEDY
+            )
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below, or ignored at stop
+            errors.append(repr(e))
+
     try:
-        # Three long answers asked of llama-a directly (one slot: one runs, two wait).
-        a = f.client(f.url("llama-a"))
-        busy = [
-            threading.Thread(target=lambda: a.chat.completions.create(
-                model="tiny", messages=MESSAGES, max_tokens=3000, **GREEDY), daemon=True)
-            for _ in range(3)
-        ]
+        busy = [threading.Thread(target=busy_request, daemon=True) for _ in range(BUSY)]
         for t in busy:
             t.start()
-        deadline = time.monotonic() + 10
-        while metric(get(f.url("llama-a") + "/metrics")[1], "llamacpp:requests_deferred") < 2:
-            assert time.monotonic() < deadline, "llama-a never queued the requests"
+        deadline = time.monotonic() + 30
+        while True:
+            page = get(f.url("llama-a") + "/metrics")[1]
+            if metric(page, "llamacpp:requests_deferred") >= 1 and metric(page, "llamacpp:requests_processing") >= 1:
+                break
+            assert time.monotonic() < deadline, (
+                f"llama-a never queued a request; busy requests' errors: {errors}; "
+                f"its metrics:\n{page}\nits log ends:\n{f.log_tail('llama-a')}"
+            )
             time.sleep(0.02)
         time.sleep(0.5)  # a few scrapes
         # The gateway has nothing in flight anywhere: only the scraped queue tells them apart
@@ -34,8 +50,8 @@ def test_an_engines_own_queue_steers_routing_away_from_it():
                 model="tiny", messages=MESSAGES, max_tokens=4, **GREEDY
             )
             served.append(raw.headers["x-flotilla-cluster"])
-        assert served == ["llama-b"] * 3, served
-        for t in busy:
-            t.join(timeout=30)
+        still_queued = metric(get(f.url("llama-a") + "/metrics")[1], "llamacpp:requests_deferred")
+        assert served == ["llama-b"] * 3, (served, f"llama-a's queue now {still_queued}", errors)
+        assert not errors, errors
     finally:
         f.stop()
