@@ -451,6 +451,15 @@ pub struct ModelDeploymentStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub refused_pools: Vec<RefusedPool>,
+    /// Set when this deployment's workload names would equal an older deployment's of the same
+    /// namespace (`qwen` on pool `h100-spot` and `qwen-h100` on pool `spot` both render
+    /// `qwen-h100-spot`): every name of its Deployments, claim templates and budgets then ends in
+    /// `-<workloadSuffix>`, a hash of its namespace and name. Written by the controller before the
+    /// first object carries it, and kept for the deployment's life, so its workloads are not
+    /// renamed when the other deployment goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub workload_suffix: Option<String>,
 }
 
 /// A pool backed off after its member's scheduler refused a deployment's pods.

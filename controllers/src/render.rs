@@ -49,47 +49,33 @@ pub fn deployment_key(md: &ModelDeployment) -> String {
     ))
 }
 
-/// FNV-1a over `parts`, each followed by a `/` (a character no part may hold): stable across
-/// versions and platforms, unlike `DefaultHasher`; `("a-b", "c")` and `("a", "b-c")` differ.
-fn fnv(parts: &[&str]) -> u32 {
-    let h = parts
-        .iter()
-        .flat_map(|p| p.bytes().chain(std::iter::once(b'/')))
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    h as u32
-}
-
-/// The longest label value and DNS label Kubernetes accepts.
-pub const MAX_LABEL: usize = 63;
-
-/// `text` if it has at most `max` characters, else its first characters (ending in a letter or
-/// digit) and `-` and a hash of `hashed`: the same input always gives the same output.
-fn shorten(text: &str, max: usize, hashed: &[&str]) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let head: String = text.chars().take(max - 9).collect();
-    let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
-    format!("{head}-{:08x}", fnv(hashed))
-}
-
-/// A label value: `value` as it is when it has at most 63 characters (every value Flotilla
-/// wrote before stays as it was), else shortened with a hash of the whole value.
-pub fn label_value(value: &str) -> String {
-    shorten(value, MAX_LABEL, &[value])
-}
+pub use flotilla_apis::names::{MAX_LABEL, label_value};
+use flotilla_apis::names::{fnv, shorten};
 
 /// The name of a deployment's workload in one pool (and role): `<name>-<pool>[-<role>]` as it
 /// always was when that has at most 63 characters, else shortened with a hash of the
-/// (name, pool, role) tuple. Names that collide across deployments (`qwen` + `h100-spot` and
-/// `qwen-h100` + `spot`) are not renamed here: the second deployment finds the first's
-/// objects carry another owner and leaves them alone (`deployment/members.rs`).
-pub fn workload_name(name: &str, pool: &str, role: Option<&str>) -> String {
-    let full = match role {
+/// (name, pool, role) tuple. Names that would collide across the deployments of a namespace
+/// (`qwen` + `h100-spot` and `qwen-h100` + `spot`) are told apart by `suffix`, which the younger
+/// deployment carries ([`workload_suffix`], `deployment/naming.rs`): `<name>-<pool>[-<role>]-<suffix>`.
+pub fn workload_name(name: &str, pool: &str, role: Option<&str>, suffix: Option<&str>) -> String {
+    let mut full = match role {
         Some(r) => format!("{name}-{pool}-{r}"),
         None => format!("{name}-{pool}"),
     };
-    shorten(&full, MAX_LABEL, &[name, pool, role.unwrap_or("")])
+    let mut hashed = vec![name, pool, role.unwrap_or("")];
+    if let Some(s) = suffix {
+        full = format!("{full}-{s}");
+        // Only then: the hash of a long name without a suffix stays what it always was.
+        hashed.push(s);
+    }
+    shorten(&full, MAX_LABEL, &hashed)
+}
+
+/// The suffix of a deployment's workload names when they must differ from an older
+/// deployment's (`deployment/naming.rs`): eight hex digits, a hash of namespace and name.
+pub fn workload_suffix(md: &ModelDeployment) -> String {
+    let ns = md.metadata.namespace.as_deref().unwrap_or("default");
+    format!("{:08x}", fnv(&["workloads", ns, md.metadata.name.as_deref().unwrap_or("")]))
 }
 
 /// The label selector that finds every member object of a deployment.
@@ -157,8 +143,9 @@ pub fn class_selectors(class: &InferenceClassSpec) -> Vec<String> {
     out
 }
 
-/// Everything one member runs for a deployment, in apply order.
-pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Vec<Value> {
+/// Everything one member runs for a deployment, in apply order; `suffix` ends every workload
+/// name when the deployment carries one ([`workload_name`]).
+pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool, suffix: Option<&str>) -> Vec<Value> {
     let name = md.metadata.name.clone().unwrap_or_default();
     let ns = md.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let spec = &md.spec;
@@ -181,7 +168,7 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
             _ => vec![(None, spec.topology.devices_per_replica, w.replicas)],
         };
         for (role, devices, replicas) in units {
-            let base = workload_name(&name, w.pool, role);
+            let base = workload_name(&name, w.pool, role, suffix);
             let claim_name = format!("{base}-gpus");
             if dra {
                 let mut selectors = class_selectors(w.class);
@@ -218,7 +205,7 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
             let mut pod_spec = json!({
                 "nodeSelector": {labels::POOL: w.pool},
                 "tolerations": [{"key": labels::CLAIM, "operator": "Equal",
-                                 "value": label_value(&format!("{}.{}", kube::ResourceExt::namespace(md).unwrap_or_default(), kube::ResourceExt::name_any(md))),
+                                 "value": flotilla_apis::names::claim_key(&kube::ResourceExt::namespace(md).unwrap_or_default(), &kube::ResourceExt::name_any(md)),
                                  "effect": "NoSchedule"}],
                 "containers": []
             });
@@ -279,7 +266,7 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool) -> Ve
         // One budget over the pool's pods, every role's: a replica spans them all.
         out.push(crate::render_budget::pdb(
             md,
-            &workload_name(&name, w.pool, None),
+            &workload_name(&name, w.pool, None, suffix),
             &ns,
             &object_labels(md, &[(labels::POOL, w.pool)]),
             &pod_labels(md, w.pool, None),

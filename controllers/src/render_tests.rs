@@ -36,7 +36,7 @@ fn tensor_parallel_with_dra() {
         alternative: &md.spec.devices.alternatives[1],
         replicas: 2,
     };
-    let objects = render(md, &[w], true);
+    let objects = render(md, &[w], true, None);
     insta::assert_snapshot!("tensor_parallel_dra", yaml(&objects));
     // The claim template carries the solver's selector and the class identity.
     let rct = &objects[0];
@@ -61,7 +61,7 @@ fn extended_resources_without_dra_and_generation_only_on_objects() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 3,
     };
-    let objects = render(&md, &[w], false);
+    let objects = render(&md, &[w], false, None);
     let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["Deployment", "PodDisruptionBudget", "Service"], "no claim template");
     let dep = &objects[0];
@@ -104,7 +104,7 @@ fn disaggregated_roles_become_deployments() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 2,
     };
-    let objects = render(md, &[w], false);
+    let objects = render(md, &[w], false, None);
     insta::assert_snapshot!("disaggregated", yaml(&objects));
     let names: Vec<String> = objects
         .iter()
@@ -148,7 +148,7 @@ fn multi_node_becomes_a_leader_worker_set() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 3,
     };
-    let objects = render(&md, &[w], false);
+    let objects = render(&md, &[w], false, None);
     insta::assert_snapshot!("multi_node_lws", yaml(&objects));
     let lws = &objects[0];
     assert_eq!(lws["kind"], "LeaderWorkerSet");
@@ -185,7 +185,7 @@ fn each_pool_gets_a_budget_over_exactly_its_pods() {
     let budgets = |objects: &[Value]| -> Vec<Value> {
         objects.iter().filter(|o| o["kind"] == "PodDisruptionBudget").cloned().collect()
     };
-    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false);
+    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false, None);
     let pdbs = budgets(&objects);
     assert_eq!(pdbs.len(), 2, "one per pool");
     for (pdb, pool) in pdbs.iter().zip(["h100", "h100-spot"]) {
@@ -202,7 +202,7 @@ fn each_pool_gets_a_budget_over_exactly_its_pods() {
     }
     // A budget as written: a percentage passes through where a replica is one pod.
     md.spec.disruption_budget = Some(serde_json::from_value(serde_json::json!({"minAvailable": "50%"})).unwrap());
-    let pdb = &budgets(&render(&md, &[w("h100", 4)], true))[0];
+    let pdb = &budgets(&render(&md, &[w("h100", 4)], true, None))[0];
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert!(pdb["spec"].get("maxUnavailable").is_none());
 }
@@ -223,21 +223,57 @@ fn service_names_are_rfc1035_labels() {
 
 #[test]
 fn workload_names_keep_todays_form_and_are_bounded_when_long() {
-    assert_eq!(workload_name("qwen", "h100-spot", None), "qwen-h100-spot", "a name that fits is kept");
-    assert_eq!(workload_name("qwen", "h100", Some("decode")), "qwen-h100-decode");
+    assert_eq!(workload_name("qwen", "h100-spot", None, None), "qwen-h100-spot", "a name that fits is kept");
+    assert_eq!(workload_name("qwen", "h100", Some("decode"), None), "qwen-h100-decode");
     let n = "m".repeat(60);
-    let a = workload_name(&n, "h100", None);
-    let b = workload_name(&n, "h100", Some("decode"));
-    let c = workload_name(&n, "h200", None);
+    let a = workload_name(&n, "h100", None, None);
+    let b = workload_name(&n, "h100", Some("decode"), None);
+    let c = workload_name(&n, "h200", None, None);
     for x in [&a, &b, &c] {
         assert!(x.len() <= MAX_LABEL && x.starts_with("mmmm"), "{x}");
         assert!(x.ends_with(|ch: char| ch.is_ascii_alphanumeric()), "{x}");
     }
     assert!(a != b && a != c && b != c, "pool and role are in the hash: {a} {b} {c}");
-    assert_eq!(a, workload_name(&n, "h100", None), "stable");
+    assert_eq!(a, workload_name(&n, "h100", None, None), "stable");
+    // What earlier releases wrote: an upgrade renames nothing.
+    assert_eq!(a, format!("{}-e0db3b23", "m".repeat(54)));
     // The hash takes the tuple, not the joined string.
     let long = "q".repeat(60);
-    assert_ne!(workload_name(&long, "h100-spot", None), workload_name(&format!("{long}-h100"), "spot", None));
+    assert_ne!(
+        workload_name(&long, "h100-spot", None, None),
+        workload_name(&format!("{long}-h100"), "spot", None, None)
+    );
+}
+
+#[test]
+fn a_suffix_ends_every_workload_name_and_parts_the_colliding_pair() {
+    let plain = workload_name("qwen", "h100-spot", None, None);
+    assert_eq!(plain, workload_name("qwen-h100", "spot", None, None), "the join collides");
+    let s = "0a1b2c3d";
+    assert_eq!(workload_name("qwen-h100", "spot", None, Some(s)), "qwen-h100-spot-0a1b2c3d");
+    assert_eq!(workload_name("qwen-h100", "spot", Some("decode"), Some(s)), "qwen-h100-spot-decode-0a1b2c3d");
+    let long = "q".repeat(60);
+    let (a, b) = (workload_name(&long, "spot", None, Some(s)), workload_name(&long, "spot", None, None));
+    assert!(a.len() <= MAX_LABEL && a != b, "{a} {b}");
+    // Every object of the pool carries it: the Deployment, its claim template and its budget.
+    let (mds, classes) = fleet();
+    let md = &mds[0];
+    let w = PoolWorkload {
+        pool: "h100",
+        class: &classes["h100-sxm-80g"],
+        alternative: &md.spec.devices.alternatives[1],
+        replicas: 1,
+    };
+    let names: Vec<String> = render(md, &[w], true, Some(s))
+        .iter()
+        .filter(|o| o["kind"] != "Service")
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.iter().all(|n| n.contains(s)), "{names:?}");
+    let mut other = md.clone();
+    other.metadata.name = Some("other".into());
+    assert_ne!(workload_suffix(md), workload_suffix(&other));
 }
 
 #[test]
@@ -252,7 +288,7 @@ fn label_values_are_bounded_and_unchanged_when_they_fit() {
     md.metadata.name = Some("a".repeat(64));
     let alternative = md.spec.devices.alternatives[1].clone();
     let w = PoolWorkload { pool: "h100", class: &classes["h100-sxm-80g"], alternative: &alternative, replicas: 1 };
-    let objects = render(&md, &[w], true);
+    let objects = render(&md, &[w], true, None);
     let tolerations = &objects[1]["spec"]["template"]["spec"]["tolerations"][0]["value"];
     assert!(tolerations.as_str().unwrap().len() <= MAX_LABEL, "{tolerations}");
     for o in &objects {

@@ -776,9 +776,10 @@ async fn model_deployment_controller_on_real_api_servers() {
     );
 
     // Flotilla touches only what it made (ownership.rs): a name someone else holds, a long
-    // name, a second installation sharing eu1, a sweep past its share bound.
+    // name, two names that meet, a second installation sharing eu1, a sweep past its share bound.
     let install = ownership::install_id(&control).await;
     ownership::name_taken_and_long_name(&control, &api, &members).await;
+    ownership::colliding_names(&fleet, &control, &api, &members).await;
     ownership::second_installation(&fleet, &api, &members).await;
     ownership::sweep_held(&ctl, &control, &members, &install).await;
 

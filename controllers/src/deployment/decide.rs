@@ -66,6 +66,9 @@ pub struct CacheView {
 pub struct Input<'a> {
     /// The deployment: spec, generation and current status.
     pub md: &'a ModelDeployment,
+    /// The suffix its workload names carry (`naming.rs`): recorded in its status before the
+    /// first object carries it.
+    pub workload_suffix: Option<&'a str>,
     /// Its entry in the fleet plan.
     pub plan: &'a DeploymentPlan,
     /// Its members.
@@ -178,7 +181,17 @@ pub fn decide(input: &Input<'_>) -> Decision {
     if let Some(cache) = input.cache {
         observed.cache = Some(gate_on_cache(cache, &mut step, &observed.running));
     }
-    let write_ahead = write_ahead(input, &step, &observed);
+    let mut write_ahead = write_ahead(input, &step, &observed);
+    // A suffix newly chosen is in the status before any object carries it: kept from then on,
+    // whatever happens to the deployment it avoids.
+    let recorded = md.status.as_ref().and_then(|s| s.workload_suffix.as_deref());
+    if input.workload_suffix.is_some() && recorded != input.workload_suffix {
+        let mut ahead = write_ahead.take().unwrap_or_else(|| {
+            status::desired(md.status.as_ref(), md.metadata.generation, input.plan, &observed, input.now, input.backoff)
+        });
+        ahead.workload_suffix = input.workload_suffix.map(str::to_string);
+        write_ahead = Some(ahead);
+    }
     let in_effect: BTreeSet<&str> = write_ahead
         .as_ref()
         .or(md.status.as_ref())
@@ -284,7 +297,7 @@ fn objects_for(input: &Input<'_>, cluster: &str, step: &BTreeMap<Key, i32>) -> V
         };
         pools.push(PoolWorkload { pool, class, alternative, replicas: *replicas });
     }
-    if pools.is_empty() { Vec::new() } else { render(md, &pools, input.dra.contains(cluster)) }
+    if pools.is_empty() { Vec::new() } else { render(md, &pools, input.dra.contains(cluster), input.workload_suffix) }
 }
 
 /// The (cluster, pool, desired) a status places replicas at.

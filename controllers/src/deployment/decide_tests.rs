@@ -96,18 +96,20 @@ struct Case {
     cache: Option<CacheView>,
     dra: BTreeSet<String>,
     now: Time,
+    suffix: Option<String>,
 }
 
 impl Case {
     fn new(status: Option<ModelDeploymentStatus>, plan: DeploymentPlan, seen: Seen) -> Self {
         let (mut md, classes) = fleet();
         md.status = status;
-        Case { md, classes, plan, seen, cache: None, dra: BTreeSet::new(), now: now() }
+        Case { md, classes, plan, seen, cache: None, dra: BTreeSet::new(), now: now(), suffix: None }
     }
 
     fn input(&self) -> Input<'_> {
         Input {
             md: &self.md,
+            workload_suffix: self.suffix.as_deref(),
             plan: &self.plan,
             seen: &self.seen,
             claim: None,
@@ -180,6 +182,34 @@ fn the_new_cluster_is_recorded_in_status_before_anything_is_applied_there() {
     // Twin: a cluster the status already names gets no write-ahead.
     let c = Case::new(Some(placed(&[("eu1", 4, 2)])), plan(&[("eu1", 4)]), seen(&[("eu1", 4, 2)]));
     assert_eq!(c.decide().write_ahead, None);
+}
+
+#[test]
+fn a_workload_suffix_is_recorded_before_any_object_carries_it() {
+    let names = |d: &Decision, c: &str| -> Vec<String> {
+        d.members[c]
+            .iter()
+            .filter(|o| o["kind"] != "Service")
+            .map(|o| o["metadata"]["name"].as_str().unwrap().into())
+            .collect()
+    };
+    // A settled deployment whose names now need a suffix (naming.rs chose one).
+    let mut c = Case::new(Some(placed(&[("eu1", 2, 2)])), plan(&[("eu1", 2)]), seen(&[("eu1", 2, 2)]));
+    let plain = c.decide();
+    assert_eq!(plain.write_ahead, None);
+    assert!(names(&plain, "eu1").iter().all(|n| !n.ends_with("-0a1b2c3d")));
+    c.suffix = Some("0a1b2c3d".into());
+    let d = c.decide();
+    let ahead = d.write_ahead.as_ref().expect("the suffix is written ahead");
+    assert_eq!(ahead.workload_suffix.as_deref(), Some("0a1b2c3d"));
+    assert_eq!(d.outcome.status.workload_suffix.as_deref(), Some("0a1b2c3d"), "and kept in the final status");
+    let suffixed = names(&d, "eu1");
+    assert!(!suffixed.is_empty() && suffixed.iter().all(|n| n.ends_with("-0a1b2c3d")), "{suffixed:?}");
+    // Once recorded, no further write-ahead, same names.
+    c.md.status = Some(d.outcome.status.clone());
+    let again = c.decide();
+    assert_eq!(again.write_ahead, None);
+    assert_eq!(names(&again, "eu1"), suffixed);
 }
 
 #[test]

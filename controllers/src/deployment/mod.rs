@@ -12,6 +12,7 @@ mod claim_sync;
 pub mod cleanup;
 pub mod decide;
 pub mod members;
+pub mod naming;
 pub mod observe;
 mod retry;
 pub mod rollout;
@@ -379,8 +380,13 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         .map(|c| c.name_any())
         .collect();
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
+    // Pools of every InferenceCluster: where this deployment's names could meet another's.
+    let pools: BTreeSet<String> =
+        ctx.clusters.state().iter().flat_map(|c| c.spec.pools.iter().map(|p| p.name.clone())).collect();
+    let workload_suffix = naming::suffix(&md, ctx.deployments.state().iter().map(|d| d.as_ref()), &pools);
     let input = decide::Input {
         md: &md,
+        workload_suffix: workload_suffix.as_deref(),
         plan: dp,
         seen: &members.seen,
         claim: claim.as_deref(),

@@ -180,12 +180,18 @@ pub fn desired(
             "the fleet has room for every replica",
         )
     } else {
-        Desired::new(
-            condition::CAPACITY_AVAILABLE,
-            Status::False,
-            reason::INSUFFICIENT_CAPACITY,
-            format!("{} replica(s) need capacity the fleet does not have", plan.unplaced),
-        )
+        // Every replica placed but a `minReplicas` unmet: say which, not "0 replicas".
+        let mut short: Vec<String> = Vec::new();
+        if plan.unplaced > 0 {
+            short.push(format!("{} replica(s) need capacity the fleet does not have", plan.unplaced));
+        }
+        short.extend(plan.unmet_minimums.iter().map(|m| {
+            format!(
+                "alternative {} wants at least {} replica(s) and only {} could be placed on it",
+                m.rank, m.wanted, m.placed
+            )
+        }));
+        Desired::new(condition::CAPACITY_AVAILABLE, Status::False, reason::INSUFFICIENT_CAPACITY, short.join("; "))
     };
     let mut problems: Vec<String> = observed.unreachable.iter().map(|(c, m)| format!("{c}: {m}")).collect();
     problems.extend(observed.apply_failed.iter().map(|(c, m)| format!("{c}: apply failed: {m}")));
@@ -279,6 +285,8 @@ pub fn desired(
         // Written by the elected gateway replica (the autoscaler): kept, never cleared here.
         autoscaling: old.autoscaling.clone(),
         refused_pools: refused_pools(&old, observed, now, backoff),
+        // Chosen once (`naming.rs`), never cleared: the workloads keep their names.
+        workload_suffix: old.workload_suffix.clone(),
     }
 }
 
@@ -617,6 +625,20 @@ mod tests {
         let patch = crate::status_patch::status_patch(Some(&before), &next).unwrap();
         assert_eq!(patch["status"]["autoscaling"]["reason"], "Steady");
         assert_eq!(next, before, "nothing else changed: no write at all");
+    }
+
+    #[test]
+    fn capacity_says_which_minimum_is_unmet_when_every_replica_is_placed() {
+        let mut p = plan(4, 4);
+        p.unmet_minimums = vec![flotilla_placement::plan::UnmetMinimum { rank: 2, wanted: 4, placed: 2 }];
+        let s = desired(None, Some(1), &p, &observed(4), &now(), BACKOFF);
+        let c = s.conditions.get(condition::CAPACITY_AVAILABLE).unwrap();
+        assert_eq!(c.status, "False");
+        assert_eq!(c.message, "alternative 2 wants at least 4 replica(s) and only 2 could be placed on it");
+        assert!(!c.message.contains("0 replica"), "{}", c.message);
+        let s = desired(None, Some(1), &plan(4, 3), &observed(3), &now(), BACKOFF);
+        let c = s.conditions.get(condition::CAPACITY_AVAILABLE).unwrap();
+        assert_eq!(c.message, "1 replica(s) need capacity the fleet does not have");
     }
 
     #[test]

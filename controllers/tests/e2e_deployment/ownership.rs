@@ -7,7 +7,9 @@
 //! neither its prune, its sweep, its deletion of that deployment nor the `Cleanup` deletion of its
 //! own InferenceCluster `eu1` touches the first's objects, while the first's sweep leaves the
 //! second's. A sweep that would delete most of a member's objects is held (`SweepHeld` event,
-//! `member_sweeps_total{outcome="Held"}`) until `flotilla.dev/approve-sweep` approves it.
+//! `member_sweeps_total{outcome="Held"}`) until `flotilla.dev/approve-sweep` approves it. Two
+//! deployments whose names meet in one member (`pair` on pool `x-zz`, `pair-x` on `zz`) both
+//! serve: the younger's workloads end in its `status.workloadSuffix`, and keep it when the older goes.
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -128,6 +130,79 @@ pub async fn name_taken_and_long_name(control: &Client, api: &Api<ModelDeploymen
         (gone && !left).then_some(())
     })
     .await;
+}
+
+/// `pair` on pool `x-zz` and, younger, `pair-x` on pool `zz` (each pool with its own node and
+/// class, so nothing else moves), both in eu2: both would write `pair-x-zz`.
+pub async fn colliding_names(
+    fleet: &Fleet,
+    control: &Client,
+    api: &Api<ModelDeployment>,
+    members: &BTreeMap<&str, Client>,
+) {
+    let eu2 = &members["eu2"];
+    for (pool, class) in [("x-zz", "h100x"), ("zz", "h100y")] {
+        fleet.gpu_nodes("eu2", "h100", 1, pool, "eu-west-3");
+        apply(control, json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceClass", "metadata": {"name": class},
+            "spec": {"device": {"driver": "gpu.nvidia.com", "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"},
+                     "architecture": {"string": "Hopper"}}, "capacity": {"memory": "80Gi"}},
+                     "devicesPerNode": 8, "pricePerNodeHour": {"onDemand": "98.32"}}}))
+        .await;
+    }
+    let clusters: Api<flotilla_apis::InferenceCluster> = Api::all(control.clone());
+    let patch = json!({"metadata": {"labels": {"e2e/pair": "here"}}, "spec": {"pools": [
+        {"name": "h100", "class": "h100", "maxNodes": 8, "capacityTypes": ["on-demand"]},
+        {"name": "x-zz", "class": "h100x", "maxNodes": 1, "capacityTypes": ["on-demand"]},
+        {"name": "zz", "class": "h100y", "maxNodes": 1, "capacityTypes": ["on-demand"]}]}});
+    clusters.patch("eu2", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let one = json!({"type": "Standalone", "devicesPerReplica": 1});
+    let here = json!({"clusterSelector": {"matchLabels": {"e2e/pair": "here"}}});
+    let mut pair = model("pair", 1, one.clone(), here.clone());
+    pair["spec"]["devices"]["alternatives"] = json!([{"class": "h100x"}]);
+    apply(control, pair).await;
+    wait_for("pair Ready 1/1", Duration::from_secs(60), || async {
+        let s = status_of(api, "pair").await;
+        (s.ready_replicas == 1 && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    let mut pair_x = model("pair-x", 1, one, here);
+    pair_x["spec"]["devices"]["alternatives"] = json!([{"class": "h100y"}]);
+    apply(control, pair_x).await;
+    let suffix = wait_for("pair-x Ready 1/1 with a suffix", Duration::from_secs(60), || async {
+        let s = status_of(api, "pair-x").await;
+        (s.ready_replicas == 1 && s.conditions.is_true("Ready")).then_some(s.workload_suffix?)
+    })
+    .await;
+    assert_eq!(suffix.len(), 8, "{suffix}");
+    assert_eq!(status_of(api, "pair").await.workload_suffix, None, "the older keeps its names");
+    let older = member_deployments(eu2, "pair").await;
+    let younger = member_deployments(eu2, "pair-x").await;
+    assert_eq!(older.keys().collect::<Vec<_>>(), ["pair-x-zz"], "{older:?}");
+    let suffixed = format!("pair-x-zz-{suffix}");
+    assert_eq!(younger.keys().collect::<Vec<_>>(), [&suffixed], "{younger:?}");
+    // The older goes; the younger's workloads keep their names (the same objects).
+    let kept = versions(eu2, "pair-x").await;
+    api.delete("pair", &DeleteParams::default()).await.unwrap();
+    wait_for("pair gone with its objects", Duration::from_secs(60), || async {
+        let gone = api.get_opt("pair").await.unwrap().is_none();
+        (gone && member_deployments(eu2, "pair").await.is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await; // reconciles after the change
+    assert_eq!(status_of(api, "pair-x").await.workload_suffix.as_deref(), Some(suffix.as_str()));
+    let uids = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        m.iter().map(|(k, v)| (k.clone(), v.split('/').next().unwrap().to_string())).collect()
+    };
+    assert_eq!(uids(&versions(eu2, "pair-x").await), uids(&kept), "nothing of pair-x renamed or re-created");
+    api.delete("pair-x", &DeleteParams::default()).await.unwrap();
+    wait_for("pair-x gone with its objects", Duration::from_secs(60), || async {
+        let gone = api.get_opt("pair-x").await.unwrap().is_none();
+        (gone && versions(eu2, "pair-x").await.is_empty()).then_some(())
+    })
+    .await;
+    let patch =
+        json!({"spec": {"pools": [{"name": "h100", "class": "h100", "maxNodes": 8, "capacityTypes": ["on-demand"]}]}});
+    clusters.patch("eu2", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
 }
 
 /// Member objects of ModelDeployment `ml.<model>` in `ml` of a member: `Kind/name` →

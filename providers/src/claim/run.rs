@@ -447,7 +447,7 @@ async fn try_offering(
     run: &mut Run,
 ) -> Result<Acquisition, ProviderError> {
     let mode = input.spec.topology.as_ref().map(|t| t.placement_group).unwrap_or_default();
-    let claim = format!("{}.{}", input.namespace, input.name);
+    let claim = flotilla_apis::names::claim_key(input.namespace, input.name);
     let class = alt.class_for(offering);
     let name = acquisition_name(input, pod_set, offering, run.attempts.len());
     let mut node_labels = std::collections::BTreeMap::new();
