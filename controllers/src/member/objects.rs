@@ -62,14 +62,20 @@ pub struct Cached {
 
 struct NsCache {
     stores: Vec<(usize, Store<DynamicObject>)>,
-    failure: Arc<Mutex<Option<(bool, String)>>>,
+    /// Per kind (`KINDS` index) whose watch failed since it last showed it is live: (refused,
+    /// what). Cleared by the watch's next event, or by a LIST of the kind that the member
+    /// answers ([`NsCache::ready`]): a resumed watch says nothing until something changes.
+    failure: Arc<Mutex<std::collections::BTreeMap<usize, (bool, String)>>>,
+    /// The member's client and the namespace, for that LIST.
+    client: Client,
+    ns: String,
     started: Instant,
     _tasks: Vec<AbortOnDrop>,
 }
 
 impl NsCache {
     fn start(client: &Client, ns: &str, kinds: &[usize]) -> Self {
-        let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
+        let failure: Arc<Mutex<std::collections::BTreeMap<usize, (bool, String)>>> = Arc::default();
         let mut stores = Vec::new();
         let mut tasks = Vec::new();
         for &i in kinds {
@@ -87,14 +93,25 @@ impl NsCache {
                     watcher(api, config).default_backoff().modify(super::strip::workload).reflect(writer)
                 );
                 while let Some(event) = events.next().await {
-                    let Err(e) = event else { continue };
+                    let e = match event {
+                        Ok(_) => {
+                            // Live again (or still): what the store holds is current.
+                            if let Ok(mut slot) = f.lock()
+                                && !slot.is_empty()
+                            {
+                                slot.remove(&i);
+                            }
+                            continue;
+                        }
+                        Err(e) => e,
+                    };
                     let refused = matches!(&e,
                         watcher::Error::InitialListFailed(kube::Error::Api(s))
                         | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
                     let text = format!("{kind} in namespace {ns}: {}", super::watch_error(&e));
                     tracing::debug!("member cache: {text}");
                     if let Ok(mut slot) = f.lock() {
-                        *slot = Some((refused, text));
+                        slot.insert(i, (refused, text));
                     }
                     if refused {
                         return;
@@ -102,17 +119,45 @@ impl NsCache {
                 }
             })));
         }
-        Self { stores, failure, started: Instant::now(), _tasks: tasks }
+        Self { stores, failure, client: client.clone(), ns: ns.to_string(), started: Instant::now(), _tasks: tasks }
     }
 
+    /// LIST each kind whose watch failed (not refused): an answer clears its failure.
+    async fn recheck(&self, wait: Duration) {
+        let failing: Vec<usize> = match self.failure.lock() {
+            Ok(f) => f.iter().filter(|(_, (refused, _))| !refused).map(|(i, _)| *i).collect(),
+            Err(_) => return,
+        };
+        for i in failing {
+            let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &resource(i));
+            let lp = kube::api::ListParams::default().labels(&format!("{}=flotilla", labels::MANAGED_BY)).limit(1);
+            if let Ok(Ok(_)) = tokio::time::timeout(wait, api.list(&lp)).await
+                && let Ok(mut f) = self.failure.lock()
+            {
+                f.remove(&i);
+            }
+        }
+    }
+
+    /// A watch failing now: (refused, what); a refused one first.
     fn failed(&self) -> Option<(bool, String)> {
-        self.failure.lock().ok().and_then(|f| f.clone())
+        let f = self.failure.lock().ok()?;
+        f.values().find(|(refused, _)| *refused).or_else(|| f.values().next()).cloned()
     }
 
+    /// Synced, and the member answering: a store whose watch failed (the member stopped
+    /// answering) still holds what it last saw, which is not evidence of what runs now. A kind
+    /// whose watch failed is listed (one object, bounded by `wait`); the member's answer clears
+    /// the failure (the watch resumes from where it was and replays what it missed), no answer
+    /// makes the member unreachable for this look.
     async fn ready(&self, wait: Duration) -> Result<(), MemberError> {
         let all = futures_util::future::join_all(self.stores.iter().map(|(_, s)| s.wait_until_ready()));
-        match tokio::time::timeout(wait, all).await {
-            Ok(r) if r.iter().all(Result::is_ok) => Ok(()),
+        let synced = matches!(tokio::time::timeout(wait, all).await, Ok(r) if r.iter().all(Result::is_ok));
+        if synced {
+            self.recheck(wait).await;
+        }
+        match synced {
+            true if self.failed().is_none() => Ok(()),
             _ => Err(match self.failed() {
                 Some((true, why)) => MemberError::Unauthorized(format!(
                     "the member refused to let the controller watch {why}: grant list and watch there \
