@@ -43,14 +43,21 @@ pub fn app(probes: Probes, metrics: Metrics) -> Router {
         .with_state(AppState { probes, metrics })
 }
 
-/// Serves until `shutdown` resolves.
+/// The probe and metrics listener on `addr`: bound before anything else starts, so an address
+/// in use stops the controller with an error instead of leaving it running without health
+/// checks or metrics.
+pub async fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "probe and metrics listener up");
+    Ok(listener)
+}
+
+/// Serves on `listener` until `shutdown` resolves.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     probes: Probes,
     metrics: Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "probe and metrics listener up");
     axum::serve(listener, app(probes, metrics)).with_graceful_shutdown(shutdown).await
 }

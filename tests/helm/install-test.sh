@@ -42,6 +42,9 @@ H="${root}/tests/e2e/harness"
 HELM="${HELM:-$(bash "${here}/build-helm.sh")}"
 CONTROLLER_BIN="${FLOTILLA_CONTROLLER_BIN:-${CARGO_TARGET_DIR:-${root}/target}/debug/flotilla-controller}"
 export FLOTILLA_E2E_DIR="${FLOTILLA_E2E_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/flotilla-helm-XXXXXX")}"
+# A loopback port nothing listens on now (the kernel's choice; a random pick once landed on a
+# harness process and the controller's metrics were read from it).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # shellcheck source=../e2e/harness/lib.sh
 source "${H}/lib.sh"
 
@@ -299,7 +302,7 @@ spec:
   devices: {alternatives: [{class: h100}]}
   placement: {sovereignty: {allowedJurisdictions: [EU]}}
 EOF
-  port=$((20000 + RANDOM % 20000))
+  port=$(free_port)
   log "running ${CONTROLLER_BIN} as system:serviceaccount:${NS}:flotilla-controller"
   "${CONTROLLER_BIN}" --kubeconfig "${SAKC}" --lease-namespace "${NS}" --identity helm-test-0 \
     --probe-addr "127.0.0.1:${port}" --poll-seconds 2 --member-timeout-seconds 4 \
@@ -347,7 +350,7 @@ contexts: [{name: sa, context: {cluster: control, user: flotilla-gateway}}]
 current-context: sa
 EOF
     chmod 600 "${GWKC}"
-    gwport=$((20000 + RANDOM % 20000))
+    gwport=$(free_port)
     log "running ${GATEWAY_BIN} --control-cluster as system:serviceaccount:${NS}:flotilla-gateway"
     "${GATEWAY_BIN}" --control-cluster --kubeconfig "${GWKC}" --keys-namespace "${KNS}" \
       --lease-namespace "${NS}" --identity helm-gw-0 --listen "127.0.0.1:${gwport}" \
@@ -451,10 +454,10 @@ done
 # The objects left above (the member's real status, the last API-shape status applied per
 # name; ml/llama and "outside" were deleted in step 3) through kube-state-metrics with docs/monitoring/kube-state-metrics-flotilla.yaml.
 ksm=$(bash "${here}/build-ksm.sh")
-kport=$((20000 + RANDOM % 20000))
+kport=$(free_port) ktport=$(free_port)
 "${ksm}" --kubeconfig "${CKC}" --custom-resource-state-only \
   --custom-resource-state-config-file "${root}/docs/monitoring/kube-state-metrics-flotilla.yaml" \
-  --host 127.0.0.1 --port "${kport}" --telemetry-host 127.0.0.1 --telemetry-port $((kport + 1)) \
+  --host 127.0.0.1 --port "${kport}" --telemetry-host 127.0.0.1 --telemetry-port "${ktport}" \
   >"${FLOTILLA_E2E_DIR}/ksm.log" 2>&1 &
 ksm_pid=$!
 metrics=""
@@ -528,7 +531,7 @@ if [[ ! -s "${FLOTILLA_E2E_DIR}/controller.metrics" || ! -x "${GATEWAY_BIN}" || 
 else
   gdir="${FLOTILLA_E2E_DIR}/gateway"
   mkdir -p "${gdir}"
-  sport=$((kport + 2)) gport=$((kport + 3))
+  sport=$(free_port) gport=$(free_port)
   printf '%s\n' 'clusters:' \
     '  - {name: dead, url: "http://127.0.0.1:1", jurisdiction: EU}' \
     "  - {name: sim, url: \"http://127.0.0.1:${sport}\", jurisdiction: EU}" \

@@ -14,7 +14,7 @@ use clap::Parser;
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_controllers::claim::providerfile;
 use flotilla_controllers::metrics::Metrics;
-use flotilla_controllers::server::{Probes, serve};
+use flotilla_controllers::server::{Probes, listen, serve};
 use flotilla_controllers::{ControllerConfig, run_controllers};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -266,7 +266,10 @@ async fn main() -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let server = tokio::spawn(serve(args.probe_addr, probes.clone(), metrics.clone(), stopped(stop_rx.clone())));
+    let listener = listen(args.probe_addr)
+        .await
+        .with_context(|| format!("--probe-addr {}: cannot listen there (in use?)", args.probe_addr))?;
+    let server = tokio::spawn(serve(listener, probes.clone(), metrics.clone(), stopped(stop_rx.clone())));
 
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
         .with_namespace(&args.lease_namespace)
