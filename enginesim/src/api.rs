@@ -308,7 +308,7 @@ async fn models(State(s): State<Arc<SimState>>) -> Json<Value> {
         .config
         .models
         .iter()
-        .filter(|m| !s.model_down(m))
+        .filter(|m| !s.model_down(m) && !s.config.unlisted.contains(m))
         .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "vllm", "max_model_len": s.config.max_model_len}))
         .collect();
     Json(json!({"object": "list", "data": data}))

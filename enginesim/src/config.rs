@@ -75,6 +75,10 @@ pub struct SimConfig {
     /// the start, then healthy (repeatable).
     #[arg(long = "model-down", value_name = "MODEL=MS")]
     pub model_down: Vec<crate::models::ModelDown>,
+    /// Serve this model but leave it out of `/v1/models`, as an engine that lists a served name
+    /// or a file path of its own does (repeatable).
+    #[arg(long = "unlisted", value_name = "MODEL")]
+    pub unlisted: Vec<String>,
     /// Like vLLM's `--api-key`: every `/v1/*` request must carry `Authorization: Bearer KEY`,
     /// else 401 `{"error": "Unauthorized"}` (`/health` and `/metrics` stay open).
     #[arg(long, env = "ENGINESIM_API_KEY")]
@@ -105,6 +109,7 @@ impl Default for SimConfig {
             fixed_response: false,
             model_faults: Vec::new(),
             model_down: Vec::new(),
+            unlisted: Vec::new(),
             api_key: None,
             streams: crate::streams::StreamArgs::default(),
         }

@@ -161,6 +161,11 @@ pub struct GatewayConfig {
     /// Time a probe may take, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub probe_timeout_ms: u64,
+    /// Time the probe's real request may take, in milliseconds: when a cluster's model list
+    /// cannot tell whether an ejected model serves (the list does not name it, or is no list),
+    /// the probe asks the model for one token (`probe.rs`).
+    #[arg(long, default_value_t = 3000)]
+    pub probe_request_timeout_ms: u64,
     /// How a cluster is chosen.
     #[arg(long, value_enum, default_value_t = RoutingMode::Prefix)]
     pub routing: RoutingMode,
@@ -342,7 +347,9 @@ mod tests {
         assert!(c.ttft_timeout_ms <= 10_000, "a silent route fails over within 10 s");
         // The first probe comes at most 1.25 intervals (plus a tick of a quarter) after the
         // route was ejected, and takes at most the probe timeout.
-        let recovery = c.probe_interval_ms * 5 / 4 + c.probe_interval_ms / 4 + c.probe_timeout_ms;
+        // and takes at most the probe timeout, plus the real request's when the list is inconclusive.
+        let recovery =
+            c.probe_interval_ms * 5 / 4 + c.probe_interval_ms / 4 + c.probe_timeout_ms + c.probe_request_timeout_ms;
         assert!(c.probe_interval_ms > 0 && recovery <= 10_000, "recovery within {recovery} ms");
     }
 }

@@ -212,10 +212,11 @@ impl RouteHealth {
     pub fn learn_refuses_prefill(&self) {
         self.refuses_prefill.store(true, Ordering::Relaxed);
     }
-    /// What a background probe found about the model: listed by the cluster, or not.
-    pub fn probed(&self, listed: bool, now: Instant) {
+    /// What a background probe found about the model: listed by the cluster or answering a
+    /// one-token request, or not.
+    pub fn probed(&self, answered: bool, now: Instant) {
         let b = &mut lock(&self.model).breaker;
-        if listed { b.probe_ok(now) } else { b.probe_failed(now) }
+        if answered { b.probe_ok(now) } else { b.probe_failed(now) }
     }
 }
 

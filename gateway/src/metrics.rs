@@ -133,6 +133,16 @@ pub enum AbandonReason {
     unsupported,
 }
 
+/// What a background probe asked (`probe.rs`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ProbeKind {
+    /// `GET /v1/models` on the cluster.
+    list,
+    /// One token asked of a model the list could not vouch for.
+    request,
+}
+
 /// What a background probe of an ejected route's cluster found.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -238,6 +248,7 @@ struct AttemptLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabels {
     cluster: String,
+    kind: ProbeKind,
     result: ProbeResult,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -356,7 +367,7 @@ impl Default for Metrics {
             "Requests whose body is still arriving (they hold no concurrency slot)",
             m.body_reads.clone(),
         );
-        registry.register("probes", "Background probes of ejected routes' clusters, by result", m.probes.clone());
+        registry.register("probes", "Background probes of ejected routes' clusters (their model list, or one token asked of a model), by result", m.probes.clone());
         registry.register(
             "continuations",
             "Mid-stream continuations on another route, by result",
@@ -415,8 +426,8 @@ impl Metrics {
         self.attempts.get_or_create(&AttemptLabels { cluster: cluster.to_string(), result }).inc();
     }
     /// Count a probe.
-    pub fn probe(&self, cluster: &str, result: ProbeResult) {
-        self.probes.get_or_create(&ProbeLabels { cluster: cluster.to_string(), result }).inc();
+    pub fn probe(&self, cluster: &str, kind: ProbeKind, result: ProbeResult) {
+        self.probes.get_or_create(&ProbeLabels { cluster: cluster.to_string(), kind, result }).inc();
     }
     /// Count a stream ending.
     pub fn stream(&self, cluster: &str, end: StreamEnd) {

@@ -4,8 +4,13 @@
 //! one `GET /v1/models` bounded by `--probe-timeout-ms`. An answer with the model list lets
 //! the cluster's open circuit, and the open circuit of every model it lists, admit their one
 //! half-open request now; no answer or a 5xx keeps them open for another period (so their
-//! period never runs out onto a user request while the cluster is down); any other answer
-//! leaves the circuits to their own periods. A wrong path or a refused credential marks the
+//! period never runs out onto a user request while the cluster is down). When the list cannot
+//! tell — it does not name an ejected model (engines list a file path, a served name of their
+//! own), or the answer is no model list — the probe asks that model for one token
+//! (`POST /v1/chat/completions`, `max_tokens` 1, bounded by `--probe-request-timeout-ms`): an
+//! answer with `choices` proves the route (and the cluster) healthy; a 5xx, a 404, a malformed
+//! answer or none keeps the model's circuit open; any other 4xx (the engine serves no chat, is
+//! busy) leaves it to its own period. A wrong path or a refused credential marks the
 //! cluster misconfigured (a health reason, `member::config_fault`); every cluster is checked
 //! so once when it enters the table, so a bad URL is reported before a user request meets it.
 //! The loop runs beside the server and is cancelled when shutdown begins.
@@ -22,7 +27,7 @@ use crate::AppState;
 use crate::config::ms;
 use crate::health::{ClusterHealth, RouteHealth};
 use crate::member::{ConfigReason, config_fault};
-use crate::metrics::ProbeResult;
+use crate::metrics::{ProbeKind, ProbeResult};
 use crate::table::Cluster;
 use crate::tls::tls_fault;
 
@@ -87,6 +92,72 @@ async fn fetch(st: &AppState, c: &Cluster) -> Found {
     tokio::time::timeout(ms(st.cfg.probe_timeout_ms.max(1)), ask).await.unwrap_or(Found::Down)
 }
 
+/// One token asked of `model` on the cluster: `Some(true)` an answer with `choices`,
+/// `Some(false)` none (no answer in time, a 5xx, a 404, a malformed answer), `None` an answer
+/// that says nothing of the model's health (another 4xx).
+async fn ask(st: &AppState, c: &Cluster, model: &str) -> Option<bool> {
+    let url = &c.url;
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+        "stream": false,
+    });
+    let mut req = hyper::Request::post(format!("{url}/v1/chat/completions"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .ok()?;
+    if let Some(a) = &c.auth {
+        req.headers_mut().insert(header::AUTHORIZATION, a.clone());
+    }
+    let answer = async {
+        let Ok(resp) = st.conn(c).request(req).await else { return Some(false) };
+        let status = resp.status();
+        if status.is_server_error() || status == http::StatusCode::NOT_FOUND {
+            return Some(false);
+        }
+        if !status.is_success() {
+            return None;
+        }
+        let Ok(body) = Limited::new(resp.into_body(), 1 << 20).collect().await.map(|c| c.to_bytes()) else {
+            return Some(false);
+        };
+        let v = serde_json::from_slice::<serde_json::Value>(&body).ok();
+        Some(v.is_some_and(|v| v["choices"].as_array().is_some_and(|c| !c.is_empty())))
+    };
+    tokio::time::timeout(ms(st.cfg.probe_request_timeout_ms.max(1)), answer).await.unwrap_or(Some(false))
+}
+
+/// Ask each ejected model the list could not vouch for; whether any answered.
+async fn ask_unlisted(st: &AppState, name: &str, t: &Target, listed: Option<&HashSet<String>>) -> bool {
+    let unlisted: Vec<&(String, Arc<RouteHealth>)> = t
+        .routes
+        .iter()
+        .filter(|(model, route)| {
+            listed.is_none_or(|l| !l.contains(model)) && (route.model_circuit_open() || listed.is_none())
+        })
+        .collect();
+    let answers = futures_util::future::join_all(unlisted.iter().map(|(model, _)| ask(st, &t.spec, model))).await;
+    let now = Instant::now();
+    let mut any = false;
+    for ((model, route), answer) in unlisted.into_iter().zip(answers) {
+        let result = match answer {
+            Some(true) => ProbeResult::ok,
+            Some(false) => ProbeResult::failed,
+            None => ProbeResult::inconclusive,
+        };
+        if let Some(ok) = answer
+            && route.model_circuit_open()
+        {
+            route.probed(ok, now);
+        }
+        any |= answer == Some(true);
+        tracing::debug!(cluster = name, model = %model, result = ?result, "asked an ejected model for one token");
+        st.metrics.probe(name, ProbeKind::request, result);
+    }
+    any
+}
+
 /// Record a configuration fault found by a probe or check (logged when it is news).
 fn misconfigured(name: &str, cluster: &ClusterHealth, reason: ConfigReason, what: &str) {
     let message = format!("cluster `{name}` {what}: {}", reason.advice());
@@ -126,10 +197,11 @@ async fn probe(st: &AppState, name: &str, t: Target) {
             }
             t.cluster.probed(true, now);
             for (model, route) in &t.routes {
-                if route.model_circuit_open() {
-                    route.probed(listed.contains(model), now);
+                if route.model_circuit_open() && listed.contains(model) {
+                    route.probed(true, now);
                 }
             }
+            ask_unlisted(st, name, &t, Some(listed)).await;
             ProbeResult::ok
         }
         Found::Down => {
@@ -139,10 +211,16 @@ async fn probe(st: &AppState, name: &str, t: Target) {
             }
             ProbeResult::failed
         }
-        Found::Inconclusive => ProbeResult::inconclusive,
+        Found::Inconclusive => {
+            // The cluster answered, but not with a list: a model that answers proves it too.
+            if ask_unlisted(st, name, &t, None).await {
+                t.cluster.probed(true, Instant::now());
+            }
+            ProbeResult::inconclusive
+        }
     };
     tracing::debug!(cluster = name, result = ?result, "probed an ejected route's cluster");
-    st.metrics.probe(name, result);
+    st.metrics.probe(name, ProbeKind::list, result);
 }
 
 /// `interval` scaled by a factor in [0.75, 1.25) drawn from `seed`.

@@ -141,8 +141,8 @@ async fn a_recovered_cluster_is_probed_back_into_use_without_spending_a_request(
     assert!(!gw.state.health.get("a").circuit_open(), "and its circuit closed");
     assert_eq!(a.state.request_count(), 1);
     let m = get(&gw.url("/metrics")).await.text;
-    assert!(m.contains("flotilla_gateway_probes_total{cluster=\"a\",result=\"failed\"}"), "{m}");
-    assert!(m.contains("flotilla_gateway_probes_total{cluster=\"a\",result=\"ok\"}"), "{m}");
+    assert!(m.contains("flotilla_gateway_probes_total{cluster=\"a\",kind=\"list\",result=\"failed\"}"), "{m}");
+    assert!(m.contains("flotilla_gateway_probes_total{cluster=\"a\",kind=\"list\",result=\"ok\"}"), "{m}");
 }
 
 #[tokio::test]
@@ -161,12 +161,61 @@ async fn a_flapping_model_stays_ejected_while_down_and_returns_when_listed_again
     let seen = c.state.probes();
     eventually("the model is probed while down", || c.state.probes() >= seen + 2).await;
     assert_eq!(ask(&gw, "flap").await.status, 503);
-    assert_eq!(c.state.requests_for("flap"), 1, "no request spent while the probe does not list it");
+    // The probe asked the unlisted model for one token, each refused: no user request spent.
+    let asked = probe_requests(&gw, "c").await;
+    assert!(asked.get("failed").copied().unwrap_or(0) >= 1, "{asked:?}");
+    assert_eq!(c.state.requests_for("flap") as u64, 1 + asked.values().sum::<u64>(), "{asked:?}");
     assert_eq!(ask(&gw, "steady").await.status, 200, "the other model on the cluster is served");
 
     let route = gw.state.table.load().resolve("flap").unwrap().routes[0].health.clone();
     eventually("the model is listed again", || route.available(Instant::now())).await;
     assert_eq!(ask(&gw, "flap").await.status, 200);
     assert!(!route.model_circuit_open());
-    assert_eq!(c.state.requests_for("flap"), 2);
+}
+
+/// `flotilla_gateway_probes_total{cluster,kind="request"}` by result.
+async fn probe_requests(gw: &Gateway, cluster: &str) -> std::collections::BTreeMap<String, u64> {
+    let text = get(&gw.url("/metrics")).await.text;
+    let head = format!("flotilla_gateway_probes_total{{cluster=\"{cluster}\",kind=\"request\",result=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&head))
+        .filter_map(|rest| {
+            let (result, value) = rest.split_once("\"} ")?;
+            Some((result.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_recovered_model_its_engine_does_not_list_is_proven_by_one_token() {
+    // `flap` is served but never listed (an engine listing a file path or a name of its own).
+    let c = sim("c", &["flap", "steady"], |s| s.unlisted = vec!["flap".into()]).await;
+    let models = "  - {name: flap, routes: [{cluster: c}]}\n  - {name: steady, routes: [{cluster: c}]}\n";
+    let gw = gateway(&one_cluster(c.url(), models), |g| {
+        g.breaker_failures = 1;
+        g.breaker_open_ms = 60_000;
+        g.probe_interval_ms = 100;
+        g.probe_timeout_ms = 300;
+    })
+    .await;
+    c.state.set_model_down("flap", Duration::from_millis(1500));
+    let started = Instant::now();
+    assert_eq!(ask(&gw, "flap").await.status, 503, "the engine's 503 opened the model's breaker");
+    let route = gw.state.table.load().resolve("flap").unwrap().routes[0].health.clone();
+    assert!(route.model_circuit_open());
+    // Down: every one-token probe is refused and keeps the circuit open.
+    for i in 0.. {
+        if probe_requests(&gw, "c").await.get("failed").copied().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(i < 200, "no one-token probe refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!route.available(Instant::now()), "still open while down");
+    // Up again, still unlisted: a one-token answer reopens it long before its 60 s period.
+    eventually("the unlisted model proven by one token", || route.available(Instant::now())).await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(probe_requests(&gw, "c").await.get("ok").copied().unwrap_or(0) >= 1);
+    assert_eq!(ask(&gw, "flap").await.status, 200);
+    assert!(!route.model_circuit_open(), "and its circuit closed");
 }
