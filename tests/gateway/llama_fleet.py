@@ -57,11 +57,11 @@ def metric(text, name):
     return 0.0
 
 
-def start_engine(model, log_dir, name):
-    """One llama-server on a free loopback port, the model loaded; (process, url)."""
+def start_engine(model, log_dir, name, port=0):
+    """One llama-server on loopback (`port`, or a free one), the model loaded; (process, url)."""
     log = os.path.join(log_dir, f"{name}.log")
     argv = [
-        _binary(), "-m", model, "--alias", "tiny", "--host", "127.0.0.1", "--port", "0",
+        _binary(), "-m", model, "--alias", "tiny", "--host", "127.0.0.1", "--port", str(port),
         "-c", "4096", "-np", "1", "-t", "1", "--metrics", "--no-webui", "--no-warmup",
     ]
     with open(log, "w") as f:
@@ -95,7 +95,7 @@ class Fleet:
     def __init__(self, continuation=None, gateway_args=("--scrape-interval-ms", "0")):
         self.procs = []
         self.engines = {}
-        model = _model()
+        self.model = model = _model()
         self.logs = tempfile.mkdtemp(prefix="flotilla-llama-")
         try:
             for name in ("llama-a", "llama-b"):
@@ -125,6 +125,15 @@ class Fleet:
 
     def url(self, name):
         return self.engines[name][1]
+
+    def restart(self, name):
+        """Start engine `name` again on its port (after it was killed); its new process."""
+        old, url = self.engines[name]
+        port = int(url.rsplit(":", 1)[1])
+        proc, url = start_engine(self.model, self.logs, f"{name}-again", port=port)
+        self.procs.append(proc)
+        self.engines[name] = (proc, url)
+        return proc
 
     def log_tail(self, name, chars=3000):
         """The end of engine `name`'s log, for a failure message."""

@@ -14,6 +14,15 @@ from llama_fleet import GREEDY, MESSAGES, Fleet, get, metric
 BUSY = 4
 
 
+def _metrics(f):
+    """llama-a's metrics page; empty when it does not answer in time (a busy single-core engine
+    has once taken over 5 s: the caller's own deadline decides)."""
+    try:
+        return get(f.url("llama-a") + "/metrics", timeout=10)[1]
+    except OSError:
+        return ""
+
+
 def test_an_engines_own_queue_steers_routing_away_from_it():
     f = Fleet(gateway_args=("--scrape-interval-ms", "100"))
     errors = []
@@ -33,7 +42,7 @@ def test_an_engines_own_queue_steers_routing_away_from_it():
             t.start()
         deadline = time.monotonic() + 30
         while True:
-            page = get(f.url("llama-a") + "/metrics")[1]
+            page = _metrics(f)
             if metric(page, "llamacpp:requests_deferred") >= 1 and metric(page, "llamacpp:requests_processing") >= 1:
                 break
             assert time.monotonic() < deadline, (
@@ -50,7 +59,7 @@ def test_an_engines_own_queue_steers_routing_away_from_it():
                 model="tiny", messages=MESSAGES, max_tokens=4, **GREEDY
             )
             served.append(raw.headers["x-flotilla-cluster"])
-        still_queued = metric(get(f.url("llama-a") + "/metrics")[1], "llamacpp:requests_deferred")
+        still_queued = metric(_metrics(f), "llamacpp:requests_deferred")
         assert served == ["llama-b"] * 3, (served, f"llama-a's queue now {still_queued}", errors)
         assert not errors, errors
     finally:
