@@ -105,7 +105,7 @@ pub enum Command {
         after_help = "Examples:\n  fleetctl validate -f examples/fleet\n  fleetctl validate -f examples/fleet -o json --strict"
     )]
     Validate {
-        /// Files or directories (read recursively: *.yaml, *.yml, *.json).
+        /// Files or directories (read recursively: *.yaml, *.yml, *.json); `-` reads standard input.
         #[arg(short = 'f', long = "filename", required = true, env = "FLEETCTL_FILES", value_delimiter = ',')]
         files: Vec<PathBuf>,
         /// Output format.
@@ -134,7 +134,7 @@ pub enum Command {
     /// the live fleet cannot be read.
     #[command(after_help = PLAN_EXAMPLES)]
     Plan {
-        /// Files or directories (read recursively: *.yaml, *.yml, *.json). Optional with
+        /// Files or directories (read recursively: *.yaml, *.yml, *.json; `-`: standard input). Optional with
         /// --live: without files, the live fleet is planned as it is (drift from its status).
         #[arg(
             short = 'f',
@@ -172,7 +172,7 @@ pub enum Command {
     /// be read.
     #[command(after_help = EXPLAIN_EXAMPLES)]
     Explain {
-        /// Files or directories (read recursively). Optional with --live.
+        /// Files or directories (read recursively; `-`: standard input). Optional with --live.
         #[arg(
             short = 'f',
             long = "filename",

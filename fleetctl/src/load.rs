@@ -44,7 +44,20 @@ struct Walk {
     seen: HashSet<PathBuf>,
 }
 
+/// `-f -`: the documents are read from standard input.
+pub const STDIN: &str = "-";
+
+/// The most `-f -` reads from standard input.
+const STDIN_MAX_BYTES: u64 = 64 << 20;
+
 fn collect(path: &Path, walk: &mut Walk, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    if path == Path::new(STDIN) {
+        if out.iter().any(|p| p == Path::new(STDIN)) {
+            anyhow::bail!("-f - is given twice: standard input can be read once");
+        }
+        out.push(path.to_path_buf());
+        return Ok(());
+    }
     let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     let canonical = std::fs::canonicalize(path).with_context(|| format!("cannot resolve {}", path.display()))?;
     if walk.ancestors.contains(&canonical) {
@@ -97,16 +110,35 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
     // One bound on what YAML aliases add, over each file and over all of them together.
     let mut budget = flotilla_apis::yaml_bound::Budget::default();
     for file in &files {
-        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        let (name, text) = if file == Path::new(STDIN) {
+            ("<stdin>".to_string(), read_stdin()?)
+        } else {
+            let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+            (file.display().to_string(), text)
+        };
         // A UTF-8 byte-order mark (editors on Windows write one) is not content: kubectl skips it.
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-        let one = parse_stream_within(&file.display().to_string(), text, &mut budget);
+        let one = parse_stream_within(&name, text, &mut budget);
         parsed.objects.extend(one.objects);
         parsed.problems.extend(one.problems);
         parsed.skipped.extend(one.skipped);
         parsed.refused.extend(one.refused);
     }
     Ok(Fleet { files: files.len(), parsed })
+}
+
+/// Standard input as text, at most [`STDIN_MAX_BYTES`].
+fn read_stdin() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::io::stdin().take(STDIN_MAX_BYTES + 1).read_to_end(&mut bytes).context("cannot read standard input")?;
+    if bytes.len() as u64 > STDIN_MAX_BYTES {
+        anyhow::bail!(
+            "standard input is over {} MiB: split it into files and pass them with -f",
+            STDIN_MAX_BYTES >> 20
+        );
+    }
+    String::from_utf8(bytes).context("standard input is not UTF-8 text")
 }
 
 /// The validation report for `-o json|yaml`.

@@ -1,6 +1,7 @@
 //! `fleetctl`: the Flotilla CLI's entry point. Parses the command line, runs the command and
 //! turns its outcome into an exit code: the command's own (0, 2), 3 when the live fleet could
-//! not be read, 1 for any other error (printed on stderr).
+//! not be read, 64 for a command line that cannot be parsed (an unknown command or flag: not
+//! 2, which `plan` uses for unplaced replicas), 1 for any other error (printed on stderr).
 
 use std::process::ExitCode;
 
@@ -14,8 +15,18 @@ use fleetctl::live::{EXIT_UNREACHABLE, LiveError};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// A command line that cannot be parsed (BSD `EX_USAGE`).
+const EXIT_USAGE: u8 = 64;
+
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `--help` and `--version` print to stdout and succeed; usage errors print to stderr.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
     match cli::run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -115,3 +115,71 @@ fn a_missing_kubeconfig_or_context_exits_3() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_usage_error_has_its_own_exit_code_and_help_succeeds() {
+    // 2 means "replicas unplaced" for `plan`: a typo must not look like that to CI.
+    for args in [&["plna", "-f", "examples/fleet"][..], &["plan", "--no-such-flag"], &["validate"]] {
+        let out = fleetctl(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("Usage"), "{args:?}: {}", stderr(&out));
+    }
+    for args in [&["--help"][..], &["plan", "--help"], &["--version"]] {
+        let out = fleetctl(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+fn fleetctl_stdin(args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("KUBECONFIG")
+        .env_remove("FLEETCTL_FILES")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run fleetctl");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn dash_f_dash_reads_standard_input() {
+    // The example fleet piped in, as `helm template ... | fleetctl validate -f -` would.
+    let mut all = Vec::new();
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut stack = vec![repo().join("examples/fleet")];
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else if p.extension().is_some_and(|e| e == "yaml") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    for f in &files {
+        all.extend_from_slice(b"---\n");
+        all.extend(std::fs::read(f).unwrap());
+        all.push(b'\n');
+    }
+    let piped = fleetctl_stdin(&["plan", "-f", "-"], &all);
+    let direct = fleetctl(&["plan", "-f", "examples/fleet"]);
+    assert_eq!(piped.status.code(), direct.status.code(), "{}", stderr(&piped));
+    assert_eq!(String::from_utf8_lossy(&piped.stdout), String::from_utf8_lossy(&direct.stdout), "the same plan");
+    // An error names `<stdin>` and the line.
+    let out = fleetctl_stdin(
+        &["validate", "-f", "-"],
+        b"apiVersion: flotilla.dev/v1alpha1\nkind: InferenceClass\nmetadata: {name: x}\nspec: {devicesPerNode: nope}\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &stderr(&out);
+    assert!(text.contains("<stdin>:"), "{text}");
+    // Read once only.
+    let out = fleetctl_stdin(&["validate", "-f", "-", "-f", "-"], b"");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("standard input can be read once"), "{}", stderr(&out));
+}
