@@ -178,9 +178,12 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
         let _ = writeln!(out, "\n{} — {} replica(s) placed", c.cluster, c.placed);
         let mut rows = Vec::new();
         for v in &c.verdicts {
+            // A cluster with a usable pool was not rejected: a verdict against one pool or
+            // alternative there only says that pool was not a candidate for it (`skip`).
             let verdict = match v.reason {
                 None => "pass".to_string(),
-                Some(r) => format!("FAIL {r}"),
+                Some(r) if c.candidates.is_empty() => format!("FAIL {r}"),
+                Some(r) => format!("skip {r}"),
             };
             rows.push(vec![format!("  {}", v.filter), verdict, v.detail.clone()]);
         }
