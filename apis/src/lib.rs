@@ -25,6 +25,7 @@ pub mod node_devices;
 pub mod quantity;
 pub mod reasons;
 pub mod schema_check;
+pub mod selector;
 pub mod stage;
 pub mod validate;
 pub mod yaml_bound;

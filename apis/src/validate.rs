@@ -101,6 +101,14 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
             _ => None,
         })
         .collect();
+    // Each InferenceCluster's name and the labels selectors match.
+    let cluster_labels: Vec<(&str, BTreeMap<String, String>)> = objects
+        .iter()
+        .filter_map(|o| match &o.value {
+            FleetObject::Cluster(c) => Some((o.value.name(), crate::selector::cluster_labels(c))),
+            _ => None,
+        })
+        .collect();
     let deployments: BTreeSet<(&str, &str)> = objects
         .iter()
         .filter(|o| o.value.kind() == Kind::ModelDeployment)
@@ -239,6 +247,7 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
                 check_fit_deployment(&mut sink, s, &per_node);
                 if let Some(sel) = &s.placement.cluster_selector {
                     check_label_selector(&mut sink, "spec.placement.clusterSelector", sel);
+                    check_selects_some(&mut sink, "spec.placement.clusterSelector", sel, &cluster_labels);
                 }
                 if let Some(t) = &s.placement.capacity_claim_template
                     && has_duplicates(&t.capacity_types)
@@ -266,6 +275,7 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
             FleetObject::Cache(c) => {
                 if let Some(sel) = &c.spec.targets.cluster_selector {
                     check_label_selector(&mut sink, "spec.targets.clusterSelector", sel);
+                    check_selects_some(&mut sink, "spec.targets.clusterSelector", sel, &cluster_labels);
                 }
                 let size = c.spec.size.0.trim();
                 if size.starts_with('-')
@@ -462,6 +472,42 @@ fn check_label_selector(
     }
 }
 
+/// A warning when the set holds InferenceClusters and `sel` matches none of them, naming why
+/// for the first few (nothing can be placed there until a cluster's labels or the selector
+/// change). A set without clusters (a deployment's own file) says nothing.
+fn check_selects_some(
+    sink: &mut Sink<'_>,
+    field: &str,
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    clusters: &[(&str, BTreeMap<String, String>)],
+) {
+    let valid = |op: &str| matches!(op, "In" | "NotIn" | "Exists" | "DoesNotExist");
+    // An invalid selector is an error already (`check_label_selector`).
+    if clusters.is_empty() || sel.match_expressions.iter().flatten().any(|e| !valid(&e.operator)) {
+        return;
+    }
+    let mut why = Vec::new();
+    for (name, labels) in clusters {
+        match crate::selector::selector_matches(sel, labels) {
+            Ok(()) => return,
+            Err(e) => why.push(format!("{name}: {e}")),
+        }
+    }
+    let more = why.len().saturating_sub(3);
+    why.truncate(3);
+    if more > 0 {
+        why.push(format!("{more} more"));
+    }
+    sink.warn(
+        field,
+        format!(
+            "matches none of the {} InferenceClusters in this set ({}): nothing can be placed until one matches",
+            clusters.len(),
+            why.join("; ")
+        ),
+    );
+}
+
 fn has_duplicates(types: &[CapacityType]) -> bool {
     types.iter().enumerate().any(|(i, t)| types[..i].contains(t))
 }
@@ -481,6 +527,8 @@ impl<'e> SelectorChecker<'e> {
     /// or every class) so that a selector returning a non-bool is caught before it is applied.
     fn check(&mut self, sink: &mut Sink<'_>, field: &str, class: Option<&str>, selectors: &'e [CelExpression]) {
         let mut any_match_possible = true;
+        // The selectors no class satisfies, each with why when every class lacked what it reads.
+        let mut unmet: Vec<String> = Vec::new();
         let engine = self.engine;
         for (i, expr) in selectors.iter().enumerate() {
             let f = format!("{field}.selectors[{i}]");
@@ -493,16 +541,23 @@ impl<'e> SelectorChecker<'e> {
                 }
             };
             let mut matched_any = false;
+            // (classes looked at, those lacking a key it reads, the first such message)
+            let (mut looked, mut lacking, mut missing) = (0, 0, None::<String>);
             for (name, device) in self.classes.iter() {
                 if class.is_some_and(|c| c != *name) {
                     continue;
                 }
                 let Some(device) = device else { continue };
+                looked += 1;
                 let verdict =
                     self.verdicts.entry((expr.0.as_str(), *name)).or_insert_with(|| engine.matches(selector, device));
                 match verdict {
                     Ok(true) => matched_any = true,
-                    Ok(false) | Err(SelectorError::Evaluation { missing_key: true, .. }) => {}
+                    Ok(false) => {}
+                    Err(SelectorError::Evaluation { missing_key: true, message, .. }) => {
+                        lacking += 1;
+                        missing.get_or_insert_with(|| message.clone());
+                    }
                     Err(e @ SelectorError::NonBool { .. }) => {
                         sink.error(f.clone(), e.to_string());
                         break;
@@ -514,6 +569,14 @@ impl<'e> SelectorChecker<'e> {
                 }
             }
             any_match_possible &= matched_any;
+            if !matched_any && looked > 0 {
+                unmet.push(match missing {
+                    Some(m) if lacking == looked => {
+                        format!("selectors[{i}] reads what no InferenceClass publishes ({m})")
+                    }
+                    _ => format!("selectors[{i}] is false for every InferenceClass"),
+                });
+            }
         }
         if !selectors.is_empty() && any_match_possible {
             return;
@@ -522,9 +585,12 @@ impl<'e> SelectorChecker<'e> {
             && !self.classes.is_empty()
             && sink.problems.last().is_none_or(|p| !p.field.starts_with(field))
         {
+            let why = if unmet.is_empty() { String::new() } else { format!(" ({})", unmet.join("; ")) };
             sink.warn(
                 field.to_string(),
-                "no InferenceClass in this set satisfies every selector: this alternative can never be used",
+                format!(
+                    "no InferenceClass in this set satisfies every selector{why}: this alternative can never be used"
+                ),
             );
         }
     }

@@ -57,8 +57,16 @@ fn json_report_lists_problems_with_locations() {
     assert_eq!(report["errors"], 1);
     let p = &report["problems"][0];
     assert_eq!(p["field"], "spec.replicas");
-    assert!(p["line"].as_u64().unwrap() >= 1);
     assert!(Path::new(p["file"].as_str().unwrap()).ends_with("05-negative-replicas.yaml"));
+    // The line and column of the field itself, not of its document's first line.
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/invalid/05-negative-replicas.yaml")).unwrap();
+    let want = text.lines().position(|l| l.trim_start().starts_with("replicas: -1")).unwrap() + 1;
+    assert_eq!(p["line"].as_u64(), Some(want as u64), "{p}");
+    assert_eq!(p["column"].as_u64(), Some(3), "{p}");
+    // The table says the same as `file:line:column`.
+    let out = fleetctl(&["validate", "-f", "tests/fixtures/invalid/05-negative-replicas.yaml"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("05-negative-replicas.yaml:{want}:3 (document 3): error:")), "{stderr}");
 }
 
 #[test]
@@ -112,4 +120,70 @@ fn a_model_name_shared_without_weights_on_every_deployment_is_a_warning_naming_t
         "{text}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cluster_selector_that_matches_no_cluster_is_a_warning_saying_why() {
+    let dir = std::env::temp_dir().join(format!("fleetctl-selector-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/fleet/deployments/llama-3.3-70b-eu.yaml")).unwrap();
+    assert!(text.contains("matchLabels: {flotilla.dev/env: prod}"));
+    let file = dir.join("typo.yaml");
+    std::fs::write(&file, text.replace("flotilla.dev/env: prod", "flotilla.dev/env: prd")).unwrap();
+    let fleet: Vec<String> = [
+        "classes.yaml",
+        "clusters-eu.yaml",
+        "clusters-us.yaml",
+        "clusters-apac.yaml",
+        "caches.yaml",
+        "deployments/llama-3.1-405b-fp8.yaml",
+    ]
+    .iter()
+    .map(|f| repo().join("examples/fleet").join(f).display().to_string())
+    .collect();
+    let mut args = vec!["validate".to_string()];
+    for f in fleet.iter().chain([file.display().to_string()].iter()) {
+        args.extend(["-f".to_string(), f.clone()]);
+    }
+    let out = fleetctl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "a warning, not an error: {all}");
+    let w: Vec<&str> = all.lines().filter(|l| l.contains("spec.placement.clusterSelector")).collect();
+    assert_eq!(w.len(), 1, "{all}");
+    assert!(w[0].contains("matches none of the") && w[0].contains("selector wants flotilla.dev/env=prd"), "{}", w[0]);
+    // Twin: the example's own selector matches, and says nothing.
+    let out = fleetctl(&["validate", "-f", "examples/fleet"]);
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!all.contains("matches none of the"), "{all}");
+}
+
+#[test]
+fn a_device_selector_on_an_attribute_no_class_has_is_a_warning_naming_it() {
+    let dir = std::env::temp_dir().join(format!("fleetctl-attr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/fleet/deployments/llama-3.3-70b-eu.yaml")).unwrap();
+    let memory = r#"device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("80Gi")) >= 0"#;
+    assert!(text.contains(memory));
+    let file = dir.join("attr.yaml");
+    std::fs::write(&file, text.replace(memory, r#"device.attributes["gpu.nvidia.com"].hbmGeneration == "hbm3e""#))
+        .unwrap();
+    let out = fleetctl(&[
+        "validate",
+        "-f",
+        "examples/fleet/classes.yaml",
+        "-f",
+        "examples/fleet/caches.yaml",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let w: Vec<&str> = all.lines().filter(|l| l.contains("no InferenceClass in this set satisfies")).collect();
+    assert_eq!(w.len(), 1, "{all}");
+    assert!(
+        w[0].contains("spec.devices.alternatives[1]")
+            && w[0].contains("selectors[0] reads what no InferenceClass publishes")
+            && w[0].contains("hbmGeneration"),
+        "{}",
+        w[0]
+    );
 }

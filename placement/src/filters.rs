@@ -35,40 +35,7 @@ impl Verdicts {
     }
 }
 
-/// Whether `labels` match a Kubernetes label selector. An empty selector matches everything.
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> Result<(), String> {
-    if let Some(ml) = &selector.match_labels {
-        for (k, v) in ml {
-            match labels.get(k) {
-                Some(have) if have == v => {}
-                Some(have) => return Err(format!("label {k}={have}, selector wants {k}={v}")),
-                None => return Err(format!("no label {k}, selector wants {k}={v}")),
-            }
-        }
-    }
-    for e in selector.match_expressions.iter().flatten() {
-        let have = labels.get(&e.key);
-        let values = e.values.clone().unwrap_or_default();
-        let ok = match e.operator.as_str() {
-            "In" => have.is_some_and(|h| values.contains(h)),
-            "NotIn" => !have.is_some_and(|h| values.contains(h)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            other => return Err(format!("unknown selector operator {other:?}")),
-        };
-        if !ok {
-            return Err(format!(
-                "label {}={} fails `{} {} [{}]`",
-                e.key,
-                have.map_or("<none>", String::as_str),
-                e.key,
-                e.operator,
-                values.join(", ")
-            ));
-        }
-    }
-    Ok(())
-}
+pub use flotilla_apis::selector::selector_matches;
 
 /// Whether `labels` match a label selector (no message: the fast path).
 fn selector_ok(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {

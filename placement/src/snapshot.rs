@@ -259,18 +259,7 @@ pub fn live_objects(
     objects
 }
 
-/// The labels cluster selectors match: the cluster's metadata labels plus the `flotilla.dev/*`
-/// facts (`cluster`, `region`, `jurisdiction`, `country`).
-pub fn cluster_labels(c: &InferenceCluster) -> BTreeMap<String, String> {
-    let mut labels: BTreeMap<String, String> = c.metadata.labels.clone().unwrap_or_default().into_iter().collect();
-    labels.insert("flotilla.dev/cluster".into(), c.metadata.name.clone().unwrap_or_default());
-    labels.insert("flotilla.dev/region".into(), c.spec.region.clone());
-    labels.insert("flotilla.dev/jurisdiction".into(), c.spec.jurisdiction.0.clone());
-    if let Some(country) = &c.spec.country {
-        labels.insert("flotilla.dev/country".into(), country.clone());
-    }
-    labels
-}
+pub use flotilla_apis::selector::cluster_labels;
 
 /// Sets [`PoolView::refused_block`]: per pool, the smallest pod (devices on one node) that a
 /// member's scheduler found no room for, over every deployment's backed-off `devicesShort`
