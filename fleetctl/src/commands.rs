@@ -23,7 +23,8 @@ use crate::{claims, diff, load, render};
 /// `fleetctl validate`.
 pub fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Result<ExitCode> {
     let fleet = load::load(files)?;
-    let problems = fleet.problems();
+    let located = fleet.located_problems();
+    let problems: Vec<&flotilla_apis::document::Problem> = located.iter().map(|(p, _)| p).collect();
     let errors = problems
         .iter()
         .filter(|p| p.severity == Severity::Error || (strict && p.severity == Severity::Warning))
@@ -31,8 +32,8 @@ pub fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Resu
     let warnings = problems.iter().filter(|p| p.severity == Severity::Warning).count();
     match output {
         Output::Table => {
-            for p in &problems {
-                eprintln!("{p}");
+            for (p, column) in &located {
+                eprintln!("{}", load::display(p, *column));
             }
             println!(
                 "{} file(s), {} Flotilla object(s), {} other document(s) skipped: {} error(s), {} warning(s)",
@@ -43,16 +44,16 @@ pub fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Resu
                 warnings
             );
         }
-        Output::Json | Output::Yaml => print_structured(&load::report(&fleet, &problems), output)?,
+        Output::Json | Output::Yaml => print_structured(&load::report(&fleet, &located), output)?,
     }
     Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 /// Prints error problems; returns whether there were any.
-fn report_errors(problems: &[flotilla_apis::document::Problem], what: &str) -> bool {
-    let errors: Vec<_> = problems.iter().filter(|p| p.severity == Severity::Error).collect();
-    for p in &errors {
-        eprintln!("{p}");
+fn report_errors(problems: &[(flotilla_apis::document::Problem, Option<usize>)], what: &str) -> bool {
+    let errors: Vec<_> = problems.iter().filter(|(p, _)| p.severity == Severity::Error).collect();
+    for (p, column) in &errors {
+        eprintln!("{}", load::display(p, *column));
     }
     if !errors.is_empty() {
         eprintln!("{} error(s): fix them before {what} (`fleetctl validate` shows warnings too)", errors.len());
@@ -63,7 +64,7 @@ fn report_errors(problems: &[flotilla_apis::document::Problem], what: &str) -> b
 /// Loads and validates; on errors prints them and returns `None` (exit 1 follows).
 fn load_valid(files: &[PathBuf]) -> anyhow::Result<Option<load::Fleet>> {
     let fleet = load::load(files)?;
-    Ok(if report_errors(&fleet.problems(), "planning") { None } else { Some(fleet) })
+    Ok(if report_errors(&fleet.located_problems(), "planning") { None } else { Some(fleet) })
 }
 
 /// Writes `value` to stdout as it is serialised (a full plan of a large fleet is over 100 MB
@@ -159,7 +160,8 @@ pub fn plan(files: &[PathBuf], output: Output, cloud: Option<&Path>, detail: Det
 /// the live objects are known). `None`: errors were printed.
 fn load_documents(files: &[PathBuf]) -> anyhow::Result<Option<load::Fleet>> {
     let fleet = load::load(files)?;
-    Ok(if report_errors(&fleet.parsed.problems, "planning") { None } else { Some(fleet) })
+    let problems: Vec<_> = fleet.parsed.problems.iter().map(|p| (p.clone(), None)).collect();
+    Ok(if report_errors(&problems, "planning") { None } else { Some(fleet) })
 }
 
 /// Reads the live fleet, with a progress indicator.
@@ -188,7 +190,8 @@ fn overlaid(files: &[PathBuf], cluster: &ClusterArgs) -> anyhow::Result<Option<(
     let (control, live) = read_live(cluster)?;
     let (objects, refused): (&[Located<FleetObject>], &[_]) =
         loaded.as_ref().map_or((&[], &[]), |f| (&f.parsed.objects[..], &f.parsed.refused[..]));
-    if report_errors(&overlay::validate_over(&live, objects, refused), "planning") {
+    let problems: Vec<_> = overlay::validate_over(&live, objects, refused).into_iter().map(|p| (p, None)).collect();
+    if report_errors(&problems, "planning") {
         return Ok(None);
     }
     let over = overlay::overlay(&live, objects, Timestamp::now());

@@ -8,6 +8,7 @@ pub mod claims;
 pub mod cli;
 pub mod commands;
 pub mod diff;
+pub mod fieldline;
 pub mod get;
 pub mod live;
 pub mod load;

@@ -2,7 +2,7 @@
 //! once, refusing a symlink loop) into parsed objects and problems, and the machine-readable
 //! validation report.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -16,15 +16,52 @@ pub struct Fleet {
     pub files: usize,
     /// What parsing found.
     pub parsed: Parsed,
+    /// Each file's text, by the name problems give it: where their fields are written.
+    texts: HashMap<String, String>,
 }
 
 impl Fleet {
-    /// Per-document problems plus the problems of the set as a whole, sorted by place.
+    /// Per-document problems plus the problems of the set as a whole, sorted by place, each at
+    /// the line of its field.
     pub fn problems(&self) -> Vec<Problem> {
+        self.located_problems().into_iter().map(|(p, _)| p).collect()
+    }
+
+    /// [`Fleet::problems`], each with the column of its field when it was found in the text
+    /// (`fieldline`): its line is then the field's, not the document's.
+    pub fn located_problems(&self) -> Vec<(Problem, Option<usize>)> {
         let mut all = self.parsed.problems.clone();
         all.extend(validate_set(&self.parsed.objects, &self.parsed.refused));
-        all.sort_by(|a, b| a.location.cmp(&b.location).then(a.field.cmp(&b.field)));
-        all
+        let mut located: Vec<(Problem, Option<usize>)> = all
+            .into_iter()
+            .map(|mut p| {
+                let at = (!p.field.is_empty())
+                    .then(|| self.texts.get(&p.location.file))
+                    .flatten()
+                    .and_then(|text| crate::fieldline::locate(text, p.location.line, &p.field));
+                match at {
+                    Some((line, column)) => {
+                        p.location.line = line;
+                        (p, Some(column))
+                    }
+                    None => (p, None),
+                }
+            })
+            .collect();
+        located.sort_by(|(a, _), (b, _)| a.location.cmp(&b.location).then(a.field.cmp(&b.field)));
+        located
+    }
+}
+
+/// `problem` as `validate` prints it: `file:line:column (document N): …` when the field was
+/// found, else `file:line (document N): …`.
+pub fn display(problem: &Problem, column: Option<usize>) -> String {
+    let text = problem.to_string();
+    let Some(column) = column else { return text };
+    let at = format!("{}:{} (document", problem.location.file, problem.location.line);
+    match text.strip_prefix(&at) {
+        Some(rest) => format!("{}:{}:{column} (document{rest}", problem.location.file, problem.location.line),
+        None => text,
     }
 }
 
@@ -107,6 +144,7 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
         );
     }
     let mut parsed = Parsed::default();
+    let mut texts = HashMap::new();
     // One bound on what YAML aliases add, over each file and over all of them together.
     let mut budget = flotilla_apis::yaml_bound::Budget::default();
     for file in &files {
@@ -123,8 +161,9 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Fleet> {
         parsed.problems.extend(one.problems);
         parsed.skipped.extend(one.skipped);
         parsed.refused.extend(one.refused);
+        texts.insert(name, text.to_string());
     }
-    Ok(Fleet { files: files.len(), parsed })
+    Ok(Fleet { files: files.len(), parsed, texts })
 }
 
 /// Standard input as text, at most [`STDIN_MAX_BYTES`].
@@ -158,26 +197,30 @@ struct ReportProblem {
     file: String,
     document: usize,
     line: usize,
+    /// The field's column, when its line is the field's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    column: Option<usize>,
     object: Option<String>,
     field: String,
     message: String,
 }
 
 /// Builds the report.
-pub fn report(fleet: &Fleet, problems: &[Problem]) -> Report {
+pub fn report(fleet: &Fleet, problems: &[(Problem, Option<usize>)]) -> Report {
     Report {
         files: fleet.files,
         objects: fleet.parsed.objects.len(),
         skipped: fleet.parsed.skipped.len(),
-        errors: problems.iter().filter(|p| p.severity == Severity::Error).count(),
-        warnings: problems.iter().filter(|p| p.severity == Severity::Warning).count(),
+        errors: problems.iter().filter(|(p, _)| p.severity == Severity::Error).count(),
+        warnings: problems.iter().filter(|(p, _)| p.severity == Severity::Warning).count(),
         problems: problems
             .iter()
-            .map(|p| ReportProblem {
+            .map(|(p, column)| ReportProblem {
                 severity: if p.severity == Severity::Error { "error" } else { "warning" },
                 file: p.location.file.clone(),
                 document: p.location.document,
                 line: p.location.line,
+                column: *column,
                 object: p.object.clone(),
                 field: p.field.clone(),
                 message: p.message.clone(),
