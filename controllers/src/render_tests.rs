@@ -26,16 +26,25 @@ fn yaml(objects: &[Value]) -> String {
     objects.iter().map(|o| serde_yaml_ng::to_string(&sorted_keys(o)).unwrap()).collect::<Vec<_>>().join("---\n")
 }
 
+/// `replicas` of the first example deployment on pool h100, its second alternative.
+fn h100<'a>(
+    md: &'a ModelDeployment,
+    classes: &'a BTreeMap<String, InferenceClassSpec>,
+    replicas: i32,
+) -> PoolWorkload<'a> {
+    PoolWorkload {
+        pool: "h100",
+        class: &classes["h100-sxm-80g"],
+        alternative: &md.spec.devices.alternatives[1],
+        replicas,
+    }
+}
+
 #[test]
 fn tensor_parallel_with_dra() {
     let (mds, classes) = fleet();
     let md = &mds[0];
-    let w = PoolWorkload {
-        pool: "h100",
-        class: &classes["h100-sxm-80g"],
-        alternative: &md.spec.devices.alternatives[1],
-        replicas: 2,
-    };
+    let w = h100(md, &classes, 2);
     let objects = render(md, &[w], true, None);
     insta::assert_snapshot!("tensor_parallel_dra", yaml(&objects));
     // The claim template carries the solver's selector and the class identity.
@@ -258,12 +267,7 @@ fn a_suffix_ends_every_workload_name_and_parts_the_colliding_pair() {
     // Every object of the pool carries it: the Deployment, its claim template and its budget.
     let (mds, classes) = fleet();
     let md = &mds[0];
-    let w = PoolWorkload {
-        pool: "h100",
-        class: &classes["h100-sxm-80g"],
-        alternative: &md.spec.devices.alternatives[1],
-        replicas: 1,
-    };
+    let w = h100(md, &classes, 1);
     let names: Vec<String> = render(md, &[w], true, Some(s))
         .iter()
         .filter(|o| o["kind"] != "Service")

@@ -145,17 +145,23 @@ async fn a_recovered_cluster_is_probed_back_into_use_without_spending_a_request(
     assert!(m.contains("flotilla_gateway_probes_total{cluster=\"a\",kind=\"list\",result=\"ok\"}"), "{m}");
 }
 
-#[tokio::test]
-async fn a_flapping_model_stays_ejected_while_down_and_returns_when_listed_again() {
-    let c = sim("c", &["flap", "steady"], |_| {}).await;
+/// A gateway routing models `flap` and `steady` to `c`: one engine failure opens a model's
+/// circuit for a minute, probes every 100 ms.
+async fn flap_and_steady(c: &flotilla_enginesim::SimHandle) -> Gateway {
     let models = "  - {name: flap, routes: [{cluster: c}]}\n  - {name: steady, routes: [{cluster: c}]}\n";
-    let gw = gateway(&one_cluster(c.url(), models), |g| {
+    gateway(&one_cluster(c.url(), models), |g| {
         g.breaker_failures = 1;
         g.breaker_open_ms = 60_000;
         g.probe_interval_ms = 100;
         g.probe_timeout_ms = 300;
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_flapping_model_stays_ejected_while_down_and_returns_when_listed_again() {
+    let c = sim("c", &["flap", "steady"], |_| {}).await;
+    let gw = flap_and_steady(&c).await;
     c.state.set_model_down("flap", Duration::from_millis(1500));
     assert_eq!(ask(&gw, "flap").await.status, 503, "the engine's 503 opened the model's breaker");
     let seen = c.state.probes();
@@ -190,14 +196,7 @@ async fn probe_requests(gw: &Gateway, cluster: &str) -> std::collections::BTreeM
 async fn a_recovered_model_its_engine_does_not_list_is_proven_by_one_token() {
     // `flap` is served but never listed (an engine listing a file path or a name of its own).
     let c = sim("c", &["flap", "steady"], |s| s.unlisted = vec!["flap".into()]).await;
-    let models = "  - {name: flap, routes: [{cluster: c}]}\n  - {name: steady, routes: [{cluster: c}]}\n";
-    let gw = gateway(&one_cluster(c.url(), models), |g| {
-        g.breaker_failures = 1;
-        g.breaker_open_ms = 60_000;
-        g.probe_interval_ms = 100;
-        g.probe_timeout_ms = 300;
-    })
-    .await;
+    let gw = flap_and_steady(&c).await;
     c.state.set_model_down("flap", Duration::from_millis(1500));
     let started = Instant::now();
     assert_eq!(ask(&gw, "flap").await.status, 503, "the engine's 503 opened the model's breaker");
