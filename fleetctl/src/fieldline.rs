@@ -66,9 +66,10 @@ fn key_of(text: &str) -> Option<&str> {
     (rest.is_empty() || rest.starts_with(' ')).then_some(key)
 }
 
-/// 1-based (line, column) of `field` in the document that starts at 1-based `doc_line` of `text`.
-pub fn locate(text: &str, doc_line: usize, field: &str) -> Option<(usize, usize)> {
-    let lines: Vec<&str> = text.lines().collect();
+/// 1-based (line, column) of `field` in the document that starts at 1-based `doc_line` of a
+/// file's `lines` (split once per file: a file may carry many problems). The cost is the
+/// document's length per step of the path, never the whole file's.
+pub fn locate(lines: &[&str], doc_line: usize, field: &str) -> Option<(usize, usize)> {
     let mut lo = doc_line.saturating_sub(1);
     if lines.get(lo).is_some_and(|l| l.starts_with("---")) {
         lo += 1;
@@ -124,6 +125,10 @@ pub fn locate(text: &str, doc_line: usize, field: &str) -> Option<(usize, usize)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn locate(text: &str, doc_line: usize, field: &str) -> Option<(usize, usize)> {
+        super::locate(&text.lines().collect::<Vec<_>>(), doc_line, field)
+    }
 
     const FLEET: &str = "\
 # a comment

@@ -32,13 +32,17 @@ impl Fleet {
     pub fn located_problems(&self) -> Vec<(Problem, Option<usize>)> {
         let mut all = self.parsed.problems.clone();
         all.extend(validate_set(&self.parsed.objects, &self.parsed.refused));
+        // Each file split into lines once, and only when one of its problems names a field.
+        let mut lines: HashMap<&str, Vec<&str>> = HashMap::new();
         let mut located: Vec<(Problem, Option<usize>)> = all
             .into_iter()
             .map(|mut p| {
-                let at = (!p.field.is_empty())
-                    .then(|| self.texts.get(&p.location.file))
-                    .flatten()
-                    .and_then(|text| crate::fieldline::locate(text, p.location.line, &p.field));
+                let at = (!p.field.is_empty()).then(|| self.texts.get_key_value(&p.location.file)).flatten().and_then(
+                    |(file, text)| {
+                        let lines = lines.entry(file.as_str()).or_insert_with(|| text.lines().collect());
+                        crate::fieldline::locate(lines, p.location.line, &p.field)
+                    },
+                );
                 match at {
                     Some((line, column)) => {
                         p.location.line = line;

@@ -10,7 +10,7 @@
 //! `flotilla.dev/orphan-on-unreachable=true`; until then `Ready=False`, `CleanupBlocked`
 //! names the members and the annotation.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use flotilla_apis::ModelCache;
@@ -22,7 +22,9 @@ use kube::runtime::controller::Action;
 
 use super::{CacheContext, now, remove_in, status, write_status};
 use crate::Error;
-use crate::deployment::cleanup::{Scope, Verdict, blocked_condition, decide, orphan_annotated, reachable};
+use crate::deployment::cleanup::{
+    Scope, Verdict, blocked_condition, blocked_error, decide, failures, orphan_annotated, reachable,
+};
 
 /// Which members the deletion of a cache touches: `held` are the clusters in its status,
 /// `in_use` those where a deployment still mounts it (left alone), `clusters` every
@@ -54,16 +56,7 @@ pub async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Actio
             let (cache, clusters) = (&cache, &clusters);
             async move { (ic.name_any(), remove_in(ctx, cache, clusters, &ic.name_any()).await) }
         });
-    let mut failed = BTreeMap::new();
-    for (cluster, result) in futures_util::future::join_all(work).await {
-        match result {
-            Err(e) if scope.must.contains(&cluster) => {
-                failed.insert(cluster, e);
-            }
-            Err(e) => tracing::debug!(cache = %who, %cluster, "cleanup on deletion skipped: {e}"),
-            Ok(_) => {}
-        }
-    }
+    let failed = failures(&who, &scope, futures_util::future::join_all(work).await);
     if !users.is_empty() {
         let kept: Vec<ClusterCacheStatus> = cache
             .status
@@ -98,14 +91,15 @@ pub async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Actio
                 &now(),
             );
             write_status(ctx, &cache, next).await?;
-            let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c}: {why}")).collect();
-            Err(Error::Cleanup(which.join("; ")))
+            Err(blocked_error(&blocked))
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use flotilla_apis::conditions::Status;
     use flotilla_apis::constants::{condition, reason};

@@ -140,23 +140,8 @@ async fn apply(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Result<Acti
 /// refusal tears nothing down); deleting the claim releases it as usual.
 async fn refuse(ctx: &ClaimContext, claim: &CapacityClaim, why: &str) -> Result<Action, Error> {
     let status = refused_status(claim, why, &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(whole_seconds()));
-    let changed = claim.status.as_ref() != Some(&status);
-    if changed {
-        let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
-        let pp = PatchParams::apply(&ctx.config.field_manager);
-        let written = crate::status_patch::write_status(
-            &api,
-            &claim.name_any(),
-            claim.status.as_ref(),
-            claim.resource_version(),
-            &status,
-            &pp,
-        )
-        .await?;
-        if written.is_some() {
-            ctx.metrics.status_write(Kind::CapacityClaim);
-            tracing::warn!(claim = %key(claim), "refused: {why}");
-        }
+    if claim.status.as_ref() != Some(&status) && write(ctx, claim, &status).await? {
+        tracing::warn!(claim = %key(claim), "refused: {why}");
     }
     Ok(Action::await_change())
 }
@@ -184,28 +169,37 @@ fn whole_seconds() -> Timestamp {
     Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now())
 }
 
-/// Writes `step.status` when the step changed it (conditional on the claim's resourceVersion).
-async fn write_status(ctx: &ClaimContext, claim: &CapacityClaim, step: &ClaimStep) -> Result<(), Error> {
-    if !step.changed {
-        return Ok(());
-    }
-    let ns = claim.namespace().unwrap_or_else(|| "default".into());
-    let name = claim.name_any();
-    let api: Api<CapacityClaim> = Api::namespaced(ctx.client.clone(), &ns);
+/// Writes `status` over the claim's (conditional on its resourceVersion), counting the write;
+/// whether anything was written.
+async fn write(
+    ctx: &ClaimContext,
+    claim: &CapacityClaim,
+    status: &flotilla_apis::claim::CapacityClaimStatus,
+) -> Result<bool, Error> {
+    let api: Api<CapacityClaim> =
+        Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_else(|| "default".into()));
     let pp = PatchParams::apply(&ctx.config.field_manager);
     let written = crate::status_patch::write_status(
         &api,
-        &name,
+        &claim.name_any(),
         claim.status.as_ref(),
         claim.resource_version(),
-        &step.status,
+        status,
         &pp,
     )
     .await?;
-    if written.is_none() {
+    if written.is_some() {
+        ctx.metrics.status_write(Kind::CapacityClaim);
+    }
+    Ok(written.is_some())
+}
+
+/// Writes `step.status` when the step changed it (conditional on the claim's resourceVersion).
+async fn write_status(ctx: &ClaimContext, claim: &CapacityClaim, step: &ClaimStep) -> Result<(), Error> {
+    if !step.changed || !write(ctx, claim, &step.status).await? {
         return Ok(());
     }
-    ctx.metrics.status_write(Kind::CapacityClaim);
+    let (ns, name) = (claim.namespace().unwrap_or_else(|| "default".into()), claim.name_any());
     let line = |t: &str| step.status.conditions.get(t).map(|c| (c.reason.clone(), c.message.clone()));
     let (reason, message) = line(flotilla_apis::constants::condition::FULFILLED).unwrap_or_default();
     let (surplus, surplus_message) = line(flotilla_apis::constants::condition::SURPLUS).unwrap_or_default();

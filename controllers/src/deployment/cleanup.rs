@@ -48,6 +48,32 @@ pub fn scope(placed: &BTreeSet<String>, clusters: &[(String, bool)]) -> Scope {
     s
 }
 
+/// The failures of a cleanup's member work (`results`, one per member of `scope`): those of the
+/// members that must be clean, with why; a sweep member's failure is only logged.
+pub fn failures<E: std::fmt::Display>(
+    who: &str,
+    scope: &Scope,
+    results: impl IntoIterator<Item = (String, Result<usize, E>)>,
+) -> BTreeMap<String, String> {
+    let mut failed = BTreeMap::new();
+    for (cluster, result) in results {
+        match result {
+            Err(e) if scope.must.contains(&cluster) => {
+                failed.insert(cluster, e.to_string());
+            }
+            Err(e) => tracing::debug!(object = %who, %cluster, "cleanup on deletion skipped: {e}"),
+            Ok(_) => {}
+        }
+    }
+    failed
+}
+
+/// The error a blocked deletion returns (retried with back-off): each blocking member and why.
+pub fn blocked_error(blocked: &BTreeMap<String, String>) -> Error {
+    let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c}: {why}")).collect();
+    Error::Cleanup(which.join("; "))
+}
+
 /// What to do with the finalizer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -126,16 +152,7 @@ pub async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> R
             let (ctx, md) = (&ctx, &md);
             async move { (ic.name_any(), prune_in(ctx, ic, md).await) }
         });
-    let mut failed = BTreeMap::new();
-    for (cluster, result) in futures_util::future::join_all(work).await {
-        match result {
-            Err(e) if scope.must.contains(&cluster) => {
-                failed.insert(cluster, e);
-            }
-            Err(e) => tracing::debug!(deployment = %who, %cluster, "sweep on deletion skipped: {e}"),
-            Ok(_) => {}
-        }
-    }
+    let failed = failures(&who, &scope, futures_util::future::join_all(work).await);
     match decide(failed, orphan_annotated(&md.metadata)) {
         Verdict::Release => {
             tracing::info!(deployment = %who, clusters = ?scope.must, "member workloads removed");
@@ -157,8 +174,7 @@ pub async fn cleanup(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> R
                 &Time(Timestamp::now()),
             );
             write_status(&ctx, &md, md.status.as_ref(), md.resource_version(), &next).await?;
-            let which: Vec<String> = blocked.iter().map(|(c, why)| format!("{c}: {why}")).collect();
-            Err(Error::Cleanup(which.join("; ")))
+            Err(blocked_error(&blocked))
         }
     }
 }

@@ -380,10 +380,10 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         .map(|c| c.name_any())
         .collect();
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
-    // Pools of every InferenceCluster: where this deployment's names could meet another's.
-    let pools: BTreeSet<String> =
-        ctx.clusters.state().iter().flat_map(|c| c.spec.pools.iter().map(|p| p.name.clone())).collect();
-    let workload_suffix = naming::suffix(&md, ctx.deployments.state().iter().map(|d| d.as_ref()), &pools);
+    // Pools of every InferenceCluster (read only for a deployment with an older neighbour whose
+    // name extends its own): where its names could meet another's.
+    let pools = || ctx.clusters.state().iter().flat_map(|c| c.spec.pools.iter().map(|p| p.name.clone())).collect();
+    let workload_suffix = naming::suffix(&md, ctx.deployments.state().iter().map(|d| d.as_ref()), pools);
     let input = decide::Input {
         md: &md,
         workload_suffix: workload_suffix.as_deref(),

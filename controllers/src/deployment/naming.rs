@@ -20,26 +20,33 @@ use crate::render::{workload_name, workload_suffix};
 
 /// The suffix `md`'s workload names carry: the one its status recorded, else one when an older
 /// deployment among `others` (any namespace; only `md`'s counts) renders a name `md` renders on
-/// one of `pools`.
+/// one of `pools` (asked for only then: most deployments have no such neighbour).
 pub fn suffix<'a>(
     md: &ModelDeployment,
     others: impl IntoIterator<Item = &'a ModelDeployment>,
-    pools: &BTreeSet<String>,
+    pools: impl FnOnce() -> BTreeSet<String>,
 ) -> Option<String> {
     if let Some(kept) = md.status.as_ref().and_then(|s| s.workload_suffix.clone()) {
         return Some(kept);
     }
     let (ns, name) = (md.namespace(), md.name_any());
-    let collides = others.into_iter().any(|other| {
-        other.namespace() == ns
-            && other.name_any() != name
-            // A suffixed deployment's names end in its hash: they meet no plain name.
-            && other.status.as_ref().and_then(|s| s.workload_suffix.as_ref()).is_none()
-            && extends(&name, &other.name_any())
-            && older(other, md)
-            && !names(other, pools).is_disjoint(&names(md, pools))
-    });
-    collides.then(|| workload_suffix(md))
+    let near: Vec<&ModelDeployment> = others
+        .into_iter()
+        .filter(|other| {
+            other.namespace() == ns
+                && other.name_any() != name
+                // A suffixed deployment's names end in its hash: they meet no plain name.
+                && other.status.as_ref().and_then(|s| s.workload_suffix.as_ref()).is_none()
+                && extends(&name, &other.name_any())
+                && older(other, md)
+        })
+        .collect();
+    if near.is_empty() {
+        return None;
+    }
+    let pools = pools();
+    let mine = names(md, &pools);
+    near.iter().any(|other| !names(other, &pools).is_disjoint(&mine)).then(|| workload_suffix(md))
 }
 
 /// Whether one name is the other followed by `-…`: only then can `<a>-<pool>…` equal `<b>-<pool>…`.
@@ -95,13 +102,13 @@ mod tests {
         let (qwen, qwen_h100) = (md("ml", "qwen", 1), md("ml", "qwen-h100", 2));
         let fleet = pools(&["h100-spot", "spot"]);
         let all = [qwen.clone(), qwen_h100.clone()];
-        assert_eq!(suffix(&qwen, &all, &fleet), None, "the older keeps today's names");
-        assert_eq!(suffix(&qwen_h100, &all, &fleet), Some(workload_suffix(&qwen_h100)));
+        assert_eq!(suffix(&qwen, &all, || fleet.clone()), None, "the older keeps today's names");
+        assert_eq!(suffix(&qwen_h100, &all, || fleet.clone()), Some(workload_suffix(&qwen_h100)));
         // Created the other way round, the other one yields.
         let (qwen, qwen_h100) = (md("ml", "qwen", 2), md("ml", "qwen-h100", 1));
         let all = [qwen.clone(), qwen_h100.clone()];
-        assert_eq!(suffix(&qwen, &all, &fleet), Some(workload_suffix(&qwen)));
-        assert_eq!(suffix(&qwen_h100, &all, &fleet), None);
+        assert_eq!(suffix(&qwen, &all, || fleet.clone()), Some(workload_suffix(&qwen)));
+        assert_eq!(suffix(&qwen_h100, &all, || fleet.clone()), None);
     }
 
     #[test]
@@ -109,13 +116,13 @@ mod tests {
         let fleet = pools(&["h100", "h100-spot"]);
         // `llama` and `llama-70b` meet only on a pool named `70b-…`: none here.
         let all = [md("ml", "llama", 1), md("ml", "llama-70b", 2)];
-        assert_eq!(suffix(&all[1], &all, &fleet), None);
+        assert_eq!(suffix(&all[1], &all, || fleet.clone()), None);
         // Another namespace's objects live in another member namespace.
         let all = [md("other", "qwen", 1), md("ml", "qwen-h100", 2)];
-        assert_eq!(suffix(&all[1], &all, &pools(&["spot", "h100-spot"])), None);
+        assert_eq!(suffix(&all[1], &all, || pools(&["spot", "h100-spot"])), None);
         // A prefix that does not end at a `-` never meets.
         let all = [md("ml", "qwen", 1), md("ml", "qwenh100", 2)];
-        assert_eq!(suffix(&all[1], &all, &pools(&["spot", "h100-spot"])), None);
+        assert_eq!(suffix(&all[1], &all, || pools(&["spot", "h100-spot"])), None);
     }
 
     #[test]
@@ -124,10 +131,10 @@ mod tests {
         let mut young = md("ml", "qwen-h100", 2);
         young.status = Some(ModelDeploymentStatus { workload_suffix: Some("0a1b2c3d".into()), ..Default::default() });
         // The older one is gone: the younger keeps its names.
-        assert_eq!(suffix(&young, [&young], &fleet).as_deref(), Some("0a1b2c3d"));
+        assert_eq!(suffix(&young, [&young], || fleet.clone()).as_deref(), Some("0a1b2c3d"));
         // A third, younger still, collides only with the older plain one, not with the suffixed.
         let third = md("ml", "qwen", 3);
-        assert_eq!(suffix(&third, [&young, &third], &fleet), None);
+        assert_eq!(suffix(&third, [&young, &third], || fleet.clone()), None);
     }
 
     #[test]
@@ -139,9 +146,9 @@ mod tests {
         let younger = md("ml", "qwen-h100", 2);
         // ... but on pool `decode` it renders `qwen-h100-decode`: `qwen`'s decode role on `h100`.
         let fleet2 = pools(&["h100", "decode"]);
-        assert_eq!(suffix(&younger, [&older, &younger], &fleet), None, "{fleet:?}");
+        assert_eq!(suffix(&younger, [&older, &younger], || fleet.clone()), None, "{fleet:?}");
         assert_eq!(
-            suffix(&younger, [&older, &younger], &fleet2),
+            suffix(&younger, [&older, &younger], || fleet2.clone()),
             Some(workload_suffix(&younger)),
             "role decode on h100"
         );
