@@ -6,6 +6,9 @@
 #      (tests/helm/snapshots.sh);
 #   3. the Argo CD health scripts against real and API-shape status fixtures under Lua 5.1 and
 #      5.4, and the argocd-cm patch in sync with them (tests/argocd/run.sh);
+#   3a. the controller, gateway and stage images built without a container engine, each run from
+#       its own filesystem, rebuilt to the same digests, the chart rendered with those digests, and
+#       the GitHub workflows linted (tests/images/run.sh);
 #   3b. the PrometheusRule and the docs' example rule through Prometheus' rule parser;
 #   4. fleetctl validate --strict on each environment of examples/gitops, as its CI workflow does;
 #   5. helm install into a harness control cluster it starts and tears down, kubectl auth can-i
@@ -37,6 +40,9 @@ lap "chart lint and template snapshots"
 
 bash tests/argocd/run.sh
 lap "Argo CD health checks"
+
+bash tests/images/run.sh
+lap "images: built, run from their own filesystems, reproducible; the chart with their digests; workflows linted"
 
 "${RULECHECK}" charts/flotilla/monitoring/prometheusrule-spec.yaml docs/monitoring/prometheusrule-sovereign-example.yaml \
   charts/flotilla/dashboards/flotilla.json

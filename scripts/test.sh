@@ -16,7 +16,7 @@ step() { printf '\n==> %s (at %d s)\n' "$*" "$SECONDS"; }
 # PROPTEST_RNG_SEED=$RANDOM PROPTEST_CASES=2000 cargo test -p flotilla-placement --test properties
 
 # The Go-built tools of the later tiers (kube-apiserver & co., etcd, kwok for the e2e harness;
-# helm, kube-state-metrics, the rule checker for the chart tests) build in the background while
+# helm, kube-state-metrics, the rule checker for the chart tests, actionlint) build in the background while
 # cargo compiles: on a fresh machine their module downloads and builds overlap the Rust build;
 # on a warm one each is cached and this takes about a second. Tests run only after it is done,
 # so no test shares the cores with a build.
@@ -26,6 +26,7 @@ prebuild_log=$(mktemp)
   bash tests/helm/build-helm.sh >/dev/null
   bash tests/helm/build-ksm.sh >/dev/null
   bash tests/helm/build-rulecheck.sh >/dev/null
+  bash tests/images/build-actionlint.sh >/dev/null
   bash scripts/build-llama-server.sh >/dev/null  # the real engine of tests/gateway/test_real_engine.py
 ) >"${prebuild_log}" 2>&1 &
 prebuild=$!

@@ -173,7 +173,7 @@ pub fn check_install_id(id: &str) -> Result<(), String> {
 }
 
 /// The staging image used when none is configured.
-pub const DEFAULT_STAGE_IMAGE: &str = "ghcr.io/flotilla-dev/flotilla-stage:0.1.0";
+pub const DEFAULT_STAGE_IMAGE: &str = concat!("ghcr.io/flotilla-dev/flotilla-stage:", env!("CARGO_PKG_VERSION"));
 
 impl Default for ControllerConfig {
     fn default() -> Self {

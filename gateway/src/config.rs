@@ -24,6 +24,7 @@ pub enum RoutingMode {
 #[derive(Parser, Clone, Debug)]
 #[command(
     name = "flotilla-gateway",
+    version,
     about = "One OpenAI-compatible URL for every model in the fleet",
     after_help = "Examples:\n  flotilla-gateway --config gateway/examples/routing.yaml --listen 127.0.0.1:8080\n  flotilla-gateway --control-cluster --keys-namespace flotilla-system --listen 0.0.0.0:8080"
 )]
