@@ -87,6 +87,33 @@ pub struct InferenceClusterSpec {
     /// The Secrets are read by the gateway from its own namespace (docs/gateway.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_auth: Option<EndpointAuth>,
+    /// The Gateway API `Gateway` in the member that serves `endpoint`. Set: for every
+    /// ModelDeployment placed here Flotilla renders an `HTTPRoute` (`gateway.networking.k8s.io/v1`)
+    /// in the deployment's namespace, parented to this Gateway, that sends the requests carrying
+    /// `x-flotilla-deployment: <namespace>/<name>` (the header the fleet gateway sets) to the
+    /// deployment's Service. Any Gateway API implementation serves it, or `flotilla-member-router`
+    /// (docs/member-router.md). Unset: no route is rendered, and `endpoint` must reach each model's
+    /// pods by itself (docs/operations.md, "What each member needs").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_ref: Option<GatewayRef>,
+}
+
+/// A Gateway (`gateway.networking.k8s.io`) in a member cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayRef {
+    /// The Gateway's namespace. Its listener must admit routes from the tenants' namespaces
+    /// (`allowedRoutes.namespaces`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub namespace: String,
+    /// The Gateway's name.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
+    /// One listener of the Gateway (`parentRefs[].sectionName`); absent: every listener that
+    /// admits the route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub section_name: Option<String>,
 }
 
 /// How the fleet gateway authenticates to a member's entry point and verifies it.

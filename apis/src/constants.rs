@@ -30,7 +30,14 @@ pub mod annotations {
     /// many objects in one pass, past the share bound that otherwise holds it
     /// (`SweepHeld`). Remove it once the sweep has run.
     pub const APPROVE_SWEEP: &str = "flotilla.dev/approve-sweep";
+    /// On the HTTPRoutes Flotilla renders in members: the model name the route serves (member
+    /// routers list it at `GET /v1/models`).
+    pub const MODEL: &str = "flotilla.dev/model";
 }
+
+/// The request header by which the fleet gateway names the ModelDeployment a request is for
+/// (`<namespace>/<name>`), and which the HTTPRoutes Flotilla renders in members match on.
+pub const DEPLOYMENT_HEADER: &str = "x-flotilla-deployment";
 
 /// Namespaces no tenant object (ModelDeployment, ModelCache) may use, on the control cluster or
 /// in a member; Flotilla's own namespace is added by the controller.

@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use flotilla_apis::ModelDeployment;
 use flotilla_apis::cel::{attribute_literal, cel_string};
 use flotilla_apis::class::InferenceClassSpec;
-use flotilla_apis::constants::labels;
+use flotilla_apis::cluster::GatewayRef;
+use flotilla_apis::constants::{DEPLOYMENT_HEADER, annotations, labels};
 use flotilla_apis::deployment::{DeviceAlternative, TopologyType};
 use serde_json::{Value, json};
 
@@ -145,7 +146,13 @@ pub fn class_selectors(class: &InferenceClassSpec) -> Vec<String> {
 
 /// Everything one member runs for a deployment, in apply order; `suffix` ends every workload
 /// name when the deployment carries one ([`workload_name`]).
-pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool, suffix: Option<&str>) -> Vec<Value> {
+pub fn render(
+    md: &ModelDeployment,
+    pools: &[PoolWorkload<'_>],
+    dra: bool,
+    suffix: Option<&str>,
+    gateway: Option<&GatewayRef>,
+) -> Vec<Value> {
     let name = md.metadata.name.clone().unwrap_or_default();
     let ns = md.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let spec = &md.spec;
@@ -284,7 +291,43 @@ pub fn render(md: &ModelDeployment, pools: &[PoolWorkload<'_>], dra: bool, suffi
         "metadata": {"name": service_name(&name), "namespace": ns, "labels": object_labels(md, &[])},
         "spec": {"selector": svc_selector, "ports": [{"name": "http", "port": port, "targetPort": "http"}]}
     }));
+    if let Some(gateway) = gateway {
+        out.push(http_route(md, &ns, &service_name(&name), port, gateway));
+    }
     out
+}
+
+/// The member's route to the deployment's Service: requests that name the deployment in
+/// [`DEPLOYMENT_HEADER`] (`<namespace>/<name>`, set by the fleet gateway), through the member's
+/// Gateway. The header value's namespace is the route's own, so no tenant can route for another.
+fn http_route(md: &ModelDeployment, ns: &str, service: &str, port: i32, gateway: &GatewayRef) -> Value {
+    let mut parent = json!({
+        "group": "gateway.networking.k8s.io",
+        "kind": "Gateway",
+        "namespace": gateway.namespace,
+        "name": gateway.name,
+    });
+    if let Some(section) = &gateway.section_name {
+        parent["sectionName"] = json!(section);
+    }
+    let who = format!("{ns}/{}", md.metadata.name.as_deref().unwrap_or(""));
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {
+            "name": service,
+            "namespace": ns,
+            "labels": object_labels(md, &[]),
+            "annotations": {annotations::MODEL: md.spec.model.name},
+        },
+        "spec": {
+            "parentRefs": [parent],
+            "rules": [{
+                "matches": [{"headers": [{"type": "Exact", "name": DEPLOYMENT_HEADER, "value": who}]}],
+                "backendRefs": [{"group": "", "kind": "Service", "name": service, "port": port}],
+            }],
+        }
+    })
 }
 
 /// `v` with every object's keys in sorted order, whatever serde_json's `preserve_order` (which a

@@ -45,7 +45,7 @@ fn tensor_parallel_with_dra() {
     let (mds, classes) = fleet();
     let md = &mds[0];
     let w = h100(md, &classes, 2);
-    let objects = render(md, &[w], true, None);
+    let objects = render(md, &[w], true, None, None);
     insta::assert_snapshot!("tensor_parallel_dra", yaml(&objects));
     // The claim template carries the solver's selector and the class identity.
     let rct = &objects[0];
@@ -70,7 +70,7 @@ fn extended_resources_without_dra_and_generation_only_on_objects() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 3,
     };
-    let objects = render(&md, &[w], false, None);
+    let objects = render(&md, &[w], false, None, None);
     let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["Deployment", "PodDisruptionBudget", "Service"], "no claim template");
     let dep = &objects[0];
@@ -113,7 +113,7 @@ fn disaggregated_roles_become_deployments() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 2,
     };
-    let objects = render(md, &[w], false, None);
+    let objects = render(md, &[w], false, None, None);
     insta::assert_snapshot!("disaggregated", yaml(&objects));
     let names: Vec<String> = objects
         .iter()
@@ -157,7 +157,7 @@ fn multi_node_becomes_a_leader_worker_set() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 3,
     };
-    let objects = render(&md, &[w], false, None);
+    let objects = render(&md, &[w], false, None, None);
     insta::assert_snapshot!("multi_node_lws", yaml(&objects));
     let lws = &objects[0];
     assert_eq!(lws["kind"], "LeaderWorkerSet");
@@ -194,7 +194,7 @@ fn each_pool_gets_a_budget_over_exactly_its_pods() {
     let budgets = |objects: &[Value]| -> Vec<Value> {
         objects.iter().filter(|o| o["kind"] == "PodDisruptionBudget").cloned().collect()
     };
-    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false, None);
+    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false, None, None);
     let pdbs = budgets(&objects);
     assert_eq!(pdbs.len(), 2, "one per pool");
     for (pdb, pool) in pdbs.iter().zip(["h100", "h100-spot"]) {
@@ -211,7 +211,7 @@ fn each_pool_gets_a_budget_over_exactly_its_pods() {
     }
     // A budget as written: a percentage passes through where a replica is one pod.
     md.spec.disruption_budget = Some(serde_json::from_value(serde_json::json!({"minAvailable": "50%"})).unwrap());
-    let pdb = &budgets(&render(&md, &[w("h100", 4)], true, None))[0];
+    let pdb = &budgets(&render(&md, &[w("h100", 4)], true, None, None))[0];
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert!(pdb["spec"].get("maxUnavailable").is_none());
 }
@@ -268,7 +268,7 @@ fn a_suffix_ends_every_workload_name_and_parts_the_colliding_pair() {
     let (mds, classes) = fleet();
     let md = &mds[0];
     let w = h100(md, &classes, 1);
-    let names: Vec<String> = render(md, &[w], true, Some(s))
+    let names: Vec<String> = render(md, &[w], true, Some(s), None)
         .iter()
         .filter(|o| o["kind"] != "Service")
         .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
@@ -292,7 +292,7 @@ fn label_values_are_bounded_and_unchanged_when_they_fit() {
     md.metadata.name = Some("a".repeat(64));
     let alternative = md.spec.devices.alternatives[1].clone();
     let w = PoolWorkload { pool: "h100", class: &classes["h100-sxm-80g"], alternative: &alternative, replicas: 1 };
-    let objects = render(&md, &[w], true, None);
+    let objects = render(&md, &[w], true, None, None);
     let tolerations = &objects[1]["spec"]["template"]["spec"]["tolerations"][0]["value"];
     assert!(tolerations.as_str().unwrap().len() <= MAX_LABEL, "{tolerations}");
     for o in &objects {
@@ -305,4 +305,32 @@ fn label_values_are_bounded_and_unchanged_when_they_fit() {
             assert!(v.as_str().unwrap().len() <= MAX_LABEL, "{k}={v}");
         }
     }
+}
+
+#[test]
+fn a_member_gateway_gets_one_route_to_the_deployments_service_by_its_own_header() {
+    let (mds, classes) = fleet();
+    let md = &mds[0];
+    let gateway = GatewayRef { namespace: "edge".into(), name: "inference".into(), section_name: Some("http".into()) };
+    let objects = render(md, &[h100(md, &classes, 2)], true, None, Some(&gateway));
+    insta::assert_snapshot!("http_route", yaml(&objects[objects.len() - 1..]));
+    let routes: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "HTTPRoute").collect();
+    assert_eq!(routes.len(), 1, "one route per deployment and member, whatever its pools");
+    let (route, service) = (routes[0], objects.iter().find(|o| o["kind"] == "Service").unwrap());
+    assert_eq!(route["metadata"]["namespace"], service["metadata"]["namespace"]);
+    assert_eq!(route["metadata"]["labels"], service["metadata"]["labels"], "owned and pruned like the Service");
+    let ns = md.metadata.namespace.as_deref().unwrap();
+    let header = &route["spec"]["rules"][0]["matches"][0]["headers"][0];
+    assert_eq!(header["name"], DEPLOYMENT_HEADER);
+    // The value's namespace is the route's own: member routers refuse any other.
+    assert_eq!(header["value"], format!("{ns}/{}", md.metadata.name.as_deref().unwrap()));
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(backend["name"], service["metadata"]["name"]);
+    assert_eq!(backend["port"], service["spec"]["ports"][0]["port"]);
+    assert!(backend.get("namespace").is_none(), "never another namespace's Service");
+    assert_eq!(route["spec"]["parentRefs"][0]["sectionName"], "http");
+    assert_eq!(route["metadata"]["annotations"][annotations::MODEL], md.spec.model.name.as_str());
+    // Without a member gateway, no route: the endpoint routes by itself.
+    let plain = render(md, &[h100(md, &classes, 2)], true, None, None);
+    assert!(plain.iter().all(|o| o["kind"] != "HTTPRoute"));
 }

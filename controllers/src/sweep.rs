@@ -48,14 +48,15 @@ pub const MAX_DELETES: usize = 200;
 /// A pass may always delete this many objects, whatever their share of the member's.
 pub const ALWAYS: usize = 10;
 
-/// The member kinds Flotilla creates, with the label naming their owner. The first five are
+/// The member kinds Flotilla creates, with the label naming their owner. The first six are
 /// the ModelDeployment kinds the member caches hold.
-const KINDS: [(&str, &str, &str, &str); 8] = [
+const KINDS: [(&str, &str, &str, &str); 9] = [
     ("apps", "v1", "Deployment", labels::DEPLOYMENT),
     ("", "v1", "Service", labels::DEPLOYMENT),
     ("policy", "v1", "PodDisruptionBudget", labels::DEPLOYMENT),
     ("resource.k8s.io", "v1", "ResourceClaimTemplate", labels::DEPLOYMENT),
     ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", labels::DEPLOYMENT),
+    ("gateway.networking.k8s.io", "v1", "HTTPRoute", labels::DEPLOYMENT),
     ("batch", "v1", "Job", labels::CACHE),
     ("", "v1", "PersistentVolumeClaim", labels::CACHE),
     ("", "v1", "Secret", labels::CACHE),
@@ -208,7 +209,7 @@ fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
 }
 
 /// How many of `KINDS` the member caches hold.
-const CACHED_KINDS: usize = 5;
+const CACHED_KINDS: usize = 6;
 
 fn found(kind: usize, o: &ObjectMeta, now: Timestamp, install: &str) -> Option<Found> {
     let l = o.labels.as_ref()?;
@@ -510,12 +511,12 @@ mod tests {
             f(1, "ml.gone", "gone", 600),         // owner deleted
             f(2, "ml.gone", "gone-h100", 600),    // its PodDisruptionBudget too
             f(2, "ml.llama", "llama-h100", 600),  // owned
-            f(5, "ml.weights", "stage-1", 600),   // cache owns it
-            f(5, "ml.llama", "stage-2", 600),     // a Job is owned by a cache, not a deployment
+            f(6, "ml.weights", "stage-1", 600),   // cache owns it
+            f(6, "ml.llama", "stage-2", 600),     // a Job is owned by a cache, not a deployment
             f(0, "ml.weights", "weights-x", 600), // a Deployment is owned by a deployment
         ];
         assert_eq!(KINDS[2].2, "PodDisruptionBudget");
-        assert_eq!(KINDS[5].2, "Job");
+        assert_eq!(KINDS[6].2, "Job");
         let names: Vec<String> = orphans(&found, &owners(), GRACE, None, 10).into_iter().map(|f| f.name).collect();
         assert_eq!(names, ["weights-x", "gone", "gone-h100", "stage-2"], "by kind, namespace, name");
     }
@@ -532,7 +533,7 @@ mod tests {
 
     #[test]
     fn with_no_owner_at_all_everything_labelled_goes() {
-        let found = [f(0, "ml.llama", "x", 0), f(7, "ml.weights", "y", 0)];
+        let found = [f(0, "ml.llama", "x", 0), f(8, "ml.weights", "y", 0)];
         assert_eq!(orphans(&found, &Owners::default(), Duration::ZERO, None, 10).len(), 2);
     }
 

@@ -260,6 +260,7 @@ mod tests {
             continuation: declared,
             health: RouteHealth::detached(),
             deployment: 0,
+            member_route: None,
         }
     }
 

@@ -203,6 +203,7 @@ pub fn table_file(
                     ready: true,
                     continuation: None,
                     deployment: deployment.clone(),
+                    member_route: Some(format!("{ns}/{dname}")),
                 }
             });
         spec.routes.extend(routes);
@@ -385,6 +386,8 @@ mod tests {
         assert_eq!(owners.get(&("a".to_string(), "llama".to_string())).map(String::as_str), Some("llama"));
         let routes: Vec<(&str, u32)> = file.models[0].routes.iter().map(|r| (r.cluster.as_str(), r.weight)).collect();
         assert_eq!(routes, [("eu1", 2), ("eu6", 1)]);
+        // Each names its ModelDeployment to the member's routing (x-flotilla-deployment).
+        assert!(file.models[0].routes.iter().all(|r| r.member_route.as_deref() == Some("a/llama")));
         assert!(
             problems.iter().any(|p| p.contains("eu4") && p.contains("must start with http:// or https://")),
             "{problems:?}"

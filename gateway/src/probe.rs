@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header;
+use flotilla_apis::constants::DEPLOYMENT_HEADER;
+use http::{HeaderValue, header};
 use http_body_util::{BodyExt, Full, Limited};
 
 use crate::AppState;
@@ -35,7 +36,8 @@ use crate::tls::tls_fault;
 struct Target {
     spec: Arc<Cluster>,
     cluster: Arc<ClusterHealth>,
-    routes: Vec<(String, Arc<RouteHealth>)>,
+    /// (model, route health, the route's `x-flotilla-deployment`).
+    routes: Vec<(String, Arc<RouteHealth>, Option<HeaderValue>)>,
 }
 
 /// What one probe found.
@@ -95,7 +97,7 @@ async fn fetch(st: &AppState, c: &Cluster) -> Found {
 /// One token asked of `model` on the cluster: `Some(true)` an answer with `choices`,
 /// `Some(false)` none (no answer in time, a 5xx, a 404, a malformed answer), `None` an answer
 /// that says nothing of the model's health (another 4xx).
-async fn ask(st: &AppState, c: &Cluster, model: &str) -> Option<bool> {
+async fn ask(st: &AppState, c: &Cluster, model: &str, member_route: Option<&HeaderValue>) -> Option<bool> {
     let url = &c.url;
     let body = serde_json::json!({
         "model": model,
@@ -109,6 +111,9 @@ async fn ask(st: &AppState, c: &Cluster, model: &str) -> Option<bool> {
         .ok()?;
     if let Some(a) = &c.auth {
         req.headers_mut().insert(header::AUTHORIZATION, a.clone());
+    }
+    if let Some(r) = member_route {
+        req.headers_mut().insert(DEPLOYMENT_HEADER, r.clone());
     }
     let answer = async {
         let Ok(resp) = st.conn(c).request(req).await else { return Some(false) };
@@ -130,17 +135,18 @@ async fn ask(st: &AppState, c: &Cluster, model: &str) -> Option<bool> {
 
 /// Ask each ejected model the list could not vouch for; whether any answered.
 async fn ask_unlisted(st: &AppState, name: &str, t: &Target, listed: Option<&HashSet<String>>) -> bool {
-    let unlisted: Vec<&(String, Arc<RouteHealth>)> = t
+    let unlisted: Vec<&(String, Arc<RouteHealth>, Option<HeaderValue>)> = t
         .routes
         .iter()
-        .filter(|(model, route)| {
+        .filter(|(model, route, _)| {
             listed.is_none_or(|l| !l.contains(model)) && (route.model_circuit_open() || listed.is_none())
         })
         .collect();
-    let answers = futures_util::future::join_all(unlisted.iter().map(|(model, _)| ask(st, &t.spec, model))).await;
+    let answers =
+        futures_util::future::join_all(unlisted.iter().map(|(model, _, r)| ask(st, &t.spec, model, r.as_ref()))).await;
     let now = Instant::now();
     let mut any = false;
-    for ((model, route), answer) in unlisted.into_iter().zip(answers) {
+    for ((model, route, _), answer) in unlisted.into_iter().zip(answers) {
         let result = match answer {
             Some(true) => ProbeResult::ok,
             Some(false) => ProbeResult::failed,
@@ -196,7 +202,7 @@ async fn probe(st: &AppState, name: &str, t: Target) {
                 tracing::info!(cluster = name, "cluster entry point answers again; its configuration fault is cleared");
             }
             t.cluster.probed(true, now);
-            for (model, route) in &t.routes {
+            for (model, route, _) in &t.routes {
                 if route.model_circuit_open() && listed.contains(model) {
                     route.probed(true, now);
                 }
@@ -206,7 +212,7 @@ async fn probe(st: &AppState, name: &str, t: Target) {
         }
         Found::Down => {
             t.cluster.probed(false, now);
-            for (_, route) in &t.routes {
+            for (_, route, _) in &t.routes {
                 route.probed(false, now);
             }
             ProbeResult::failed
@@ -259,7 +265,7 @@ pub async fn probe_loop(st: Arc<AppState>) {
                     cluster: r.health.cluster().clone(),
                     routes: Vec::new(),
                 });
-                t.routes.push((m.name.clone(), r.health.clone()));
+                t.routes.push((m.name.clone(), r.health.clone(), r.member_route.clone()));
             }
         }
         // A cluster newly ejected is first probed a jittered interval after it was seen.

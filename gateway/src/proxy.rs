@@ -322,6 +322,7 @@ async fn try_model<'t>(
         let out = Outgoing {
             base: &route.cluster.url,
             auth: route.cluster.auth.as_ref(),
+            member_route: route.member_route.as_ref(),
             path: p.endpoint.path(),
             body,
             collect,

@@ -115,6 +115,12 @@ pub struct RouteSpec {
     /// The model's deployment this route belongs to (required when it lists `deployments`).
     #[serde(default)]
     pub deployment: Option<String>,
+    /// Sent as `x-flotilla-deployment` with every request of this route, so that the member's
+    /// routing (the HTTPRoute Flotilla renders there, `docs/operations.md`, "What each member
+    /// needs") finds the deployment's pods: the ModelDeployment's `namespace/name`. The fleet
+    /// feed sets it on every route; absent, the header is not sent.
+    #[serde(default)]
+    pub member_route: Option<String>,
 }
 
 /// How a route continues a stream that broke on another route (`docs/gateway.md`, continuation).
@@ -209,6 +215,8 @@ pub struct Route {
     pub health: Arc<RouteHealth>,
     /// Index of its deployment in the model's `deployments` (0 when there are none).
     pub deployment: usize,
+    /// The `x-flotilla-deployment` value its requests carry (`RouteSpec::member_route`).
+    pub member_route: Option<HeaderValue>,
 }
 
 /// A model, resolved.
@@ -286,6 +294,15 @@ impl RoutingTable {
                 if !seen.insert((deployment, r.cluster.clone())) {
                     return Err(err(format!("model `{}`: cluster `{}` routed twice", m.name, r.cluster)));
                 }
+                let member_route = match &r.member_route {
+                    None => None,
+                    Some(v) => Some(HeaderValue::from_str(v).map_err(|_| {
+                        err(format!(
+                            "model `{}`: route to `{}`: memberRoute `{v}` is not a valid header value (visible ASCII)",
+                            m.name, r.cluster
+                        ))
+                    })?),
+                };
                 routes.push(Route {
                     cluster: cluster.clone(),
                     weight: r.weight.max(1),
@@ -293,6 +310,7 @@ impl RoutingTable {
                     continuation: r.continuation,
                     health: RouteHealth::detached(),
                     deployment,
+                    member_route,
                 });
             }
             let mut fallbacks = Vec::new();

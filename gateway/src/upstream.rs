@@ -13,6 +13,8 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use flotilla_apis::constants::DEPLOYMENT_HEADER;
+
 use crate::metrics::AttemptResult;
 use crate::sse::{Event, Parser};
 
@@ -127,6 +129,8 @@ pub struct Outgoing<'a> {
     pub base: &'a str,
     /// The cluster's upstream credential (`Authorization`), if it has one.
     pub auth: Option<&'a HeaderValue>,
+    /// The route's `x-flotilla-deployment` value, which the member's routing matches on.
+    pub member_route: Option<&'a HeaderValue>,
     /// Path.
     pub path: &'static str,
     /// JSON body.
@@ -173,7 +177,8 @@ fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
 pub async fn attempt(client: Conn<'_>, out: Outgoing<'_>) -> Result<Success, Failure> {
     let uri = format!("{}{}", out.base, out.path);
     // Only these headers go upstream: the client's own `Authorization` (the gateway's key)
-    // never reaches the engine; the cluster's credential does.
+    // never reaches the engine; the cluster's credential does. No client header is forwarded,
+    // so a client cannot name another deployment to the member's routing.
     let mut req = Request::post(uri)
         .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(header::ACCEPT, if out.stream { "text/event-stream" } else { "application/json" })
@@ -182,6 +187,9 @@ pub async fn attempt(client: Conn<'_>, out: Outgoing<'_>) -> Result<Success, Fai
         .map_err(|e| Failure::Connect(e.to_string()))?;
     if let Some(auth) = out.auth {
         req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
+    }
+    if let Some(route) = out.member_route {
+        req.headers_mut().insert(DEPLOYMENT_HEADER, route.clone());
     }
     let deadline = tokio::time::Instant::from_std(out.deadline);
     let what = if out.stream { "first token" } else { "answer" };

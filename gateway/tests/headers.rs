@@ -151,3 +151,26 @@ async fn hop_by_hop_headers_from_the_cluster_are_not_returned() {
     // A stream is chunked by the gateway's own hop, not copied from the cluster's.
     assert_eq!(r.header("transfer-encoding"), "chunked");
 }
+
+#[tokio::test]
+async fn a_route_names_its_deployment_to_the_member_and_a_client_cannot() {
+    let a = sim("a", &["m", "n"], |_| {}).await;
+    let yaml = format!(
+        "{}models:\n  - {{name: m, routes: [{{cluster: a, memberRoute: team-a/m}}]}}\n  - {{name: n, routes: [{{cluster: a}}]}}\n",
+        clusters_yaml(&[("a", a.url(), "EU")])
+    );
+    let gw = gateway(&yaml, |_| {}).await;
+    // A client naming another tenant's deployment is not heard: the route's own value goes.
+    let r = post_with(&gw.url("/v1/chat/completions"), &chat("m", "hi"), &[("x-flotilla-deployment", "team-b/secret")])
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = post_with(&gw.url("/v1/chat/completions"), &chat("n", "hi"), &[("x-flotilla-deployment", "team-b/secret")])
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let seen = a.state.requests();
+    let values = |i: usize| -> Vec<String> {
+        seen[i].headers.iter().filter(|(k, _)| k == "x-flotilla-deployment").map(|(_, v)| v.clone()).collect()
+    };
+    assert_eq!(values(0), ["team-a/m"], "the route's deployment, once");
+    assert!(values(1).is_empty(), "a route without one sends none, whatever the client sent");
+}

@@ -285,6 +285,7 @@ fn cluster(seed: u64, index: usize, classes: &[&'static str]) -> InferenceCluste
         cache_storage_class_name: None,
         deletion_policy: None,
         endpoint_auth: None,
+        gateway_ref: None,
     };
     let mut c = InferenceCluster::new(&name, spec);
     c.metadata.labels = Some(labels);

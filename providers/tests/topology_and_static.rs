@@ -120,6 +120,7 @@ fn static_cluster() -> InferenceClusterSpec {
         cache_storage_class_name: None,
         deletion_policy: None,
         endpoint_auth: None,
+        gateway_ref: None,
         pools: vec![NodePool {
             name: "h100".into(),
             class: "h100".into(),

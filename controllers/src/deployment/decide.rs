@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use flotilla_apis::ModelDeployment;
 use flotilla_apis::cache::CachePhase;
 use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::cluster::GatewayRef;
 use flotilla_apis::constants::event;
 use flotilla_apis::deployment::ModelDeploymentStatus;
 use flotilla_placement::plan::DeploymentPlan;
@@ -81,6 +82,9 @@ pub struct Input<'a> {
     pub classes: &'a BTreeMap<String, InferenceClassSpec>,
     /// Clusters that publish DRA devices (their pods get ResourceClaims).
     pub dra: &'a BTreeSet<String>,
+    /// Clusters whose InferenceCluster names a member Gateway (`spec.gatewayRef`): their
+    /// deployments get an HTTPRoute to it.
+    pub gateways: &'a BTreeMap<String, GatewayRef>,
     /// Now, to the second (what the API server keeps of condition times).
     pub now: &'a Time,
     /// How long a pool that refused the deployment's pods is backed off (`status.refusedPools`).
@@ -297,7 +301,10 @@ fn objects_for(input: &Input<'_>, cluster: &str, step: &BTreeMap<Key, i32>) -> V
         };
         pools.push(PoolWorkload { pool, class, alternative, replicas: *replicas });
     }
-    if pools.is_empty() { Vec::new() } else { render(md, &pools, input.dra.contains(cluster), input.workload_suffix) }
+    if pools.is_empty() {
+        return Vec::new();
+    }
+    render(md, &pools, input.dra.contains(cluster), input.workload_suffix, input.gateways.get(cluster))
 }
 
 /// The (cluster, pool, desired) a status places replicas at.

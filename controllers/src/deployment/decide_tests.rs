@@ -95,6 +95,7 @@ struct Case {
     seen: Seen,
     cache: Option<CacheView>,
     dra: BTreeSet<String>,
+    gateways: BTreeMap<String, flotilla_apis::cluster::GatewayRef>,
     now: Time,
     suffix: Option<String>,
 }
@@ -103,7 +104,17 @@ impl Case {
     fn new(status: Option<ModelDeploymentStatus>, plan: DeploymentPlan, seen: Seen) -> Self {
         let (mut md, classes) = fleet();
         md.status = status;
-        Case { md, classes, plan, seen, cache: None, dra: BTreeSet::new(), now: now(), suffix: None }
+        Case {
+            md,
+            classes,
+            plan,
+            seen,
+            cache: None,
+            dra: BTreeSet::new(),
+            gateways: BTreeMap::new(),
+            now: now(),
+            suffix: None,
+        }
     }
 
     fn input(&self) -> Input<'_> {
@@ -116,6 +127,7 @@ impl Case {
             cache: self.cache.as_ref(),
             classes: &self.classes,
             dra: &self.dra,
+            gateways: &self.gateways,
             now: &self.now,
             backoff: std::time::Duration::from_secs(600),
         }

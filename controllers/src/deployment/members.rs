@@ -352,7 +352,10 @@ pub async fn apply_with(
             namespace_done = true;
         }
         let mut obj = obj.clone();
-        obj["metadata"]["annotations"] = serde_json::json!({ HASH_ANNOTATION: hash });
+        // The rendered annotations (an HTTPRoute's model) and the content hash.
+        let mut annotations = obj["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
+        annotations.insert(HASH_ANNOTATION.into(), Value::String(hash.clone()));
+        obj["metadata"]["annotations"] = Value::Object(annotations);
         if let Some(rv) = adopt_at.filter(|rv| !rv.is_empty()) {
             // Adopting an object of an earlier release: only if no one changed it since it was
             // seen without an install label (another installation adopting it first).

@@ -379,6 +379,8 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         .filter(|c| c.status.as_ref().and_then(|s| s.dra).unwrap_or(false))
         .map(|c| c.name_any())
         .collect();
+    let gateways: BTreeMap<String, _> =
+        ctx.clusters.state().iter().filter_map(|c| Some((c.name_any(), c.spec.gateway_ref.clone()?))).collect();
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
     // Pools of every InferenceCluster (read only for a deployment with an older neighbour whose
     // name extends its own): where its names could meet another's.
@@ -393,6 +395,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         cache: cache.as_ref(),
         classes: &classes,
         dra: &dra,
+        gateways: &gateways,
         now: &now,
         backoff: ctx.config.unschedulable_backoff,
     };

@@ -24,7 +24,8 @@ use super::{DeploymentContext, ModelDeployment};
 use crate::metrics::Wake;
 
 /// What a reconcile reads of an InferenceCluster besides the plan: whether it is being
-/// deleted, its `Reachable` and `Ready` condition statuses, whether it publishes DRA devices.
+/// deleted, its `Reachable` and `Ready` condition statuses, whether it publishes DRA devices,
+/// the member Gateway its routes go to.
 /// Capacity figures and the heartbeat are not in it (they move the plan, or nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterFact {
@@ -32,6 +33,7 @@ pub struct ClusterFact {
     reachable: Option<String>,
     ready: Option<String>,
     dra: Option<bool>,
+    gateway: Option<flotilla_apis::cluster::GatewayRef>,
 }
 
 /// What a reconcile reads of a ModelCache: per cluster, the phase and a failure's reason.
@@ -48,6 +50,7 @@ pub fn cluster_fact(ic: &InferenceCluster) -> ClusterFact {
         reachable: cond(condition::REACHABLE),
         ready: cond(condition::READY),
         dra: ic.status.as_ref().and_then(|s| s.dra),
+        gateway: ic.spec.gateway_ref.clone(),
     }
 }
 

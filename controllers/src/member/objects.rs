@@ -28,12 +28,13 @@ use super::{AbortOnDrop, MemberError, WATCH_TIMEOUT_SECS};
 pub const RETRY: Duration = Duration::from_secs(60);
 
 /// The kinds cached: (group, version, kind, always served).
-pub const KINDS: [(&str, &str, &str, bool); 5] = [
+pub const KINDS: [(&str, &str, &str, bool); 6] = [
     ("apps", "v1", "Deployment", true),
     ("", "v1", "Service", true),
     ("policy", "v1", "PodDisruptionBudget", true),
     ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", false),
     ("resource.k8s.io", "v1", "ResourceClaimTemplate", false),
+    ("gateway.networking.k8s.io", "v1", "HTTPRoute", false),
 ];
 
 /// The `ApiResource` of `KINDS[i]`.
