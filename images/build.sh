@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the images the chart installs — flotilla-controller, flotilla-gateway, flotilla-stage —
-# as OCI image-layout archives, without a container engine (images/oci_image.py; docs/development.md,
+# Builds Flotilla's images — flotilla-controller, flotilla-gateway, flotilla-stage (the ones the
+# chart installs) and flotilla-member-router (examples/member-router/) — as OCI image-layout archives, without a container engine (images/oci_image.py; docs/development.md,
 # "Images"). Prints the output directory; it holds <name>.oci.tar and digests.tsv.
 #
 #   images/build.sh                 # the test build's binaries (debug profile), as the tests use
@@ -25,7 +25,7 @@ while (($#)); do
 done
 
 target="${CARGO_TARGET_DIR:-target}"
-bins=(flotilla-controller flotilla-gateway flotilla-stage)
+bins=(flotilla-controller flotilla-gateway flotilla-stage flotilla-member-router)
 if [[ "${profile}" == release ]]; then
   cargo build --release --locked --workspace --bins >&2
 elif [[ "${FLOTILLA_PREBUILT:-0}" != 1 ]]; then

@@ -10,6 +10,7 @@
 #
 #   bash scripts/demo.sh               # under a minute on a warm cache
 #   bash scripts/demo.sh --write-docs  # and put its transcript into docs/quickstart.md
+#   bash scripts/demo.sh --check-docs  # and fail if docs/quickstart.md shows other steps (the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -81,7 +82,7 @@ LOGS="${FLOTILLA_E2E_DIR}/logs"
 mkdir -p "${LOGS}"
 PIDFILE="${LOGS}/pids"
 : >"${PIDFILE}"
-if [[ "${1:-}" == "--write-docs" ]]; then
+if [[ "${1:-}" == "--write-docs" || "${1:-}" == "--check-docs" ]]; then
   exec > >(tee "${LOGS}/transcript.txt")
 fi
 
@@ -165,6 +166,41 @@ us=$(grep -ci '^x-flotilla-cluster: us-' "${LOGS}/failover.txt" || true)
 echo "during the failover: ${ok} of 6 requests answered 200, ${us} served outside the EU"
 [[ "${ok}" == 6 && "${us}" == 0 ]]
 echo "demo finished"
+if [[ "${1:-}" == "--check-docs" ]]; then
+  sleep 0.5  # let tee finish
+  # The transcript in docs/quickstart.md must show what this run showed: the same steps,
+  # commands, tables (their columns and the objects in their first column) and applied objects.
+  # Values that depend on timing (AGE, READY counts, messages, which cluster answered) are not
+  # compared.
+  python3 - "${LOGS}/transcript.txt" docs/quickstart.md <<'PY'
+import difflib, re, sys
+def shape(text):
+    text = re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:PORT", text)
+    out, table = [], False
+    for line in text.splitlines():
+        if line.startswith("# ") or line.startswith("$ "):
+            out.append(line); table = False
+        elif line.startswith("NAME "):
+            out.append("table: " + " ".join(line.split())); table = True
+        elif table and line.strip():
+            out.append("  row: " + line.split()[0])
+        elif re.match(r"^[a-z0-9.-]+/[A-Za-z0-9._-]+ (serverside-applied|patched|created|configured|deleted)$", line):
+            out.append(line)
+        else:
+            table = False
+    return out
+run = shape(open(sys.argv[1]).read())
+doc = open(sys.argv[2]).read()
+doc = doc.split("<!-- demo:begin -->", 1)[1].split("<!-- demo:end -->", 1)[0]
+documented = shape(doc)
+if run != documented:
+    sys.stderr.write("docs/quickstart.md's transcript no longer matches the demo (- documented, + this run):\n")
+    sys.stderr.writelines(l + "\n" for l in difflib.unified_diff(documented, run, lineterm="", n=1))
+    sys.stderr.write("refresh it: bash scripts/demo.sh --write-docs\n")
+    sys.exit(1)
+print(f"docs/quickstart.md: the transcript matches this run ({len(run)} steps, commands, tables and objects)")
+PY
+fi
 if [[ "${1:-}" == "--write-docs" ]]; then
   exec >&2
   sleep 0.5  # let tee finish

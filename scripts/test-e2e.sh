@@ -15,4 +15,4 @@ echo "e2e: helm ${helm} ($(( $(date +%s) - start )) s)"
 
 # One test binary at a time, one test at a time: each brings up several clusters. `--workspace`
 # keeps the feature set of the main `cargo test --workspace`, so nothing is built twice.
-cargo test --workspace --locked --test e2e_apply --test e2e_cluster --test e2e_deployment --test e2e_cache --test e2e_gateway --test e2e_claim --test e2e_cli -- --ignored --test-threads=1
+cargo test --workspace --locked --test e2e_apply --test e2e_cluster --test e2e_deployment --test e2e_cache --test e2e_gateway --test e2e_claim --test e2e_datapath --test e2e_cli -- --ignored --test-threads=1

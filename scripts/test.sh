@@ -68,8 +68,8 @@ bash scripts/test-ship.sh  # Helm chart, Argo CD health checks, GitOps examples,
 step "end-to-end tests on real API servers (tests/e2e/harness)"
 bash scripts/test-e2e.sh
 
-step "the local fleet demo, unattended (scripts/demo.sh; transcript in docs/quickstart.md)"
-bash scripts/demo.sh
+step "the local fleet demo, unattended, and its transcript in docs/quickstart.md (scripts/demo.sh --check-docs)"
+bash scripts/demo.sh --check-docs
 
 step "fleetctl validate + plan on examples/fleet (the README's main command)"
 cargo run -q --locked -p fleetctl -- validate -f examples/fleet

@@ -22,6 +22,7 @@ pub mod http;
 pub mod keys;
 pub mod limits;
 pub mod member;
+pub mod member_router;
 pub mod metrics;
 pub mod pick;
 pub mod probe;

@@ -131,7 +131,7 @@ def main():
         fail("check.py runs each image from its own filesystem with chroot and umoci, which need root")
     with open(os.path.join(images, "digests.tsv")) as f:
         names = [line.split("\t")[0] for line in f if line.strip()]
-    expected = ["flotilla-controller", "flotilla-gateway", "flotilla-stage"]
+    expected = ["flotilla-controller", "flotilla-gateway", "flotilla-stage", "flotilla-member-router"]
     if names != expected:
         fail(f"digests.tsv names {names}, expected {expected}")
     for name in names:

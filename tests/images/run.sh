@@ -43,11 +43,12 @@ revision=$(manifest_annotation "${archive}" org.opencontainers.image.revision)
 created=$(manifest_annotation "${archive}" org.opencontainers.image.created)
 python3 images/oci_image.py --out-dir "${tmp}/again" --version "${version}" --revision "${revision}" \
   --source-date-epoch "$(date -u -d "${created}" +%s)" \
-  "${target}/debug/flotilla-controller" "${target}/debug/flotilla-gateway" "${target}/debug/flotilla-stage" >/dev/null
+  "${target}/debug/flotilla-controller" "${target}/debug/flotilla-gateway" "${target}/debug/flotilla-stage" \
+  "${target}/debug/flotilla-member-router" >/dev/null
 diff <(cut -f1,2 "${images}/digests.tsv") <(cut -f1,2 "${tmp}/again/digests.tsv") >/dev/null || {
   echo "FAIL the images are not reproducible: the same inputs gave other digests" >&2
   diff "${images}/digests.tsv" "${tmp}/again/digests.tsv" >&2; exit 1; }
-echo "ok reproducible: the same inputs give the same three digests"
+echo "ok reproducible: the same inputs give the same four digests"
 
 digest() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "${images}/digests.tsv"; }
 "${HELM}" template flotilla charts/flotilla --namespace flotilla-system --set gateway.enabled=true \

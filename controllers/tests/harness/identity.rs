@@ -106,6 +106,22 @@ impl Fleet {
         self.run("identity.sh", &[admin.to_str().unwrap(), manifest.to_str().unwrap()]);
     }
 
+    /// Applies a manifest file to `cluster` as its admin (`kubectl apply`).
+    pub fn apply_file(&self, cluster: &str, manifest: &std::path::Path) {
+        let admin = self.kubeconfig(cluster);
+        self.run("identity.sh", &[admin.to_str().unwrap(), manifest.to_str().unwrap()]);
+    }
+
+    /// A kubeconfig for ServiceAccount `ns/sa` on `cluster` after applying `manifest` there
+    /// (its RBAC). Written once per fleet.
+    pub fn identity_kubeconfig(&self, cluster: &str, manifest: &std::path::Path, ns: &str, sa: &str) -> PathBuf {
+        let out = self.dir.join(format!("{cluster}.{ns}.{sa}.kubeconfig"));
+        if !out.exists() {
+            self.identity(cluster, manifest, ns, sa, &out);
+        }
+        out
+    }
+
     fn identity(&self, cluster: &str, manifest: &std::path::Path, ns: &str, sa: &str, out: &std::path::Path) {
         let admin = self.kubeconfig(cluster);
         self.run("identity.sh", &[admin.to_str().unwrap(), manifest.to_str().unwrap(), ns, sa, out.to_str().unwrap()]);
