@@ -66,11 +66,13 @@ http {
   server {
     listen 127.0.0.1:$UP;
     location = /v1/chat/completions { default_type application/json; return 200 '$ANSWER'; }
+    location = /v1/models { default_type application/json; return 200 '{\"object\":\"list\",\"data\":[{\"id\":\"m\",\"object\":\"model\"}]}'; }
     location = /metrics { default_type text/plain; return 200 'vllm:num_requests_waiting 0\n'; }
   }
   server {
     listen 127.0.0.1:$UP_SSE;
     location = /v1/chat/completions { default_type text/event-stream; return 200 '$SSE'; }
+    location = /v1/models { default_type application/json; return 200 '{\"object\":\"list\",\"data\":[{\"id\":\"s\",\"object\":\"model\"}]}'; }
     location = /metrics { default_type text/plain; return 200 'vllm:num_requests_waiting 0\n'; }
   }
 }" "http://127.0.0.1:$UP/v1/chat/completions"
@@ -207,7 +209,8 @@ upstream share the $(nproc) cores**, so each row is what that proxy achieves whi
 them, as it would on a small node.
 
 **Setup.** The upstream is nginx (2 workers) answering every \`POST /v1/chat/completions\` with a
-fixed chat completion (${#ANSWER} bytes, \`return 200\`), and on a second port with a fixed
+fixed chat completion (${#ANSWER} bytes, \`return 200\`; \`/v1/models\` lists the model, which the
+gateway checks when a cluster enters its table), and on a second port with a fixed
 ${TOKENS}-token SSE stream ending in \`[DONE]\`. The nginx hop is a second nginx (2 workers,
 \`proxy_pass\` with a keepalive pool, no access log, keepalive up to a million requests per
 connection on every side):
@@ -216,7 +219,7 @@ connection on every side):
 $(sed -e "s/:$UP;/:UPSTREAM_PORT;/" -e "s/:$HOP;/:HOP_PORT;/" <<<"$HOP_CONF")
 \`\`\`
 
-The gateway runs with its defaults (prefix routing, 2 Tokio workers, continuation on, per-model
+The gateway runs with its defaults (prefix routing, one event loop per CPU, continuation on, per-model
 health, probes) plus \`$GW_FLAGS\`, model \`m\` routed to the upstream. Load:
 \`wrk -t2 -cC -d${DUR}s --latency -s plain.lua URL/v1/chat/completions\`, \`plain.lua\` posting
 \`$BODY\`. CPU is the change in utime+stime (\`/proc/PID/stat\`; nginx: master and workers)
@@ -249,34 +252,29 @@ $(splice_row gw "client → gateway, continuation on")
 
 | target | measured | |
 | --- | --- | --- |
-| gateway ≥ 0.5 × the nginx hop's throughput at 16 connections | ${r16}× | $(verdict "$r16" 0.5 min) |
-| gateway CPU ≤ 40 ms per 1,000 requests (worst of 16 and 64 connections) | $cpu_worst ms | $(verdict "$cpu_worst" 40 max) |
+| gateway ≥ 0.7 × the nginx hop's throughput at 16 connections | ${r16}× | $(verdict "$r16" 0.7 min) |
+| gateway CPU ≤ 25 ms per 1,000 requests (worst of 16 and 64 connections) | $cpu_worst ms | $(verdict "$cpu_worst" 25 max) |
 
 Errors (non-2xx answers and socket errors) over the whole run: $ERRORS.
 
-## Where the gateway's time goes (2026-12-01)
+## Where the gateway's time goes (2026-12-07)
 
-\`perf record -g -p PID\` on the gateway during a 16-connection run: about 65 % kernel
-(loopback TCP on two sockets and scheduling), 22 % in the binary (hyper, Tokio, axum, serde;
-the gateway's own functions about 2 %), 11 % libc (malloc about 7 %). Per request the gateway
-makes the minimum of system calls, 2 \`recvfrom\` and 2 \`writev\`, plus 0.24 \`epoll_wait\`,
-0.24 \`futex\` and 0.6 context switches (\`perf stat\`). A proxied request made 93 heap
-allocations (a uprobe on malloc): about 20 in axum's routing and the two middleware layers,
-most of the rest in hyper's server and pooled client. Changed since that profile: the feedback
-window is looked up without allocating under its lock and the request id is moved rather than
-cloned (90 allocations), and the gateway uses mimalloc (A/B, 3 × 10 s at 16 connections:
-25.8 vs 29.0 ms CPU per 1,000 requests, +8 % req/s).
+**Event loops.** Until commit c32e3db the gateway ran on one multi-threaded Tokio runtime: a
+request's connection task, the pooled upstream connection's task and the two workers woke each
+other across threads. It now runs one single-threaded runtime per CPU (\`--worker-threads\`), each
+accepting its own connections with its own upstream pool, so a request stays on one thread.
+Same-run A/B on this machine, the nginx upstream above, \`wrk -t2 -c16\`, 8 s each, two rounds:
+the multi-threaded runtime 29.1k and 32.1k req/s at 38.8 and 34.7 ms CPU per 1,000 requests;
+two event loops 46.0k and 39.4k req/s at 27.2 and 25.0 ms; one event loop 38.4k and 39.2k req/s
+at 25.7 and 25.2 ms.
 
-What remains: at 16 connections the gateway is not always CPU-bound (71 % of a core in one run
-while the nginx hop took 90 %). Each closed-loop request waits on more hand-offs than in
-nginx's single event loop: hyper-util's pooled client passes the request to the upstream
-connection's task and the answer back through channels, and Tokio's two workers wake each
-other. Runs on this quiet machine differ by ±15 %: on 2026-12-01 the 16-connection ratio was
-0.50 before the allocator change, then 0.49 and 0.56 in two runs after it (at 64 connections
-0.46, then 0.70 and 0.55): the target is met in some runs and missed in others, with no margin.
-A margin would mean driving the upstream connection in the request's own task, which is not a
-cheap change. The splice path's p99 over one connection is set by scheduler tails (the rounds
-above spread over several milliseconds); its p50 cost is a few microseconds at most.
+\`perf record -g\` on the gateway during a 16-connection run (event loops): about half of its
+samples in the kernel, of which a third is scheduling (\`finish_task_switch\`, wake-ups under
+\`_raw_spin_unlock_irqrestore\`): 0.8 context switches per request (\`perf stat\`), almost all
+after \`writev\` wakes a peer (wrk or nginx) that shares the two cores. The user-space profile is
+flat: no symbol of the gateway, hyper, Tokio or mimalloc above 1.5 %. Left to try: fewer
+wake-ups per request (one write per answer), and measuring on a machine where the load
+generator does not share the proxy's cores.
 MD
 write_section "$OUT" gateway-nginx-bench "$SECTION" gateway-bench
 echo "wrote the gateway-nginx section of $OUT" >&2

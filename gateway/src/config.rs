@@ -240,6 +240,11 @@ pub struct GatewayConfig {
     /// How long shutdown waits for in-flight requests, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub drain_ms: u64,
+    /// Event loops serving requests, each a single-threaded runtime on its own thread that
+    /// accepts its connections and proxies them start to end with its own upstream connections
+    /// (0: one per CPU the process may use).
+    #[arg(long, env = "FLOTILLA_GATEWAY_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
     /// Continue a stream that breaks after its first byte (cut, stalled, malformed) on another
     /// allowed route and splice the rest into the client's stream (`--continuation false`: end
     /// it with an error event).
@@ -270,6 +275,14 @@ impl GatewayConfig {
         let mut c = GatewayConfig::parse_from(["flotilla-gateway", "--config", "x"]);
         c.config = Some(path);
         c
+    }
+
+    /// The event loops to run: `--worker-threads`, or one per CPU the process may use.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        }
     }
 
     /// Whether clients must present an API key.

@@ -68,8 +68,10 @@ pub struct AppState {
     pub health: HealthRegistry,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Upstream client.
+    /// Upstream client of the first event loop (the caller's runtime, `serve::run`).
     pub client: upstream::Client,
+    /// Those of the other event loops, one each: a loop's pooled connections live on its thread.
+    pub worker_clients: Vec<upstream::Client>,
     /// Concurrency limit.
     pub limit: Arc<Semaphore>,
     /// API keys in force.
@@ -112,6 +114,7 @@ impl AppState {
         Arc::new(AppState {
             health,
             client: upstream::client(ms(cfg.connect_timeout_ms)),
+            worker_clients: (1..cfg.workers()).map(|_| upstream::client(ms(cfg.connect_timeout_ms))).collect(),
             limit: Arc::new(Semaphore::new(cfg.max_concurrency.max(1))),
             jitter: Mutex::new(cfg.seed),
             rr: AtomicU64::new(0),
@@ -223,7 +226,10 @@ impl AppState {
     /// The client for `cluster`: the shared plain one, or the cluster's own TLS one.
     pub fn conn<'a>(&'a self, cluster: &'a table::Cluster) -> upstream::Conn<'a> {
         match &cluster.tls {
-            None => upstream::Conn::Plain(&self.client),
+            None => upstream::Conn::Plain(match serve::worker() {
+                0 => &self.client,
+                i => self.worker_clients.get(i - 1).unwrap_or(&self.client),
+            }),
             Some(t) => upstream::Conn::Tls(t.client(ms(self.cfg.connect_timeout_ms))),
         }
     }

@@ -30,7 +30,9 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-#[tokio::main]
+// The caller's runtime is one of the event loops (`serve::run`) and runs the background loops;
+// the other loops get threads of their own.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -1,5 +1,5 @@
-//! Running the gateway: the accept loop (HTTP/1 with header limits and a header read
-//! timeout), graceful shutdown that stops probing and drains in-flight requests, the
+//! Running the gateway: the event loops (`--worker-threads` single-threaded runtimes sharing the
+//! listener, each accepting HTTP/1 with header limits and a header read timeout), graceful shutdown that stops probing and drains in-flight requests, the
 //! routing-table reload loop (file changes and SIGHUP), the probe loop (`probe`), and the
 //! scrape loop (`scrape`).
 
@@ -17,15 +17,79 @@ use tower::ServiceExt;
 use crate::config::ms;
 use crate::{AppState, GatewayError};
 
+thread_local! {
+    /// The event loop this thread runs (0: the caller's runtime and any thread not a worker).
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The event loop the current thread serves requests on (`AppState::conn` picks its client).
+pub fn worker() -> usize {
+    WORKER.with(std::cell::Cell::get)
+}
+
 /// Serve on `listener` until `shutdown` resolves, then drain for up to `--drain-ms`.
+///
+/// The listener is served by `--worker-threads` event loops: this task's runtime and one thread
+/// per further loop, each running a single-threaded Tokio runtime. A loop accepts a connection
+/// and parses, routes and proxies its requests start to end, with upstream connections pooled
+/// per loop, so a request never hands work to another thread: with one shared multi-threaded
+/// runtime, waking the other worker for the upstream connection's task and back was the largest
+/// cost of a proxied request (docs/benchmarks.md, "Gateway beside nginx"). The reload, scrape and
+/// probe loops run on the caller's runtime.
 pub async fn run(
     listener: TcpListener,
     st: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
-    let app = crate::app(st.clone());
     let background = [tokio::spawn(reload_loop(st.clone())), tokio::spawn(crate::scrape::scrape_loop(st.clone()))];
     let probes = tokio::spawn(crate::probe::probe_loop(st.clone()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut threads = Vec::new();
+    let listener = if st.cfg.workers() > 1 {
+        let shared = listener.into_std().map_err(GatewayError::Io)?;
+        for i in 1..st.cfg.workers() {
+            let (copy, st, stopped) = (shared.try_clone().map_err(GatewayError::Io)?, st.clone(), stopped.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("gateway-loop-{i}"))
+                .spawn(move || {
+                    WORKER.with(|w| w.set(i));
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    rt.block_on(async move { accept_loop(TcpListener::from_std(copy)?, st, stopped).await })
+                })
+                .map_err(GatewayError::Io)?;
+            threads.push(thread);
+        }
+        TcpListener::from_std(shared).map_err(GatewayError::Io)?
+    } else {
+        listener
+    };
+    let here = tokio::spawn(accept_loop(listener, st.clone(), stopped));
+    shutdown.await;
+    probes.abort();
+    tracing::info!("shutting down: draining in-flight requests");
+    let _ = stop.send(true);
+    let _ = here.await;
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            if let Ok(Err(e)) = t.join() {
+                tracing::warn!(error = %e, "a gateway event loop ended with an error");
+            }
+        }
+    })
+    .await;
+    for task in background {
+        task.abort();
+    }
+    Ok(())
+}
+
+/// One event loop: accepts until `stopped`, then drains its connections for up to `--drain-ms`.
+async fn accept_loop(
+    listener: TcpListener,
+    st: Arc<AppState>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let app = crate::app(st.clone());
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -35,7 +99,8 @@ pub async fn run(
         .max_headers(st.cfg.max_headers.saturating_mul(4).max(st.cfg.max_headers + 1))
         .timer(TokioTimer::new())
         .header_read_timeout(Some(Duration::from_secs(30)));
-    tokio::pin!(shutdown);
+    let stop = until_stopped(stopped);
+    tokio::pin!(stop);
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -46,7 +111,7 @@ pub async fn run(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
+            () = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
@@ -60,16 +125,20 @@ pub async fn run(
         });
     }
     drop(listener);
-    probes.abort();
-    tracing::info!("shutting down: draining in-flight requests");
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(ms(st.cfg.drain_ms)) => tracing::warn!("drain timeout: closing remaining connections"),
     }
-    for task in background {
-        task.abort();
-    }
     Ok(())
+}
+
+/// Resolves once `stopped` says true (or its sender is gone).
+async fn until_stopped(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    while !*stopped.borrow_and_update() {
+        if stopped.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn reload_loop(st: Arc<AppState>) {
