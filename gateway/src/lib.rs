@@ -26,6 +26,7 @@ pub mod member_router;
 pub mod metrics;
 pub mod pick;
 pub mod probe;
+pub mod process;
 pub mod proxy;
 pub mod scrape;
 pub mod serve;

@@ -10,37 +10,9 @@ use flotilla_gateway::{AppState, GatewayConfig, feed, serve};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = term => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-// The caller's runtime is one of the event loops (`serve::run`) and runs the background loops;
-// the other loops get threads of their own.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    flotilla_gateway::process::init_tracing();
     let cfg = GatewayConfig::parse();
     let state = AppState::load(cfg.clone())?;
     let control = if cfg.control_cluster {
@@ -54,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
     println!("listening on http://{addr}");
     let source = cfg.config.as_ref().map_or("the control cluster".to_string(), |p| p.display().to_string());
     tracing::info!(%addr, table = %source, "flotilla-gateway started");
-    serve::run(listener, state, shutdown_signal()).await?;
+    serve::run(listener, state, flotilla_gateway::process::shutdown_signal()).await?;
     if let Some(control) = control {
         control.stop().await;
     }

@@ -5,14 +5,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::Body;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tower::ServiceExt;
 
 use crate::config::ms;
 use crate::{AppState, GatewayError};
@@ -66,7 +60,6 @@ pub async fn run(
     let here = tokio::spawn(accept_loop(listener, st.clone(), stopped));
     shutdown.await;
     probes.abort();
-    tracing::info!("shutting down: draining in-flight requests");
     let _ = stop.send(true);
     let _ = here.await;
     let _ = tokio::task::spawn_blocking(move || {
@@ -89,46 +82,14 @@ async fn accept_loop(
     st: Arc<AppState>,
     stopped: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let app = crate::app(st.clone());
-    let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .max_buf_size(st.cfg.max_header_bytes.max(8192))
         // Parse room beyond the limit, so that `http::header_limit` answers an over-limit
         // request with an OpenAI-shaped 431 instead of the parser's bare one.
-        .max_headers(st.cfg.max_headers.saturating_mul(4).max(st.cfg.max_headers + 1))
-        .timer(TokioTimer::new())
-        .header_read_timeout(Some(Duration::from_secs(30)));
-    let stop = until_stopped(stopped);
-    tokio::pin!(stop);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-            () = &mut stop => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let svc =
-            hyper::service::service_fn(move |req: hyper::Request<Incoming>| app.clone().oneshot(req.map(Body::new)));
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(ms(st.cfg.drain_ms)) => tracing::warn!("drain timeout: closing remaining connections"),
-    }
+        .max_headers(st.cfg.max_headers.saturating_mul(4).max(st.cfg.max_headers + 1));
+    let app = crate::app(st.clone());
+    crate::process::accept_loop(listener, app, builder, until_stopped(stopped), ms(st.cfg.drain_ms)).await;
     Ok(())
 }
 

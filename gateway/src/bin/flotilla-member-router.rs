@@ -6,35 +6,9 @@ use anyhow::Context;
 use clap::Parser;
 use flotilla_gateway::member_router::{MemberRouter, RouterConfig, serve, watch};
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = term => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    flotilla_gateway::process::init_tracing();
     let cfg = RouterConfig::parse();
     flotilla_gateway::feed::install_crypto();
     let client = kube::Client::try_default()
@@ -47,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
     let watches = tokio::spawn(watch::run(st.clone(), client));
     println!("listening on http://{addr}");
     tracing::info!(%addr, gateway = %cfg.gateway, header = %cfg.header, "flotilla-member-router started");
-    serve(listener, st, shutdown_signal()).await;
+    serve(listener, st, flotilla_gateway::process::shutdown_signal()).await;
     watches.abort();
     Ok(())
 }
