@@ -186,47 +186,9 @@ async fn engines_for_pods(
     }
 }
 
-async fn chat(http: &Client2, url: &str, model: &str) -> (u16, String) {
-    http.chat(url, model).await
-}
-
-/// A tiny HTTP/1 client on hyper.
-struct Client2(
-    hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        http_body_util::Full<bytes::Bytes>,
-    >,
-);
-
-impl Client2 {
-    fn new() -> Self {
-        Client2(hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http())
-    }
-
-    async fn chat(&self, url: &str, model: &str) -> (u16, String) {
-        use http_body_util::BodyExt;
-        let body = json!({"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4});
-        let req = hyper::Request::post(format!("{url}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
-            .unwrap();
-        let resp = self.0.request(req).await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&text).into_owned())
-    }
-
-    async fn get(&self, url: &str, header: Option<(&str, &str)>) -> (u16, String) {
-        use http_body_util::BodyExt;
-        let mut req = hyper::Request::get(url);
-        if let Some((k, v)) = header {
-            req = req.header(k, v);
-        }
-        let resp = self.0.request(req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap()).await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&text).into_owned())
-    }
+async fn chat(http: &harness::http::Client, url: &str, model: &str) -> (u16, String) {
+    let answer = http.chat(url, model, None).await;
+    (answer.status, answer.body.to_string())
 }
 
 async fn fleet_gateway(fleet: &Fleet) -> (String, Arc<AppState>, feed::ControlTasks) {
@@ -331,7 +293,7 @@ async fn requests_reach_only_their_own_deployments_pods_through_each_members_gat
     let _ctl =
         ControllerProcess::start(&fleet, "control", "ctl-1", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
     let (gw, _state, _control_tasks) = fleet_gateway(&fleet).await;
-    let http = Client2::new();
+    let http = harness::http::Client::new();
 
     apply(&control, model("chat-eu", 2, json!({"sovereignty": {"allowedJurisdictions": ["EU"]}}))).await;
     apply(&control, model("chat-us", 1, json!({"sovereignty": {"allowedJurisdictions": ["US"]}}))).await;
@@ -399,7 +361,7 @@ async fn requests_reach_only_their_own_deployments_pods_through_each_members_gat
     assert_eq!(rogue_before, 0);
 
     // What the router tells the fleet gateway's probe: the models behind its routes.
-    let (status, list) = http.get(&format!("{}/v1/models", routers["eu1"].url), None).await;
+    let (status, list) = http.get_with(&format!("{}/v1/models", routers["eu1"].url), &[]).await;
     assert_eq!(status, 200, "{list}");
     let ids: Vec<String> = serde_json::from_str::<Value>(&list).unwrap()["data"]
         .as_array()
@@ -422,7 +384,7 @@ async fn requests_reach_only_their_own_deployments_pods_through_each_members_gat
         .await;
     }
     wait_for("us1's router drops the deleted deployment's route", Duration::from_secs(30), || async {
-        let (status, _) = http.get(&format!("{}/v1/models", routers["us1"].url), Some((HEADER, "ml/chat-any"))).await;
+        let (status, _) = http.get_with(&format!("{}/v1/models", routers["us1"].url), &[(HEADER, "ml/chat-any")]).await;
         (status == 404).then_some(())
     })
     .await;

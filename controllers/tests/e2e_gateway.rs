@@ -26,6 +26,7 @@ use flotilla_apis::{InferenceCluster, ModelDeployment};
 use flotilla_enginesim::{Fault, SimConfig, SimHandle};
 use flotilla_gateway::keys::{hex, sha256};
 use flotilla_gateway::{AppState, GatewayConfig, feed};
+use harness::http::{self as reqwest_lite, Answer};
 use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{DeleteParams, PostParams};
@@ -140,63 +141,8 @@ async fn gateway_with(fleet: &Fleet, tweak: impl FnOnce(&mut GatewayConfig)) -> 
     Gw { url, state, control: Some(control), server }
 }
 
-struct Answer {
-    status: u16,
-    cluster: String,
-    retry_after: Option<String>,
-    body: Value,
-}
-
 async fn call(http: &reqwest_lite::Client, url: &str, model: &str, key: Option<&str>) -> Answer {
     http.chat(url, model, key).await
-}
-
-/// A tiny HTTP/1 client on hyper (the workspace has no reqwest).
-mod reqwest_lite {
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::connect::HttpConnector;
-    use hyper_util::rt::TokioExecutor;
-
-    pub struct Client(hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>);
-
-    impl Client {
-        pub fn new() -> Self {
-            Client(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http())
-        }
-
-        pub async fn get(&self, url: &str, key: Option<&str>) -> (u16, String) {
-            let mut req = hyper::Request::get(url);
-            if let Some(k) = key {
-                req = req.header("authorization", format!("Bearer {k}"));
-            }
-            let resp = self.0.request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
-            let status = resp.status().as_u16();
-            let body = resp.into_body().collect().await.unwrap().to_bytes();
-            (status, String::from_utf8_lossy(&body).into_owned())
-        }
-
-        pub async fn chat(&self, url: &str, model: &str, key: Option<&str>) -> super::Answer {
-            self.chat_prompt(url, model, key, "hello fleet").await
-        }
-
-        pub async fn chat_prompt(&self, url: &str, model: &str, key: Option<&str>, prompt: &str) -> super::Answer {
-            let body =
-                serde_json::json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4});
-            let mut req =
-                hyper::Request::post(format!("{url}/v1/chat/completions")).header("content-type", "application/json");
-            if let Some(k) = key {
-                req = req.header("authorization", format!("Bearer {k}"));
-            }
-            let resp = self.0.request(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await.unwrap();
-            let status = resp.status().as_u16();
-            let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let (cluster, retry_after) = (header("x-flotilla-cluster").unwrap_or_default(), header("retry-after"));
-            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-            let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-            super::Answer { status, cluster, retry_after, body }
-        }
-    }
 }
 
 async fn model_ids(http: &reqwest_lite::Client, url: &str) -> Vec<String> {

@@ -39,9 +39,11 @@ pub async fn run(
     let probes = tokio::spawn(crate::probe::probe_loop(st.clone()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut threads = Vec::new();
-    let listener = if st.cfg.workers() > 1 {
+    // One loop per upstream client the state made (`AppState::worker_clients`, from `--worker-threads`).
+    let loops = 1 + st.worker_clients.len();
+    let listener = if loops > 1 {
         let shared = listener.into_std().map_err(GatewayError::Io)?;
-        for i in 1..st.cfg.workers() {
+        for i in 1..loops {
             let (copy, st, stopped) = (shared.try_clone().map_err(GatewayError::Io)?, st.clone(), stopped.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("gateway-loop-{i}"))

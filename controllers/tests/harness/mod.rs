@@ -8,6 +8,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod apiserver;
+pub mod http;
 pub mod identity;
 
 use std::path::{Path, PathBuf};

@@ -177,6 +177,27 @@ pub fn build(inp: Inputs<'_>) -> Built {
     Built { table, notes }
 }
 
+/// The routes of `objects` parented to `gw`, and a note for each one that cannot be read (left
+/// out on its own: the others are served).
+pub fn readable<'a>(
+    objects: impl IntoIterator<Item = &'a kube::core::DynamicObject>,
+    gw: &GatewayName,
+) -> (Vec<HttpRoute>, Vec<String>) {
+    let (mut routes, mut notes) = (Vec::new(), Vec::new());
+    for o in objects {
+        match HttpRoute::from_dynamic(o) {
+            Ok(r) if parented(&r, gw) => routes.push(r),
+            Ok(_) => {}
+            Err(e) => notes.push(format!(
+                "HTTPRoute {}/{} cannot be read ({e}): not served",
+                o.metadata.namespace.as_deref().unwrap_or_default(),
+                o.metadata.name.as_deref().unwrap_or_default()
+            )),
+        }
+    }
+    (routes, notes)
+}
+
 /// Whether one of `r`'s parentRefs names `gw` (defaults: group `gateway.networking.k8s.io`,
 /// kind `Gateway`, the route's namespace).
 pub fn parented(r: &HttpRoute, gw: &GatewayName) -> bool {

@@ -29,13 +29,32 @@ fn route_json(ns: &str, name: &str, created: &str, value: &str, service: &str) -
     })
 }
 
-fn route(v: Value) -> HttpRoute {
-    let o: kube::core::DynamicObject = serde_json::from_value(json!({
+fn object(v: Value) -> kube::core::DynamicObject {
+    serde_json::from_value(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
         "metadata": v["metadata"], "spec": v["spec"],
     }))
-    .unwrap();
-    HttpRoute::from_dynamic(&o).unwrap()
+    .unwrap()
+}
+
+fn route(v: Value) -> HttpRoute {
+    HttpRoute::from_dynamic(&object(v)).unwrap()
+}
+
+#[test]
+fn a_route_that_cannot_be_read_is_left_out_alone() {
+    let good = route_json("team-a", "llama", "2026-01-01T00:00:00Z", "team-a/llama", "llama");
+    let mut odd = route_json("team-b", "qwen", "2026-01-01T00:00:00Z", "team-b/qwen", "qwen");
+    odd["spec"]["rules"] = json!("not a list");
+    let other = route_json("team-c", "elsewhere", "2026-01-01T00:00:00Z", "team-c/elsewhere", "elsewhere");
+    let mut other = other;
+    other["spec"]["parentRefs"][0]["name"] = json!("another-gateway");
+    let objects = [object(odd), object(good), object(other)];
+    let (routes, notes) = readable(objects.iter(), &gw());
+    let keys: Vec<String> = routes.iter().map(HttpRoute::key).collect();
+    assert_eq!(keys, ["team-a/llama"], "the readable route parented here is served, the others are not");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("team-b/qwen") && notes[0].contains("cannot be read"), "{notes:?}");
 }
 
 fn simple(ns: &str, name: &str, created: &str, value: &str) -> HttpRoute {

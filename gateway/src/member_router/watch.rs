@@ -175,21 +175,9 @@ fn rebuild(
     slices: &Store<EndpointSlice>,
     last: &mut Last,
 ) {
-    let mut notes: BTreeSet<String> = BTreeSet::new();
-    let mut rs: Vec<HttpRoute> = Vec::new();
-    for o in routes.state() {
-        match HttpRoute::from_dynamic(&o) {
-            Ok(r) if table::parented(&r, &st.cfg.gateway) => rs.push(r),
-            Ok(_) => {}
-            Err(e) => {
-                notes.insert(format!(
-                    "HTTPRoute {}/{} cannot be read ({e}): not served",
-                    o.namespace().unwrap_or_default(),
-                    o.name_any()
-                ));
-            }
-        }
-    }
+    let objects = routes.state();
+    let (rs, unread) = table::readable(objects.iter().map(|o| o.as_ref()), &st.cfg.gateway);
+    let mut notes: BTreeSet<String> = unread.into_iter().collect();
     // Only the namespaces of our routes matter: copy just their Services and slices.
     let namespaces: BTreeSet<&str> = rs.iter().map(HttpRoute::namespace).collect();
     let ours = |ns: Option<String>| ns.as_deref().is_some_and(|n| namespaces.contains(n));
