@@ -292,7 +292,7 @@ async fn requests_reach_only_their_own_deployments_pods_through_each_members_gat
     }
     let _ctl =
         ControllerProcess::start(&fleet, "control", "ctl-1", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
-    let (gw, _state, _control_tasks) = fleet_gateway(&fleet).await;
+    let (gw, _state, control_tasks) = fleet_gateway(&fleet).await;
     let http = harness::http::Client::new();
 
     apply(&control, model("chat-eu", 2, json!({"sovereignty": {"allowedJurisdictions": ["EU"]}}))).await;
@@ -394,4 +394,6 @@ async fn requests_reach_only_their_own_deployments_pods_through_each_members_gat
         let log = std::fs::read_to_string(&router.log).unwrap_or_default();
         assert!(!log.contains("panicked"), "router {member} panicked:\n{log}");
     }
+    // The fleet gateway's watches stop before the clusters go.
+    control_tasks.stop().await;
 }

@@ -2,7 +2,8 @@
 //! and (optionally) API-key Secrets fill reflector stores; after each burst of events the
 //! routing table is rebuilt with `fleet::table_file` and swapped atomically when it changed,
 //! and the keys likewise. With `--upstream-secrets-namespace`, the Secrets there are watched
-//! too, for the tokens and certificates InferenceClusters' `spec.endpointAuth` names. A failing watch leaves the last good table serving and marks the
+//! too, for the tokens and certificates InferenceClusters' `spec.endpointAuth` names. A failing
+//! watch is retried with back-off (0.8 s doubling to 30 s), leaves the last good table serving and marks the
 //! feed stale for `/readyz` and the `feed_stale` metric. The elected replica then writes each
 //! ModelDeployment's `Serving` condition (decided by `feedback::serving`) on change only, and
 //! (`autoscale::writer`) the replica count of those with `spec.autoscaling`.
@@ -20,6 +21,7 @@ use futures_util::stream::BoxStream;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
@@ -109,13 +111,17 @@ fn tagged<K>(
 where
     K: Send + 'static,
 {
-    s.map(move |r| {
-        (
-            source,
-            r.map(|e| matches!(e, Event::InitDone | Event::Apply(_) | Event::Delete(_))).map_err(|e| e.to_string()),
-        )
-    })
-    .boxed()
+    // Back off between failed attempts (kube's default: exponential from 0.8 s to 30 s, with
+    // jitter). Without it a control cluster that refuses connections is retried in a tight loop
+    // that never yields: a core burnt, the log flooded, and the task deaf to cancellation.
+    s.default_backoff()
+        .map(move |r| {
+            (
+                source,
+                r.map(|e| matches!(e, Event::InitDone | Event::Apply(_) | Event::Delete(_))).map_err(|e| e.to_string()),
+            )
+        })
+        .boxed()
 }
 
 /// Makes `ring` the process's rustls crypto provider. kube's TLS asks rustls for the process

@@ -38,9 +38,13 @@ impl Client {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let resp = self.0.request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let (resp, body) = bounded(url, async {
+            let resp = self.0.request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+            let (parts, body) = resp.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        })
+        .await;
+        let status = resp.status.as_u16();
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -56,12 +60,25 @@ impl Client {
         if let Some(k) = key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        let resp = self.0.request(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await.unwrap();
-        let status = resp.status().as_u16();
-        let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (resp, bytes) = bounded(url, async {
+            let resp = self.0.request(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await.unwrap();
+            let (parts, body) = resp.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        })
+        .await;
+        let status = resp.status.as_u16();
+        let header = |n: &str| resp.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
         let (cluster, retry_after) = (header("x-flotilla-cluster").unwrap_or_default(), header("retry-after"));
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         Answer { status, cluster, retry_after, body }
+    }
+}
+
+/// Every request the tests make is answered within a minute, or the test fails naming the URL
+/// (a gateway that never answers must fail the test, not hang it).
+async fn bounded<T>(url: &str, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(std::time::Duration::from_secs(60), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("no answer from {url} within 60 s"),
     }
 }

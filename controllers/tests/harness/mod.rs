@@ -228,7 +228,9 @@ where
 {
     let start = Instant::now();
     loop {
-        if let Some(v) = f().await {
+        // One attempt that never returns must not outlast the wait either.
+        let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_secs(1));
+        if let Ok(Some(v)) = tokio::time::timeout(left, f()).await {
             return v;
         }
         assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
