@@ -6,6 +6,7 @@ pub mod claim;
 pub mod devices;
 pub mod filters;
 pub mod generate;
+pub mod isolate;
 pub mod plan;
 mod reason_doc;
 pub mod snapshot;

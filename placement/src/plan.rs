@@ -49,6 +49,9 @@ pub enum Reason {
     /// A replica placed here was preempted by a higher-priority deployment that needed the
     /// room (the improvement phase; never a replica that runs).
     Preempted,
+    /// The solver failed (panicked) on this deployment: it is left out of planning until its
+    /// spec changes, and the rest of the fleet is planned without it (`isolate`).
+    SolverFailed,
 }
 
 impl Reason {
@@ -74,6 +77,7 @@ impl Reason {
             Self::BudgetExhausted => "BudgetExhausted",
             Self::ReplicasUnschedulable => "ReplicasUnschedulable",
             Self::Preempted => "Preempted",
+            Self::SolverFailed => "SolverFailed",
         }
     }
 }
@@ -115,9 +119,19 @@ impl Plan {
         self.deployments.iter().all(|d| d.unplaced == 0 && d.unmet_minimums.is_empty())
     }
 
-    /// The plan of one deployment.
+    /// The plan of one deployment: found by binary search in a plan [`Plan::sort_by_name`]
+    /// sorted (the controller's), by a scan otherwise.
     pub fn get(&self, namespace: &str, name: &str) -> Option<&DeploymentPlan> {
-        self.deployments.iter().find(|d| d.namespace == namespace && d.name == name)
+        let key = (namespace, name);
+        match self.deployments.binary_search_by(|d| (d.namespace.as_str(), d.name.as_str()).cmp(&key)) {
+            Ok(i) => Some(&self.deployments[i]),
+            Err(_) => self.deployments.iter().find(|d| d.namespace == namespace && d.name == name),
+        }
+    }
+
+    /// Orders the entries by namespace and name, so that [`Plan::get`] does not scan.
+    pub fn sort_by_name(&mut self) {
+        self.deployments.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     }
 }
 
@@ -337,4 +351,29 @@ pub struct ClusterExplanation {
     pub candidates: Vec<CandidateScore>,
     /// Replicas placed here.
     pub placed: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ns: &str, name: &str) -> DeploymentPlan {
+        DeploymentPlan { namespace: ns.into(), name: name.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn an_entry_is_found_sorted_or_not_and_a_missing_one_is_not() {
+        let mut plan = Plan { deployments: vec![entry("ml", "z"), entry("a", "b"), entry("ml", "a"), entry("b", "a")] };
+        for sorted in [false, true] {
+            for (ns, name) in [("ml", "z"), ("a", "b"), ("ml", "a"), ("b", "a")] {
+                let got = plan.get(ns, name).map(|d| (d.namespace.as_str(), d.name.as_str()));
+                assert_eq!(got, Some((ns, name)), "sorted: {sorted}");
+            }
+            assert!(plan.get("ml", "b").is_none());
+            assert!(plan.get("b", "z").is_none());
+            plan.sort_by_name();
+        }
+        let names: Vec<_> = plan.deployments.iter().map(|d| format!("{}/{}", d.namespace, d.name)).collect();
+        assert_eq!(names, ["a/b", "b/a", "ml/a", "ml/z"]);
+    }
 }

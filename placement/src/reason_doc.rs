@@ -6,7 +6,7 @@ use crate::plan::Reason;
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Self::ClusterSelectorMismatch,
         Self::JurisdictionNotAllowed,
         Self::RegionNotAllowed,
@@ -26,6 +26,7 @@ impl Reason {
         Self::BudgetExhausted,
         Self::ReplicasUnschedulable,
         Self::Preempted,
+        Self::SolverFailed,
     ];
 
     /// What the reason means, in one sentence.
@@ -68,6 +69,9 @@ impl Reason {
             }
             Self::ReplicasUnschedulable => {
                 "The member's scheduler refused this deployment's pods in the pool for longer than the controller's `--unschedulable-seconds` (status `placements[].unschedulable`; devices split across nodes, a taint or a quota Flotilla does not see): those replicas are placed elsewhere and no more come to the pool while any are refused, nor until the pool's back-off in `status.refusedPools` ends (`--unschedulable-backoff-seconds`); replicas running there stay."
+            }
+            Self::SolverFailed => {
+                "The placement solver failed (a bug) on this deployment: it is left out of planning until its spec changes, what already runs is kept, and every other deployment is planned without it (`InvalidSpec` on `Placed`, naming the failure)."
             }
             Self::Preempted => {
                 "A replica the plan had here, not running yet, was preempted by a deployment of strictly higher `spec.placement.priority` that could place more with the room (the message names it), and no other allowed pool had room for it. Running replicas and equal priorities are never preempted."
@@ -120,6 +124,9 @@ impl Reason {
             Self::ReplicasUnschedulable => {
                 "Nothing for the replica: it moves by itself. To use the pool again, find why the member's scheduler refuses (`kubectl describe pod` there; the controller's `ReplicasUnschedulable` event quotes it); the pool takes new replicas again once the refused ones are gone and its back-off (`status.refusedPools[].retryAfter`) has ended."
             }
+            Self::SolverFailed => {
+                "Report it with the deployment's spec (`kubectl get modeldeployment -o yaml`) and the controller's log. Any change to the spec makes the solver try it again."
+            }
             Self::Preempted => {
                 "Add capacity the deployment may use, or raise its `placement.priority` if it matters as much as the one named; otherwise nothing: it takes room again when some frees."
             }
@@ -139,6 +146,6 @@ mod tests {
             assert!(!r.meaning().contains('|') && !r.action().contains('|'));
         }
         // A variant added after the last one must be added to ALL too.
-        assert_eq!(Reason::Preempted as usize + 1, Reason::ALL.len());
+        assert_eq!(Reason::SolverFailed as usize + 1, Reason::ALL.len());
     }
 }
