@@ -13,11 +13,9 @@ use flotilla_apis::cel::{SelectorEngine, SelectorError};
 use flotilla_apis::class::InferenceClassStatus;
 use flotilla_apis::conditions::{Desired, Status, merge, would_change};
 use flotilla_apis::constants::{condition, reason};
-use futures_util::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PatchParams;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
 use crate::Error;
@@ -85,21 +83,17 @@ async fn reconcile(class: Arc<InferenceClass>, client: Arc<Client>) -> Result<Ac
     Ok(Action::await_change())
 }
 
-/// Runs the InferenceClass status controller until `shutdown` resolves.
-pub async fn run(client: Client, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
-    let api = Api::<InferenceClass>::all(client.clone());
-    Controller::new(api, watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconcile,
-            |class, err, _| {
-                tracing::warn!(class = %class.name_any(), "InferenceClass status not written ({err}); retrying");
-                Action::requeue(Duration::from_secs(10))
-            },
-            Arc::new(client),
-        )
-        .for_each(|_| async {})
-        .await;
+/// Runs the InferenceClass status controller (on the kind's one watch, `crate::watched`) until
+/// its shutdown signal.
+pub async fn run(controller: Controller<InferenceClass>, client: Client) {
+    crate::runner::run(
+        controller,
+        crate::runner::Kind { name: "InferenceClass", metric: None, cap: Duration::from_secs(10) },
+        None,
+        reconcile,
+        Arc::new(client),
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! is solved from. The computation runs on a blocking thread (the solver is CPU-bound and must
 //! not hold an async worker that also drives watches), one at a time; callers that arrive while
 //! it runs wait for it and then share its result when their key is the same. A panic in the
-//! computation is an error for the callers, not a dead worker. Each computed value gets the
+//! computation, or an error it returns, is an error for the callers (nothing is cached), not a
+//! dead worker. Each computed value gets the
 //! next sequence number, so callers can tell which of two values is newer. Besides its key, a
 //! value may say itself whether it still holds (`still`): the fleet plan does while
 //! deployments only record what it decided.
@@ -34,7 +35,7 @@ impl<V: Send + Sync + 'static> SolveOnce<V> {
         key: impl FnOnce() -> u64,
         still: impl FnOnce(&V) -> bool,
         input: impl FnOnce() -> I,
-        compute: impl FnOnce(I) -> V + Send + 'static,
+        compute: impl FnOnce(I) -> Result<V, String> + Send + 'static,
     ) -> Result<(u64, Arc<V>), String> {
         let mut last = self.last.lock().await;
         let key = key();
@@ -46,7 +47,7 @@ impl<V: Send + Sync + 'static> SolveOnce<V> {
         }
         let seq = last.as_ref().map_or(0, |(_, s, _)| *s) + 1;
         let input = input();
-        let value = Arc::new(tokio::task::spawn_blocking(move || compute(input)).await.map_err(|e| e.to_string())?);
+        let value = Arc::new(tokio::task::spawn_blocking(move || compute(input)).await.map_err(|e| e.to_string())??);
         *last = Some((key, seq, value.clone()));
         Ok((seq, value))
     }
@@ -71,7 +72,7 @@ mod tests {
                     || (),
                     move |()| {
                         std::thread::sleep(std::time::Duration::from_millis(20));
-                        runs.fetch_add(1, Ordering::SeqCst) + 100
+                        Ok(runs.fetch_add(1, Ordering::SeqCst) + 100)
                     },
                 )
                 .await
@@ -81,20 +82,24 @@ mod tests {
             futures_util::future::join_all(calls).await.into_iter().map(|r| *r.unwrap().unwrap().1).collect();
         assert_eq!(runs.load(Ordering::SeqCst), 1, "eight reconciles, one solve");
         assert!(values.iter().all(|v| *v == 100));
-        assert_eq!(once.get(|| 7, |_| true, || (), |()| 0).await.unwrap().0, 1, "the first value is number 1");
+        assert_eq!(once.get(|| 7, |_| true, || (), |()| Ok(0)).await.unwrap().0, 1, "the first value is number 1");
         // A new key computes again, and its value is newer.
-        let (seq, v) = once.get(|| 8, |_| true, || (), |()| 5).await.unwrap();
+        let (seq, v) = once.get(|| 8, |_| true, || (), |()| Ok(5)).await.unwrap();
         assert_eq!((seq, *v), (2, 5));
         // The same key, but the value says it no longer holds: computed again.
-        assert_eq!(*once.get(|| 8, |v| *v != 5, || (), |()| 6).await.unwrap().1, 6);
-        assert_eq!(*once.get(|| 8, |v| *v != 5, || (), |()| 7).await.unwrap().1, 6, "6 still holds");
+        assert_eq!(*once.get(|| 8, |v| *v != 5, || (), |()| Ok(6)).await.unwrap().1, 6);
+        assert_eq!(*once.get(|| 8, |v| *v != 5, || (), |()| Ok(7)).await.unwrap().1, 6, "6 still holds");
     }
 
     #[tokio::test]
     async fn a_panicking_computation_is_an_error_and_the_next_call_computes_again() {
         let once = SolveOnce::<u32>::default();
-        let err = once.get(|| 1, |_| true, || (), |()| -> u32 { panic!("solver bug") }).await.unwrap_err();
+        let err =
+            once.get(|| 1, |_| true, || (), |()| -> Result<u32, String> { panic!("solver bug") }).await.unwrap_err();
         assert!(err.contains("panic"), "{err}");
-        assert_eq!(*once.get(|| 1, |_| true, || (), |()| 3).await.unwrap().1, 3);
+        let err =
+            once.get(|| 1, |_| true, || (), |()| -> Result<u32, String> { Err("no plan".into()) }).await.unwrap_err();
+        assert_eq!(err, "no plan");
+        assert_eq!(*once.get(|| 1, |_| true, || (), |()| Ok(3)).await.unwrap().1, 3);
     }
 }

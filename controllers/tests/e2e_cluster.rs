@@ -3,7 +3,8 @@
 //! nodes exactly; a wrong token is `Unauthorized`, a missing Secret `SecretMissing`; a stopped
 //! member turns `Reachable=False` within the bound and returns to Ready; credentials never
 //! appear in logs, events or status; only the leader writes and a killed leader hands over; a
-//! quiet fleet makes no writes. Beside them, members reached through SIG Multicluster
+//! quiet fleet makes no writes; the leader holds one WATCH per Flotilla kind on the control
+//! cluster. Beside them, members reached through SIG Multicluster
 //! ClusterProfiles (the CRD from its published Go module, `cluster_profiles.rs`): Ready with
 //! capacity observed through an exec plugin's credentials, and each ClusterProfile problem
 //! under its reason. Run by `scripts/test-e2e.sh` (ignored in a plain `cargo test`).
@@ -209,6 +210,9 @@ async fn inference_cluster_controller_on_real_api_servers() {
     });
     let quiet_writes = counter.await.unwrap();
     assert_eq!(quiet_writes, 0, "a quiet fleet makes no writes to InferenceClusters");
+    // The watches open on the control cluster while replica-a leads (the standby watches no
+    // Flotilla kind); compared with the count once no controller runs, at the end.
+    let watches_while_leading = settled_watches(&control).await;
 
     // A profile that goes away is reported and tears nothing down; back unchanged, the clients
     // and watches are the ones from before (not built again).
@@ -256,4 +260,30 @@ async fn inference_cluster_controller_on_real_api_servers() {
     }
     assert!(a.logs().contains("became leader"), "{}", a.logs());
     b.kill();
+    // One watch per Flotilla kind: the controller's reconcilers, its fleet trigger and its
+    // inventory share it (crate::watched), as the control API server counts its open WATCHes.
+    let without = settled_watches(&control).await;
+    for kind in ["inferenceclasses", "inferenceclusters", "modeldeployments", "modelcaches", "capacityclaims"] {
+        let (with, without) = (watches_while_leading.get(kind).copied(), without.get(kind).copied().unwrap_or(0.0));
+        assert_eq!(
+            with.unwrap_or(0.0) - without,
+            1.0,
+            "the leading controller held one WATCH of {kind}: {with:?} open while it led, {without} with no controller"
+        );
+    }
+}
+
+/// The control API server's open WATCHes by resource, once two readings a second apart agree
+/// (a closed watch leaves the gauge a moment after its client went).
+async fn settled_watches(control: &Client) -> std::collections::BTreeMap<String, f64> {
+    let mut last = harness::apiserver::apiserver_watches(control).await.unwrap();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = harness::apiserver::apiserver_watches(control).await.unwrap();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the control API server's open WATCHes never settled: {last:?}");
 }

@@ -11,6 +11,7 @@
 mod claim_sync;
 pub mod cleanup;
 pub mod decide;
+pub mod digest;
 pub mod members;
 pub mod naming;
 pub mod observe;
@@ -29,7 +30,7 @@ pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::FINALIZER_MEMBER_CLEANUP;
 use flotilla_apis::deployment::ClusterPlacement;
 use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache};
-use flotilla_placement::{FleetSnapshot, Plan, Replanner, SolveOptions};
+use flotilla_placement::{FleetSnapshot, Plan, Replanner, SolveOptions, isolate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PatchParams;
@@ -57,6 +58,14 @@ pub struct Stores {
     pub deployments: Store<ModelDeployment>,
     /// CapacityClaims (the one a deployment owns).
     pub claims: Store<CapacityClaim>,
+}
+
+/// The solver's state between solves: the re-planner of the last solve, and the deployments the
+/// solver failed on, left out until their spec changes (`flotilla_placement::isolate`).
+#[derive(Default)]
+struct SolverState {
+    replanner: Option<Replanner>,
+    quarantine: isolate::Quarantine,
 }
 
 /// What ModelDeployment reconciles share.
@@ -88,7 +97,9 @@ pub struct DeploymentContext {
     /// The solver's state after the last solve, which the next one re-plans from: the same plan
     /// `solve` gives, reusing what the change cannot reach (`placement/src/replan.rs`). Taken
     /// by the one solve that runs at a time (`plans`).
-    replanner: Arc<std::sync::Mutex<Option<Replanner>>>,
+    replanner: Arc<std::sync::Mutex<SolverState>>,
+    /// What the plan reads, summed up from the watch events (`digest.rs`).
+    digest: Arc<digest::Digest>,
     /// The plan each deployment's last reconcile acted on (`wake.rs`).
     pub(crate) acted: wake::Acted,
     /// Refused member writes in a row, per deployment and member: the back-off of `retry.rs`.
@@ -96,13 +107,15 @@ pub struct DeploymentContext {
 }
 
 impl DeploymentContext {
-    /// A context; the recorder reports as `flotilla-controller`.
+    /// A context; the recorder reports as `flotilla-controller`. `digest` must be fed every
+    /// watch event of the four stores (`trigger::Facts` does).
     pub fn new(
         client: Client,
         stores: Stores,
         members: Arc<MemberClients>,
         metrics: Metrics,
         config: ControllerConfig,
+        digest: Arc<digest::Digest>,
     ) -> Self {
         let reporter = Reporter { controller: "flotilla-controller".into(), instance: None };
         let recorder = Recorder::new(client.clone(), reporter);
@@ -119,6 +132,7 @@ impl DeploymentContext {
             recorder,
             plans: Default::default(),
             replanner: Default::default(),
+            digest,
             acted: Default::default(),
             apply_failures: Default::default(),
         }
@@ -134,17 +148,20 @@ impl DeploymentContext {
     /// during a burst of a thousand deployments converging, their write-aheads and status writes
     /// do not each queue a solve of the whole fleet; anything else they record (a refusal, a
     /// replica draining, a placement the plan did not give) does.
-    async fn solve(&self) -> Result<(u64, Arc<Plan>), Error> {
-        let key = || {
-            fingerprint(
-                self.classes.state().iter().map(|o| &o.metadata),
-                self.clusters.state().iter().map(|o| &o.metadata),
-                self.caches.state().iter().map(|o| &o.metadata),
-                self.deployments.state().iter().map(|o| o.as_ref()),
-            )
+    ///
+    /// Whether anything changed is asked of the digest the watch events keep (`digest.rs`), at a
+    /// cost that does not grow with the fleet. With `this` (a reconcile's deployment), a plan
+    /// solved from another version of it is not trusted even while the digest lags its store.
+    pub async fn solve(&self, this: Option<&ModelDeployment>) -> Result<(u64, Arc<Plan>), Error> {
+        let key = || self.digest.value();
+        let this = this.map(|d| (input_of(d).0, deployment_version(d)));
+        let still = |solved: &Solved| {
+            this.as_ref().is_none_or(|(uid, version)| solved.versions.get(uid) == Some(version))
+                && self.digest.recorded_hold(|uid, recorded| solved.holds_one(uid, recorded))
         };
-        let still = |solved: &Solved| solved.holds(self.deployments.state().iter().map(|d| d.as_ref()));
         let input = || {
+            // Everything recorded so far is in the stores this reads.
+            self.digest.recorded_read();
             let inputs: Vec<Input> = self.deployments.state().iter().map(|d| input_of(d)).collect();
             (self.snapshot(), inputs)
         };
@@ -153,37 +170,60 @@ impl DeploymentContext {
         let compute = move |(snapshot, inputs): (FleetSnapshot, Vec<Input>)| {
             let started = Instant::now();
             // A solve that panicked left no state to trust: the next one starts whole.
-            let mut last = match replanner.lock() {
+            let mut state = match replanner.lock() {
                 Ok(g) => g,
                 Err(poisoned) => {
                     let mut g = poisoned.into_inner();
-                    *g = None;
+                    g.replanner = None;
                     replanner.clear_poison();
                     g
                 }
             };
-            let r = match last.take() {
-                Some(mut r) => {
-                    r.replan(&snapshot);
+            let state = &mut *state;
+            // The re-plan from the last solve, on the fleet without the deployments the solver
+            // failed on; if it fails too (or nothing was solved yet), a whole solve that leaves
+            // out whichever deployment it fails on (`isolate`), so that one bad deployment never
+            // stops planning for the others.
+            let before = state.quarantine.clone();
+            let replanned = state.replanner.take().and_then(|mut r| {
+                let rest = state.quarantine.without(&snapshot);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    r.replan(&rest);
                     r
+                }))
+                .ok()
+            });
+            let r = match replanned {
+                Some(r) => r,
+                None => {
+                    let solve = |s: &FleetSnapshot| Replanner::new(s, SolveOptions::default());
+                    // Not one deployment's fault: no plan for anyone (`Error::Solve`).
+                    isolate::solve_isolating(&snapshot, &mut state.quarantine, solve)?
                 }
-                None => Replanner::new(&snapshot, SolveOptions::default()),
             };
+            for (deployment, why) in state.quarantine.entries() {
+                if !before.entries().any(|(d, _)| d == deployment) {
+                    tracing::error!(%deployment, "the solver failed on this deployment ({why}): left out of planning until its spec changes");
+                }
+            }
             let stats = r.stats();
             let mode = if stats.full { SolveMode::Whole } else { SolveMode::Incremental };
             metrics.solved(mode, started.elapsed(), &stats);
-            let plan = r.plan().clone();
-            *last = Some(r);
-            Solved::new(plan, inputs)
+            let mut plan = r.plan().clone();
+            plan.deployments.extend(state.quarantine.plans(&snapshot));
+            // Each reconcile looks its entry up: by binary search, not a scan of the fleet.
+            plan.sort_by_name();
+            state.replanner = Some(r);
+            Ok(Solved::new(plan, inputs))
         };
         let (seq, solved) = self.plans.get(key, still, input, compute).await.map_err(Error::Solve)?;
         Ok((seq, solved.plan.clone()))
     }
 
     /// The plan a reconcile of `namespace/name` acts on, recorded as such (`wake::Acted`).
-    async fn plan_for(&self, namespace: &str, name: &str) -> Result<Arc<Plan>, Error> {
-        let solved = self.solve().await?;
-        Ok(self.acted.act_on((namespace.to_string(), name.to_string()), solved))
+    pub async fn plan_for(&self, md: &ModelDeployment) -> Result<Arc<Plan>, Error> {
+        let solved = self.solve(Some(md)).await?;
+        Ok(self.acted.act_on((md.namespace().unwrap_or_else(|| "default".into()), md.name_any()), solved))
     }
 
     /// The same snapshot `fleetctl plan --live` builds from the same objects.
@@ -214,15 +254,18 @@ impl DeploymentContext {
 pub(crate) struct Solved {
     plan: Arc<Plan>,
     recorded: HashMap<String, (u64, u64)>,
+    /// Each deployment's version (`deployment_version`) as solved, by uid.
+    versions: HashMap<String, u64>,
 }
 
 /// A deployment as a solve saw it: its uid (its `namespace/name` when it has none), its
-/// `namespace/name` (the plan's key) and its recorded placements as [`recorded`] hashes them.
-type Input = (String, String, u64);
+/// `namespace/name` (the plan's key), its recorded placements as [`recorded`] hashes them, and
+/// its version (`deployment_version`).
+type Input = (String, String, u64, u64);
 
 fn input_of(d: &ModelDeployment) -> Input {
     let name = format!("{}/{}", d.namespace().unwrap_or_else(|| "default".into()), d.name_any());
-    (d.metadata.uid.clone().unwrap_or_else(|| name.clone()), name, recorded_of(d))
+    (d.metadata.uid.clone().unwrap_or_else(|| name.clone()), name, recorded_of(d), deployment_version(d))
 }
 
 impl Solved {
@@ -236,28 +279,32 @@ impl Solved {
                 (format!("{}/{}", p.namespace, p.name), recorded(placements.iter().map(recorded_placement)))
             })
             .collect();
+        let versions = inputs.iter().map(|(key, _, _, version)| (key.clone(), *version)).collect();
         let recorded = inputs
             .into_iter()
-            .map(|(key, name, input)| {
+            .map(|(key, name, input, _)| {
                 let planned = planned.get(&name).copied().unwrap_or(input);
                 (key, (input, planned))
             })
             .collect();
-        Self { plan: Arc::new(plan), recorded }
+        Self { plan: Arc::new(plan), recorded, versions }
     }
 
+    /// Whether the plan still holds for the deployment `uid` recording `now`: what it recorded
+    /// when the plan was solved, or what the plan gives it.
+    fn holds_one(&self, uid: &str, now: u64) -> bool {
+        self.recorded.get(uid).is_some_and(|(input, planned)| now == *input || now == *planned)
+    }
+
+    #[cfg(test)]
     /// Whether the plan still holds for these deployments (the fingerprint aside): each records
     /// the placements it had when the plan was solved, or those the plan gives it.
     fn holds<'a>(&self, deployments: impl IntoIterator<Item = &'a ModelDeployment>) -> bool {
         // Looked up by uid without building a name: this runs on every reconcile, over every
         // deployment, under the plan cache's lock.
-        deployments.into_iter().all(|d| {
-            let entry = match d.metadata.uid.as_deref() {
-                Some(uid) => self.recorded.get(uid),
-                None => self.recorded.get(&input_of(d).0),
-            };
-            let now = recorded_of(d);
-            entry.is_some_and(|(input, planned)| now == *input || now == *planned)
+        deployments.into_iter().all(|d| match d.metadata.uid.as_deref() {
+            Some(uid) => self.holds_one(uid, recorded_of(d)),
+            None => self.holds_one(&input_of(d).0, recorded_of(d)),
         })
     }
 }
@@ -284,45 +331,38 @@ fn recorded<'a>(placements: impl Iterator<Item = Recorded<'a>>) -> u64 {
     h.finish()
 }
 
-/// A fingerprint of the objects a fleet snapshot is built from: per kind, in a fixed order,
-/// each one's uid, whether it is being deleted and its version as the solver reads it — the
-/// `resourceVersion` of classes, clusters and caches; for a deployment its spec's `generation`
-/// and its backed-off pools, not its `resourceVersion`: ready counts, conditions and events
-/// written to a deployment's status during convergence do not move the plan, so they do not
-/// solve it again. The placements its status records are compared apart (`Solved`).
-fn fingerprint<'a>(
-    classes: impl Iterator<Item = &'a kube::api::ObjectMeta>,
-    clusters: impl Iterator<Item = &'a kube::api::ObjectMeta>,
-    caches: impl Iterator<Item = &'a kube::api::ObjectMeta>,
-    deployments: impl Iterator<Item = &'a ModelDeployment>,
-) -> u64 {
+/// What the plan reads of a class, cluster or cache, for the digest: its resource version and
+/// whether it is being deleted. (Of a deployment, `deployment_seen`: its spec's `generation` and
+/// its backed-off pools, not its `resourceVersion`: ready counts, conditions and events written
+/// to a deployment's status during convergence do not move the plan, so they do not solve it
+/// again. The placements its status records are compared apart, `Solved`.)
+pub fn meta_seen(m: &kube::api::ObjectMeta) -> digest::Seen {
     use std::hash::{Hash, Hasher};
-    let meta_key = |m: &kube::api::ObjectMeta| {
-        (
-            m.uid.clone().unwrap_or_default(),
-            m.resource_version.clone().unwrap_or_default(),
-            m.deletion_timestamp.is_some(),
-        )
-    };
-    let deployment_key = |d: &ModelDeployment| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for r in d.status.iter().flat_map(|s| &s.refused_pools) {
-            (&r.cluster, &r.pool, r.devices_short).hash(&mut h);
-        }
-        let version = format!("{}/{:x}", d.metadata.generation.unwrap_or(0), h.finish());
-        (d.metadata.uid.clone().unwrap_or_default(), version, d.metadata.deletion_timestamp.is_some())
-    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    for (kind, mut keys) in [
-        ("class", classes.map(meta_key).collect::<Vec<_>>()),
-        ("cluster", clusters.map(meta_key).collect()),
-        ("cache", caches.map(meta_key).collect()),
-        ("deployment", deployments.map(deployment_key).collect()),
-    ] {
-        keys.sort_unstable();
-        (kind, keys).hash(&mut h);
+    (m.resource_version.as_deref().unwrap_or_default(), m.deletion_timestamp.is_some()).hash(&mut h);
+    let id = m.uid.clone().unwrap_or_else(|| {
+        format!("{}/{}", m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
+    });
+    digest::Seen { id, version: h.finish(), recorded: None }
+}
+
+/// What the plan reads of a deployment: its spec (generation), the pools it is backed off from
+/// and whether it is being deleted; not its other status writes.
+fn deployment_version(d: &ModelDeployment) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    d.metadata.generation.unwrap_or(0).hash(&mut h);
+    for r in d.status.iter().flat_map(|s| &s.refused_pools) {
+        (&r.cluster, &r.pool, r.devices_short).hash(&mut h);
     }
+    d.metadata.deletion_timestamp.is_some().hash(&mut h);
     h.finish()
+}
+
+/// A deployment for the digest: its version, and the placements it records (compared apart).
+pub fn deployment_seen(d: &ModelDeployment) -> digest::Seen {
+    let (id, _, recorded, version) = input_of(d);
+    digest::Seen { id, version, recorded: Some(recorded) }
 }
 
 /// Reconciles one ModelDeployment (with its finalizer).
@@ -350,15 +390,18 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     if let Err(why) = ctx.config.tenancy.check("ModelDeployment", &ns) {
         return tenant::refuse(&ctx, &md, &why).await;
     }
-    // The plan is solved from the fleet's store of deployments, this object from the
-    // controller's own watch: act only once both hold this version, so that the plan entry is
-    // the one of this spec. The other watch delivers within moments.
-    let fleet_copy = ctx.deployments.get(&ObjectRef::from_obj(md.as_ref()));
-    if fleet_copy.as_ref().map(|d| d.resource_version()) != Some(md.resource_version()) {
-        tracing::debug!(deployment = %who, "the fleet store does not hold this version yet");
-        return Ok(Action::requeue(Duration::from_millis(200)));
+    // The plan is solved from the kind's one store, which this object was read from too: a
+    // newer version there arrived while this reconcile started, and has its own reconcile
+    // queued; this one would act on a plan entry of the newer spec.
+    // Gone from the store: deleted meanwhile, nothing to apply.
+    let Some(fleet_copy) = ctx.deployments.get(&ObjectRef::from_obj(md.as_ref())) else {
+        return Ok(Action::await_change());
+    };
+    if fleet_copy.resource_version() != md.resource_version() {
+        tracing::debug!(deployment = %who, "a newer version arrived meanwhile; its own reconcile follows");
+        return Ok(Action::requeue(ctx.config.poll));
     }
-    let plan = ctx.plan_for(&ns, &name).await?;
+    let plan = ctx.plan_for(&md).await?;
     let Some(dp) = plan.get(&ns, &name) else {
         return Ok(Action::requeue(ctx.config.poll));
     };
@@ -560,9 +603,11 @@ pub(crate) async fn write_status(
 
 #[cfg(test)]
 mod plan_cache_tests {
-    use super::{Solved, fingerprint, input_of};
+    use super::digest::{Digest, Part};
+    use super::{Solved, deployment_seen, input_of, meta_seen};
     use flotilla_apis::ModelDeployment;
     use kube::api::ObjectMeta;
+    use kube::runtime::watcher::Event;
 
     fn meta(uid: &str, rv: &str) -> ObjectMeta {
         ObjectMeta { uid: Some(uid.into()), resource_version: Some(rv.into()), ..Default::default() }
@@ -581,6 +626,29 @@ mod plan_cache_tests {
                 "capacityType": "on-demand", "fallbackRank": 1, "desired": desired, "ready": ready, "serving": ready}]}
         }))
         .unwrap()
+    }
+
+    /// The digest of these objects, fed as watch events in this order.
+    fn fingerprint<'a>(
+        classes: impl Iterator<Item = &'a ObjectMeta>,
+        clusters: impl Iterator<Item = &'a ObjectMeta>,
+        caches: impl Iterator<Item = &'a ObjectMeta>,
+        deployments: impl Iterator<Item = &'a ModelDeployment>,
+    ) -> u64 {
+        let d = Digest::default();
+        for (part, metas) in [
+            (Part::Class, classes.collect::<Vec<_>>()),
+            (Part::Cluster, clusters.collect()),
+            (Part::Cache, caches.collect()),
+        ] {
+            for m in metas {
+                d.event(part, &Event::Apply(m.clone()), meta_seen);
+            }
+        }
+        for dep in deployments {
+            d.event(Part::Deployment, &Event::Apply(dep.clone()), deployment_seen);
+        }
+        d.value()
     }
 
     #[test]

@@ -19,6 +19,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
+use super::digest::Part;
 use super::wake::{Changed, Changes, DeploymentKey, Watched, Why, to_wake};
 use super::{DeploymentContext, ModelDeployment};
 use crate::metrics::Wake;
@@ -78,22 +79,32 @@ pub struct Facts {
     pub caches: Arc<Changes<CacheFact>>,
     /// InferenceClasses, by name.
     pub classes: Arc<Changes<ClassFact>>,
+    /// What the plan reads of all four kinds (`digest.rs`), for `DeploymentContext::solve`.
+    pub digest: Arc<super::digest::Digest>,
 }
 
 impl Facts {
     /// Takes in an InferenceCluster watch event.
     pub fn cluster_event(&self, e: &Event<InferenceCluster>) {
         self.clusters.event(e, |k| k.name_any(), cluster_fact);
+        self.digest.event(Part::Cluster, e, |o| super::meta_seen(&o.metadata));
     }
 
     /// Takes in a ModelCache watch event.
     pub fn cache_event(&self, e: &Event<ModelCache>) {
         self.caches.event(e, namespaced_key, cache_fact);
+        self.digest.event(Part::Cache, e, |o| super::meta_seen(&o.metadata));
     }
 
     /// Takes in an InferenceClass watch event.
     pub fn class_event(&self, e: &Event<InferenceClass>) {
         self.classes.event(e, |k| k.name_any(), class_fact);
+        self.digest.event(Part::Class, e, |o| super::meta_seen(&o.metadata));
+    }
+
+    /// Takes in a ModelDeployment watch event.
+    pub fn deployment_event(&self, e: &Event<ModelDeployment>) {
+        self.digest.event(Part::Deployment, e, super::deployment_seen);
     }
 
     /// The changes since the last call.
@@ -119,7 +130,7 @@ pub async fn run(
         while let Some(Some(())) = ticks.next().now_or_never() {}
         let changed = facts.take();
         let (seq, plan) = loop {
-            match ctx.solve().await {
+            match ctx.solve(None).await {
                 Ok(p) => break p,
                 Err(e) => {
                     tracing::warn!("fleet solve failed ({e}); trying again in 5 s");

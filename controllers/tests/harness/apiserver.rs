@@ -65,6 +65,23 @@ pub async fn apiserver_requests(client: &Client) -> Option<Requests> {
     Some(out)
 }
 
+/// The WATCH requests open now on the API server, by resource (its `apiserver_longrunning_requests`
+/// gauge, summed over scopes). `None` when it does not answer.
+pub async fn apiserver_watches(client: &Client) -> Option<BTreeMap<String, f64>> {
+    let req = axum::http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(req).await.ok()?;
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_longrunning_requests{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        if !labels.contains("verb=\"WATCH\"") {
+            continue;
+        }
+        let Some(resource) = labels.split("resource=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
+        *out.entry(resource.to_string()).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    Some(out)
+}
+
 /// What changed between two readings (only what grew). An API server restarted in between
 /// starts from zero: what it counted since then is what grew.
 pub fn grown(before: &Requests, after: &Requests) -> Requests {
