@@ -5,12 +5,15 @@
 # examples/fleet is applied; engine simulators play each member's inference entry point.
 # Then: `kubectl get` shows placements and conditions, a request goes through the one
 # OpenAI-compatible endpoint, eu-fra-1 is stopped, and the EU-only model fails over to
-# eu-par-1 (never to the US) while the status says so. Everything is torn down at the end
-# (FLOTILLA_DEMO_KEEP=1 keeps it running).
+# eu-par-1 (never to the US) while the status says so. Everything is torn down at the end.
+# With FLOTILLA_DEMO_KEEP=1 the whole fleet keeps running instead — clusters, controller,
+# gateway, simulators, with eu-fra-1 started again — and the demo prints how to reach it.
 #
 #   bash scripts/demo.sh               # under a minute on a warm cache
 #   bash scripts/demo.sh --write-docs  # and put its transcript into docs/quickstart.md
 #   bash scripts/demo.sh --check-docs  # and fail if docs/quickstart.md shows other steps (the tests)
+#   bash scripts/demo.sh --check-kept  # a fleet kept by FLOTILLA_DEMO_KEEP=1 runs and answers
+#   bash scripts/demo.sh --stop        # stop a kept fleet, and check that nothing of it runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,7 +22,6 @@ export FLOTILLA_E2E_DIR="${FLOTILLA_DEMO_DIR:-${TMPDIR:-/tmp}/flotilla-demo}"
 HARNESS=tests/e2e/harness
 TARGET="${CARGO_TARGET_DIR:-target}/debug"
 MEMBERS=(eu-fra-1 eu-par-1 us-iad-1)
-PIDS=()
 
 say() { printf '\n# %s\n' "$*"; }
 # Show a command as typed, then its output.
@@ -30,18 +32,59 @@ run() {
 kc() { "${BIN}/kubectl" --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" "$@"; }
 kubectl() { kc "$@"; }  # what the transcript shows as `kubectl`
 
+LOGS="${FLOTILLA_E2E_DIR}/logs"
+PIDFILE="${LOGS}/pids"  # every process the demo starts besides the clusters
+
+# Stops the demo's processes and its clusters.
+teardown() {
+  [[ -f "${PIDFILE}" ]] && while read -r p; do kill "$p" 2>/dev/null || true; done <"${PIDFILE}"
+  bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
+}
+
 cleanup() {
   local rc=$?
-  # Listeners start inside $(...), a subshell: their pids are in a file, not in PIDS.
-  [[ -f "${PIDFILE:-}" ]] && while read -r p; do PIDS+=("$p"); done <"${PIDFILE}"
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  if [[ -z "${FLOTILLA_DEMO_KEEP:-}" ]]; then
-    bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
+  if [[ -n "${FLOTILLA_DEMO_KEEP:-}" ]]; then
+    (( rc == 0 )) || echo "FLOTILLA_DEMO_KEEP: the demo failed; what it started is left running (logs in ${LOGS}; stop it: bash scripts/demo.sh --stop)"
   else
-    echo "FLOTILLA_DEMO_KEEP: the fleet is still running (kubeconfigs in ${FLOTILLA_E2E_DIR})"
+    teardown
   fi
   exit "$rc"
 }
+
+if [[ "${1:-}" == "--stop" ]]; then
+  pids=()
+  [[ -f "${PIDFILE}" ]] && mapfile -t pids <"${PIDFILE}"
+  teardown
+  alive=()
+  for _ in $(seq 1 50); do
+    alive=()
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+    (( ${#alive[@]} == 0 )) && break
+    sleep 0.2
+  done
+  left=$(pgrep -f -- "${FLOTILLA_E2E_DIR}/" | tr '\n' ' ' || true)
+  if (( ${#alive[@]} > 0 )) || [[ -n "${left}" ]]; then
+    echo "demo --stop: still running: ${alive[*]} ${left}" >&2
+    exit 1
+  fi
+  echo "the demo fleet in ${FLOTILLA_E2E_DIR} is stopped"
+  exit 0
+fi
+
+if [[ "${1:-}" == "--check-kept" ]]; then
+  BIN=$(bash "${HARNESS}/build.sh" 2>/dev/null)
+  GW=$(cat "${LOGS}/endpoint")
+  fail() { echo "demo --check-kept: $*" >&2; exit 1; }
+  while read -r p; do kill -0 "$p" 2>/dev/null || fail "process $p the demo started is gone"; done <"${PIDFILE}"
+  [[ "$(kc get inferencecluster eu-fra-1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]] ||
+    fail "eu-fra-1 is not Ready again"
+  code=$(curl -s -o "${LOGS}/kept-answer.json" -w '%{http_code}' "${GW}/v1/chat/completions" -H 'content-type: application/json' \
+    -d '{"model":"llama-3.3-70b-instruct","messages":[{"role":"user","content":"still there?"}],"max_tokens":4}')
+  [[ "${code}" == 200 ]] || fail "the kept gateway answered ${code}: $(cat "${LOGS}/kept-answer.json")"
+  echo "the kept demo fleet runs: $(wc -l <"${PIDFILE}") processes, eu-fra-1 Ready, ${GW} answers"
+  exit 0
+fi
+
 trap cleanup EXIT
 
 # A background process that prints `listening on http://ADDR` first: echo ADDR.
@@ -78,9 +121,7 @@ wait_until() {
 BIN=$(bash "${HARNESS}/build.sh")
 mkdir -p "${FLOTILLA_E2E_DIR}"
 bash "${HARNESS}/down.sh" >/dev/null 2>&1 || true
-LOGS="${FLOTILLA_E2E_DIR}/logs"
 mkdir -p "${LOGS}"
-PIDFILE="${LOGS}/pids"
 : >"${PIDFILE}"
 if [[ "${1:-}" == "--write-docs" || "${1:-}" == "--check-docs" ]]; then
   exec > >(tee "${LOGS}/transcript.txt")
@@ -121,11 +162,12 @@ done
 say "4. flotilla-controller and flotilla-gateway, run locally against the control cluster"
 "${TARGET}/flotilla-controller" --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" --probe-addr 127.0.0.1:0 \
   --identity demo --poll-seconds 3 --member-timeout-seconds 8 >"${LOGS}/controller.log" 2>&1 &
-PIDS+=($!)
+echo $! >>"${PIDFILE}"
 GW=$(start_listener "${LOGS}/gateway.log" "${TARGET}/flotilla-gateway" --control-cluster \
   --kubeconfig "${FLOTILLA_E2E_DIR}/control.kubeconfig" --listen 127.0.0.1:0 --feedback-interval-ms 2000 \
   --breaker-failures 3 --connect-timeout-ms 300 --allow-anonymous)
 echo "gateway: ${GW}"
+echo "${GW}" >"${LOGS}/endpoint"
 waiting_70b() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="WaitingForCache")].status}' | grep -qx True; }
 wait_until "llama-3.3-70b-eu waiting for its cache" 120 waiting_70b
 staged() { kc -n ml get modelcache llama-3.3-70b -o jsonpath='{.status.clusters[*].phase}' | grep -q .; }
@@ -155,7 +197,9 @@ run chat llama-3.3-70b-instruct
 
 say "7. Failover: stop eu-fra-1 (its API server and its entry point); the EU-only model stays in the EU"
 bash "${HARNESS}/stop.sh" eu-fra-1 2>/dev/null
-kill "$(sed -n 1p "${PIDFILE}")" 2>/dev/null || true  # the first listener started: eu-fra-1's simulator
+fra_sim=$(sed -n 1p "${PIDFILE}")  # the first listener started: eu-fra-1's simulator
+kill "${fra_sim}" 2>/dev/null || true
+sed -i "/^${fra_sim}\$/d" "${PIDFILE}"
 for i in 1 2 3 4 5 6; do run chat llama-3.3-70b-instruct; done | tee "${LOGS}/failover.txt"
 moved() { kc -n ml get modeldeployment llama-3.3-70b-eu -o jsonpath='{.status.conditions[?(@.type=="Serving")].message}' | grep -v eu-fra-1 | grep -q eu-par-1; }
 wait_until "the 70B model re-routed away from eu-fra-1" 120 moved
@@ -215,4 +259,22 @@ tail = rest.split(end, 1)[1]
 open(sys.argv[2], "w").write(head + begin + "```text\n" + text + "\n```\n" + end + tail)
 PY
   echo "docs/quickstart.md updated" >&2
+fi
+if [[ -n "${FLOTILLA_DEMO_KEEP:-}" ]]; then
+  # Kept: the whole fleet, eu-fra-1 included (started again, with a new entry point).
+  exec >&2
+  bash "${HARNESS}/start.sh" eu-fra-1 >/dev/null 2>&1
+  url=$(start_listener "${LOGS}/sim-eu-fra-1-again.log" "${TARGET}/flotilla-enginesim" --listen 127.0.0.1:0 --name eu-fra-1 "${MODELS[@]}" --ttft-ms 5 --itl-ms 1)
+  kc patch inferencecluster eu-fra-1 --type merge -p "{\"spec\":{\"endpoint\":\"${url}\"}}" >/dev/null
+  fra_ready() { kc get inferencecluster eu-fra-1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+  wait_until "eu-fra-1 Ready again" 120 fra_ready
+  cat <<EOF
+
+FLOTILLA_DEMO_KEEP: the fleet keeps running (eu-fra-1 started again).
+  the endpoint:       curl ${GW}/v1/models
+  the control plane:  kubectl --kubeconfig ${FLOTILLA_E2E_DIR}/control.kubeconfig get modeldeployments -n ml
+  members:            ${FLOTILLA_E2E_DIR}/{eu-fra-1,eu-par-1,us-iad-1}.kubeconfig
+  logs:               ${LOGS}
+  stop it:            bash scripts/demo.sh --stop
+EOF
 fi

@@ -68,8 +68,13 @@ bash scripts/test-ship.sh  # Helm chart, Argo CD health checks, GitOps examples,
 step "end-to-end tests on real API servers (tests/e2e/harness)"
 bash scripts/test-e2e.sh
 
-step "the local fleet demo, unattended, and its transcript in docs/quickstart.md (scripts/demo.sh --check-docs)"
-bash scripts/demo.sh --check-docs
+step "the local fleet demo, unattended, kept running (FLOTILLA_DEMO_KEEP=1), its transcript in docs/quickstart.md; then checked and stopped"
+# The kept fleet must run and answer (eu-fra-1 started again), and `--stop` must leave nothing
+# of it running; the default mode tears down with the same code at its end.
+demo=0
+{ FLOTILLA_DEMO_KEEP=1 bash scripts/demo.sh --check-docs && bash scripts/demo.sh --check-kept; } || demo=$?
+bash scripts/demo.sh --stop
+(( demo == 0 )) || exit "${demo}"
 
 step "fleetctl validate + plan on examples/fleet (the README's main command)"
 cargo run -q --locked -p fleetctl -- validate -f examples/fleet
