@@ -45,8 +45,8 @@ where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     /// Starts the kind's one watch. `on_event` sees every watch event right after the store took
-    /// it in (the fleet trigger's facts). The watch stops when the last clone of the returned
-    /// value (and every controller made from it) is dropped.
+    /// it in (the fleet trigger's facts). The watch stops when the returned value and every
+    /// controller made from it are dropped.
     pub fn start(
         api: Api<K>,
         own: OwnController,

@@ -10,6 +10,7 @@
 //! [`MAX_ISOLATED`] of them left out) is not one deployment's: it is returned as an error, as a
 //! panic of the whole solve was before.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -38,15 +39,23 @@ impl Quarantine {
 
     /// Forgets the deployments that are gone from `snapshot` or whose spec changed.
     fn prune(&mut self, snapshot: &FleetSnapshot) {
+        if self.0.is_empty() {
+            return;
+        }
         let now: BTreeMap<String, u64> = snapshot.deployments.iter().map(|d| (key(d), fingerprint(d))).collect();
         self.0.retain(|k, (fp, _)| now.get(k) == Some(fp));
     }
 
-    /// `snapshot` without the deployments left out.
-    pub fn without(&self, snapshot: &FleetSnapshot) -> FleetSnapshot {
+    /// `snapshot` without the deployments still left out: first forgets those that are gone or
+    /// whose spec changed (they are tried again). Borrowed, not copied, when none is left out.
+    pub fn without<'s>(&mut self, snapshot: &'s FleetSnapshot) -> Cow<'s, FleetSnapshot> {
+        self.prune(snapshot);
+        if self.0.is_empty() {
+            return Cow::Borrowed(snapshot);
+        }
         let mut s = snapshot.clone();
         s.deployments.retain(|d| !self.0.contains_key(&key(d)));
-        s
+        Cow::Owned(s)
     }
 
     /// The plan entries of the deployments left out that `snapshot` holds.
@@ -117,8 +126,7 @@ pub fn solve_isolating<T>(
     quarantine: &mut Quarantine,
     solve: impl Fn(&FleetSnapshot) -> T,
 ) -> Result<T, String> {
-    quarantine.prune(snapshot);
-    let mut rest = quarantine.without(snapshot);
+    let mut rest = quarantine.without(snapshot).into_owned();
     loop {
         let failure = match attempt(&solve, &rest) {
             Ok(v) => return Ok(v),
@@ -208,9 +216,14 @@ mod tests {
         solve_isolating(&snapshot, &mut q, counting).unwrap();
         assert_eq!(calls.get(), 1);
         assert!(!q.is_empty());
-        // Its spec changed (fixed): tried again, planned, forgotten.
+        // Its spec changed (fixed): tried again, planned, forgotten — also by the re-plan path,
+        // which asks only for the fleet without what is left out.
         let mut fixed = snapshot.clone();
         fixed.deployments[5].spec.replicas += 1;
+        let mut again = q.clone();
+        assert_eq!(again.without(&fixed).deployments.len(), fixed.deployments.len(), "tried again");
+        assert!(again.is_empty());
+        assert_eq!(q.clone().without(&snapshot).deployments.len(), snapshot.deployments.len() - 1, "still out");
         let plan = solve_isolating(&fixed, &mut q, poisoned(&[])).unwrap();
         assert!(q.is_empty());
         assert!(plan.get(&fixed.deployments[5].namespace, name).is_some());
