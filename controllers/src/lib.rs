@@ -90,14 +90,16 @@ pub async fn run_controllers(
     );
     // One watch per kind; the fleet trigger's facts come from the same events.
     let facts = deployment::trigger::Facts::default();
+    let cache_facts = cache::wake::CacheFacts::default();
     let mut classes = {
         let facts = facts.clone();
         Watched::start(Api::<InferenceClass>::all(client.clone()), OwnController::Yes, move |e| facts.class_event(e))
     };
     let mut clusters = {
-        let facts = facts.clone();
+        let (facts, cache_facts) = (facts.clone(), cache_facts.clone());
         Watched::start(Api::<InferenceCluster>::all(client.clone()), OwnController::Yes, move |e| {
             facts.cluster_event(e);
+            cache_facts.cluster_event(e);
         })
     };
     let mut caches = {
@@ -105,9 +107,10 @@ pub async fn run_controllers(
         Watched::start(Api::<ModelCache>::all(client.clone()), OwnController::Yes, move |e| facts.cache_event(e))
     };
     let mut deployments = {
-        let facts = facts.clone();
+        let (facts, cache_facts) = (facts.clone(), cache_facts.clone());
         Watched::start(Api::<ModelDeployment>::all(client.clone()), OwnController::Yes, move |e| {
             facts.deployment_event(e);
+            cache_facts.deployment_event(e);
         })
     };
     let claims_run = if config.capacity.is_some() { OwnController::Yes } else { OwnController::No };
@@ -191,11 +194,10 @@ pub async fn run_controllers(
         caches.changes("fleet trigger").boxed(),
         deployments.changes("fleet trigger").boxed(),
     ]);
-    // A cache's targets follow the clusters and the deployments that use it.
-    let cache_changes = futures_util::stream::select(
-        clusters.changes("ModelCache controller"),
-        deployments.changes("ModelCache controller"),
-    );
+    // A cache's targets follow the clusters and the deployments that use it: only the caches a
+    // change concerns are woken (`cache::wake`).
+    let cache_ticks =
+        futures_util::stream::select(clusters.changes("ModelCache trigger"), deployments.changes("ModelCache trigger"));
     let deployment_ctx = deployment::DeploymentContext::new(
         client.clone(),
         deployment::Stores {
@@ -212,6 +214,7 @@ pub async fn run_controllers(
     );
     let cache_ctx = cache::CacheContext {
         client: client.clone(),
+        caches: caches.store(),
         clusters: clusters.store(),
         deployments: deployments.store(),
         members,
@@ -236,14 +239,35 @@ pub async fn run_controllers(
             Arc::new(cluster_ctx),
         ),
         run_deployment_controller(deployments.controller(), deployment_ctx, facts, fleet_changes, stop(rx.clone())),
-        runner::run(
-            caches.controller().reconcile_all_on(cache_changes).graceful_shutdown_on(stop(rx)),
-            runner::Kind { name: "ModelCache", metric: Some(metrics::Kind::ModelCache), cap: Duration::MAX },
-            Some(metrics),
-            cache::reconcile,
-            Arc::new(cache_ctx),
-        ),
+        run_cache_controller(caches.controller(), cache_ctx, cache_facts, cache_ticks, stop(rx)),
     );
+}
+
+/// Runs the ModelCache controller until `shutdown` resolves. Each cache is reconciled when it
+/// changes, when a cluster or deployment change concerns it (`cache::wake`) and on its requeue.
+async fn run_cache_controller(
+    controller: kube::runtime::Controller<ModelCache>,
+    ctx: cache::CacheContext,
+    facts: cache::wake::CacheFacts,
+    ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(WAKE_BUFFER);
+    let wakes = futures_util::stream::unfold(wake_rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let trigger = cache::wake::run(facts, ctx.caches.clone(), ticks, wake_tx);
+    let metrics = ctx.metrics.clone();
+    let controller = runner::run(
+        controller.reconcile_on(wakes).graceful_shutdown_on(shutdown),
+        runner::Kind { name: "ModelCache", metric: Some(metrics::Kind::ModelCache), cap: Duration::MAX },
+        Some(metrics),
+        cache::reconcile,
+        Arc::new(ctx),
+    );
+    // The trigger lives as long as the controller: it ends with it (shutdown), never before.
+    tokio::select! {
+        () = controller => {}
+        () = async { trigger.await; std::future::pending::<()>().await } => {}
+    }
 }
 
 /// How many wake-ups may wait between the fleet trigger and the controller (the trigger waits

@@ -14,6 +14,7 @@ pub mod credentials;
 pub mod members;
 pub mod render;
 pub mod status;
+pub mod wake;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use flotilla_apis::cache::{CachePhase, ClusterCacheStatus, ModelCacheStatus};
 use flotilla_apis::constants::{FINALIZER_CACHE_CLEANUP, reason};
 use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
+use futures_util::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PatchParams;
@@ -39,6 +41,8 @@ use status::Observation;
 pub struct CacheContext {
     /// The control cluster.
     pub client: Client,
+    /// Every ModelCache, from its reflector (for the wake-ups).
+    pub caches: Store<ModelCache>,
     /// Member clusters, from a reflector.
     pub clusters: Store<InferenceCluster>,
     /// Every ModelDeployment, from a reflector.
@@ -108,29 +112,39 @@ async fn apply(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Err
         }
     }
 
-    let mut entries: Vec<ClusterCacheStatus> = Vec::new();
-    let mut writes = 0usize;
-    for name in &targets {
-        let observation = match &blocked {
-            Some(b) => {
-                entries.push(ClusterCacheStatus { cluster: name.clone(), ..b.clone() });
-                continue;
-            }
-            None => stage_in(ctx, &cache, &clusters, name, secret_data.as_ref(), &mut writes).await,
-        };
-        entries.push(status::cluster_status(&cache, name, &observation, previous.get(name)));
-    }
+    // Every target at once, at most MEMBERS_AT_ONCE members at a time, each bounded by its
+    // timeout: one slow member delays this cache by its timeout, not by the others' sum.
+    let (mut entries, writes): (Vec<ClusterCacheStatus>, usize) = match &blocked {
+        Some(b) => (targets.iter().map(|name| ClusterCacheStatus { cluster: name.clone(), ..b.clone() }).collect(), 0),
+        None => {
+            let (c, cl, secret) = (cache.as_ref(), clusters.as_slice(), secret_data.as_ref());
+            let names: Vec<String> = targets.iter().cloned().collect();
+            let staged: Vec<(Observation, usize)> = futures_util::stream::iter(names)
+                .map(|name| async move { stage_in(ctx, c, cl, &name, secret).await })
+                .buffered(MEMBERS_AT_ONCE)
+                .collect()
+                .await;
+            let writes = staged.iter().map(|s| s.1).sum();
+            let entries = targets
+                .iter()
+                .zip(&staged)
+                .map(|(name, (observation, _))| status::cluster_status(&cache, name, observation, previous.get(name)))
+                .collect();
+            (entries, writes)
+        }
+    };
     // Clusters no longer targeted: remove the objects there unless a deployment still mounts them.
     let users = status::users(&cache, &dep_refs);
-    for (name, prev) in &previous {
-        if targets.contains(name) {
-            continue;
-        }
-        let removed = !users.contains_key(name) && remove_in(ctx, &cache, &clusters, name).await.is_ok();
-        if !removed {
-            entries.push(prev.clone());
-        }
-    }
+    let left: Vec<&ClusterCacheStatus> =
+        previous.iter().filter(|(name, _)| !targets.contains(*name)).map(|(_, prev)| prev).collect();
+    let (c, cl, users) = (cache.as_ref(), clusters.as_slice(), &users);
+    let names: Vec<String> = left.iter().map(|prev| prev.cluster.clone()).collect();
+    let removed: Vec<bool> = futures_util::stream::iter(names)
+        .map(|name| async move { !users.contains_key(&name) && remove_in(ctx, c, cl, &name).await.is_ok() })
+        .buffered(MEMBERS_AT_ONCE)
+        .collect()
+        .await;
+    entries.extend(left.into_iter().zip(removed).filter(|(_, removed)| !removed).map(|(prev, _)| prev.clone()));
     if writes > 0 {
         tracing::info!(cache = %format!("{ns}/{}", cache.name_any()), writes, "member volumes and Jobs updated");
     }
@@ -218,18 +232,21 @@ async fn member_client(
     Ok((handle.client, ic))
 }
 
-/// Observes one member, applies what it lacks, and returns what was observed.
+/// How many members one cache reconcile observes and writes at the same time.
+pub const MEMBERS_AT_ONCE: usize = 8;
+
+/// Observes one member, applies what it lacks, and returns what was observed and how many
+/// objects it wrote.
 async fn stage_in(
     ctx: &CacheContext,
     cache: &ModelCache,
     clusters: &[Arc<InferenceCluster>],
     name: &str,
     secret: Option<&BTreeMap<String, String>>,
-    writes: &mut usize,
-) -> Observation {
+) -> (Observation, usize) {
     let (client, ic) = match member_client(ctx, clusters, name).await {
         Ok(c) => c,
-        Err(e) => return Observation::Unreachable(e),
+        Err(e) => return (Observation::Unreachable(e), 0),
     };
     let work = async {
         let mut observed = members::observe(&client, cache, &ctx.config.install_id).await?;
@@ -259,12 +276,9 @@ async fn stage_in(
         Ok::<_, kube::Error>((observed, n))
     };
     match tokio::time::timeout(ctx.config.timeouts.observe, work).await {
-        Ok(Ok((observed, n))) => {
-            *writes += n;
-            Observation::Seen(Box::new(observed.objects))
-        }
-        Ok(Err(e)) => Observation::Unreachable(brief(&e)),
-        Err(_) => Observation::Unreachable("did not answer in time".into()),
+        Ok(Ok((observed, n))) => (Observation::Seen(Box::new(observed.objects)), n),
+        Ok(Err(e)) => (Observation::Unreachable(brief(&e)), 0),
+        Err(_) => (Observation::Unreachable("did not answer in time".into()), 0),
     }
 }
 

@@ -77,11 +77,11 @@ pub fn targets(
 }
 
 /// At zero replicas with `spec.autoscaling.minReplicas: 0`: idle, and started again on demand.
-fn parked_at_zero(d: &ModelDeployment) -> bool {
+pub(crate) fn parked_at_zero(d: &ModelDeployment) -> bool {
     d.spec.replicas == 0 && d.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0)
 }
 
-fn placed_in(d: &ModelDeployment) -> BTreeSet<String> {
+pub(crate) fn placed_in(d: &ModelDeployment) -> BTreeSet<String> {
     d.status
         .iter()
         .flat_map(|s| &s.placements)

@@ -129,17 +129,30 @@ pub struct Changes<F> {
 
 struct ChangesInner<F> {
     last: HashMap<String, F>,
-    dirty: BTreeSet<String>,
+    /// Changed keys, each with its fact before the first change since the last take.
+    dirty: BTreeMap<String, Option<F>>,
     relisted: Option<HashSet<String>>,
 }
 
-impl<F: PartialEq> Default for Changes<F> {
+/// One object whose fact changed: its key, the fact before (`None`: it did not exist) and now
+/// (`None`: it is gone).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change<F> {
+    /// The object's key.
+    pub key: String,
+    /// Its fact at the last take.
+    pub before: Option<F>,
+    /// Its fact now.
+    pub now: Option<F>,
+}
+
+impl<F: PartialEq + Clone> Default for Changes<F> {
     fn default() -> Self {
-        Self { inner: Mutex::new(ChangesInner { last: HashMap::new(), dirty: BTreeSet::new(), relisted: None }) }
+        Self { inner: Mutex::new(ChangesInner { last: HashMap::new(), dirty: BTreeMap::new(), relisted: None }) }
     }
 }
 
-impl<F: PartialEq> Changes<F> {
+impl<F: PartialEq + Clone> Changes<F> {
     /// Takes in one watch event: `key` names an object, `fact` is what the reconcile reads of
     /// it. A relist (`Init` … `InitDone`) that no longer lists an object counts as its deletion.
     pub fn event<K>(&self, event: &Event<K>, key: impl Fn(&K) -> String, fact: impl Fn(&K) -> F) {
@@ -166,16 +179,25 @@ impl<F: PartialEq> Changes<F> {
         }
     }
 
-    /// The keys whose fact changed since the last call.
+    /// The keys whose fact changed since the last call (of this or [`Changes::take_changes`]).
     pub fn take(&self) -> BTreeSet<String> {
-        self.inner.lock().map(|mut i| std::mem::take(&mut i.dirty)).unwrap_or_default()
+        self.inner.lock().map(|mut i| std::mem::take(&mut i.dirty).into_keys().collect()).unwrap_or_default()
+    }
+
+    /// The changes since the last call, each with the fact before and now.
+    pub fn take_changes(&self) -> Vec<Change<F>> {
+        let Ok(mut inner) = self.inner.lock() else { return Vec::new() };
+        let dirty = std::mem::take(&mut inner.dirty);
+        dirty.into_iter().map(|(key, before)| Change { now: inner.last.get(&key).cloned(), key, before }).collect()
     }
 }
 
-impl<F: PartialEq> ChangesInner<F> {
+impl<F: PartialEq + Clone> ChangesInner<F> {
     fn set(&mut self, key: String, fact: Option<F>) {
-        if self.last.get(&key) != fact.as_ref() {
-            self.dirty.insert(key.clone());
+        let before = self.last.get(&key);
+        if before != fact.as_ref() && !self.dirty.contains_key(&key) {
+            let before = before.cloned();
+            self.dirty.insert(key.clone(), before);
         }
         match fact {
             Some(f) => {
