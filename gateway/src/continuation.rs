@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::AppState;
+use crate::attempts::{self, AfterStream};
 use crate::config::{Continuation, GatewayConfig, ms};
 use crate::health::AttemptGuard;
 use crate::metrics::{AbandonReason, ContinuationResult, Endpoint, StreamEnd};
@@ -151,20 +152,13 @@ async fn run(s: Stream, mut up: Upstream, tx: mpsc::Sender<Bytes>) {
         let end = sse::relay(up.events, up.parser, up.body, &relay, &mut splice, &mut progress).await;
         settle(st, &up.guard, &up.route.cluster.name, &up.model, end, progress.skipped);
         drop(up.guard);
-        if end == StreamEnd::diverged {
-            st.metrics.abandoned(AbandonReason::diverged);
-            break end;
-        }
-        if !end.broken() || !s.record {
-            break end;
-        }
-        if !splice.resumable() {
-            st.metrics.abandoned(AbandonReason::unsupported);
-            break end;
-        }
-        if continued >= cfg.max_continuations {
-            st.metrics.abandoned(AbandonReason::limit);
-            break end;
+        match attempts::after_stream(end, s.record, splice.resumable(), continued, cfg.max_continuations) {
+            AfterStream::End => break end,
+            AfterStream::Abandon(reason) => {
+                st.metrics.abandoned(reason);
+                break end;
+            }
+            AfterStream::Continue => {}
         }
         skip.push((up.model.clone(), up.route.cluster.name.clone()));
         continued += 1;

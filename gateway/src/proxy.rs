@@ -2,13 +2,13 @@
 //! attempt loop — choose an allowed, available cluster, send, classify, and on a failure
 //! before the first byte retry elsewhere (or the same cluster for a one-off 500 or a short
 //! `Retry-After`) with jittered exponential backoff, a bounded number of attempts and one
-//! deadline. Success turns into the client's response: a complete body, or a stream relayed
-//! (and, should it break, continued elsewhere) by `continuation`, which runs the same chain and
-//! attempt loop for a [`Job::Resume`].
+//! deadline. The loop's decisions are the pure state machine in `attempts`; this file does their
+//! I/O. Success turns into the client's response: a complete body, or a stream relayed (and,
+//! should it break, continued elsewhere) by `continuation`, which runs the same chain and attempt
+//! loop for a [`Job::Resume`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -16,12 +16,12 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::config::Continuation;
-use crate::config::ms;
+use crate::attempts::{Attempts, GaveUp, Reaction, RouteView, Skip, Step};
+use crate::config::{Continuation, GatewayConfig, ms};
 use crate::continuation;
 use crate::health::AttemptGuard;
 use crate::keys::{ApiKey, usage_tokens};
-use crate::member::{self, ConfigReason};
+use crate::member::ConfigReason;
 use crate::metrics::{AttemptResult, Endpoint};
 use crate::pick::{self, Candidate};
 use crate::splice::Splice;
@@ -90,15 +90,8 @@ pub(crate) enum Ended {
 enum ModelError {
     /// The upstream rejected the request itself; `context_length` says whether a fallback may help.
     Client { response: Response, context_length: bool },
-    /// No cluster of this model served it; `attempted`: some cluster was tried.
-    Failed { error: GatewayError, attempted: bool },
-}
-
-#[derive(Debug, Default)]
-struct Tried {
-    attempts: u32,
-    excluded: bool,
-    not_before: Option<Instant>,
+    /// No cluster of this model served it.
+    Failed(GaveUp),
 }
 
 /// Serve `p` through the model's clusters and then its fallbacks.
@@ -179,7 +172,7 @@ pub(crate) async fn run_chain<'t>(
                 }
                 tracing::info!(request_id = %p.request_id, model = %m.name, "context length exceeded; trying the fallback");
             }
-            Err(ModelError::Failed { error, attempted }) => {
+            Err(ModelError::Failed(GaveUp { error, attempted })) => {
                 tracing::info!(request_id = %p.request_id, model = %m.name, error = %error, "model could not serve");
                 // The original error wins over a fallback that could not even be tried.
                 if last.is_none() || attempted {
@@ -198,11 +191,6 @@ pub(crate) async fn run_chain<'t>(
     })))
 }
 
-fn is_context_length(body: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
-    text.contains("context_length_exceeded") || text.contains("maximum context length")
-}
-
 /// The upstream's own client-error body when it is OpenAI-shaped, else ours.
 fn client_error(status: StatusCode, body: Bytes, cluster: &str) -> Response {
     let shaped = serde_json::from_slice::<serde_json::Value>(&body).ok().filter(|v| v["error"].is_object());
@@ -219,6 +207,9 @@ fn client_error(status: StatusCode, body: Bytes, cluster: &str) -> Response {
     r
 }
 
+/// One model's attempt loop: the routes the request may use, then, until an answer or the
+/// machine ([`Attempts`]) gives up, the step it decides, that step's I/O, and the outcome fed
+/// back.
 async fn try_model<'t>(
     st: &Arc<AppState>,
     table: &'t RoutingTable,
@@ -228,96 +219,165 @@ async fn try_model<'t>(
     job: &Job<'_>,
     deadline: Instant,
 ) -> Result<Won<'t>, ModelError> {
-    let cfg = &st.cfg;
+    let routes = routes_for(&st.cfg, table, origin, m, p, job);
+    let clusters = routes.iter().map(|r| r.cluster.name.as_str()).collect();
+    let names = (origin.name.as_str(), m.name.as_str());
+    let mut machine =
+        Attempts::new(&st.cfg, names, clusters, deadline, |n| st.backoff(n)).map_err(ModelError::Failed)?;
+    // A model split between deployments: each attempt goes to the routes of one (`split`).
+    let split_key = (!m.deployments.is_empty()).then(|| split::key(st.cfg.routing, p.key, st.next_rr()));
+    let t = Trying { st, p, job, m, bytes: model_body(p, m), routes, split_key, deadline };
+    loop {
+        let now = Instant::now();
+        let (i, pause) = match machine.next(now, &t.views(now), |ready, tried| t.pick(ready, tried)) {
+            Step::Send { route, pause } => (route, pause),
+            Step::Wait(until) => {
+                tokio::time::sleep_until(until.into()).await;
+                continue;
+            }
+            Step::GiveUp => break,
+        };
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        let route = t.routes[i];
+        let Sent { result, guard, prefill, at } = match t.send(route).await {
+            Ok(sent) => sent,
+            Err(skip) => {
+                machine.skipped(i, skip);
+                continue;
+            }
+        };
+        match result {
+            Ok(success) => {
+                machine.answered();
+                return Ok(t.won(route, success, guard, prefill, at));
+            }
+            Err(failure) => {
+                let reaction = machine.failed(i, &failure, prefill, Instant::now());
+                if let Some(end) = t.settle(route, guard, &failure, reaction, machine.attempts()) {
+                    return Err(end);
+                }
+            }
+        }
+    }
+    let now = Instant::now();
+    Err(ModelError::Failed(machine.verdict(now, &t.views(now))))
+}
+
+/// The routes of `m` the request may use: within the requested model's policy, `m`'s own and
+/// the API key's; a continuation goes only where it can, and never back to a route that broke it.
+fn routes_for<'t>(
+    cfg: &GatewayConfig,
+    table: &'t RoutingTable,
+    origin: &Model,
+    m: &'t Model,
+    p: &Prepared,
+    job: &Job<'_>,
+) -> Vec<&'t Route> {
     let mut policies = vec![&origin.sovereignty, &m.sovereignty];
     if let Some(k) = &p.api_key {
         policies.push(&k.sovereignty);
     }
     let mut routes = table.allowed_routes(m, &policies);
     if let Job::Resume { skip, .. } = job {
-        // A continuation goes only where it can, and never back to a route that broke it.
         routes.retain(|r| {
             continuation::capability(cfg, r) != Continuation::None
                 && !skip.iter().any(|(sm, sc)| *sm == m.name && *sc == r.cluster.name)
         });
     }
-    let unavailable = |reason: String| GatewayError::NoHealthyCluster {
-        model: origin.name.clone(),
-        reason,
-        retry_after: cfg.unavailable_retry_after_s,
-    };
-    if routes.is_empty() {
-        let error = unavailable(format!("no ready cluster of `{}` is within its policy", m.name));
-        return Err(ModelError::Failed { error, attempted: false });
-    }
-    let bytes = if p.body["model"].as_str() == Some(m.name.as_str()) {
+    routes
+}
+
+/// The request's body for `m`: as the client sent it, or with `model` rewritten to `m`'s name.
+fn model_body(p: &Prepared, m: &Model) -> Bytes {
+    if p.body["model"].as_str() == Some(m.name.as_str()) {
         p.raw.clone()
     } else {
         let mut body = p.body.clone();
         body["model"] = serde_json::Value::String(m.name.clone());
         Bytes::from(body.to_string())
-    };
-    let mut tried: HashMap<&str, Tried> = HashMap::new();
-    let (mut attempts, mut last, mut rate_after) = (0u32, None::<Failure>, Duration::ZERO);
-    // A model split between deployments: each attempt goes to the routes of one (`split`).
-    let split_key = (!m.deployments.is_empty()).then(|| split::key(cfg.routing, p.key, st.next_rr()));
-    let name = |i: usize| routes[i].cluster.name.as_str();
-    while attempts < cfg.max_attempts && Instant::now() < deadline {
-        let now = Instant::now();
-        let eligible: Vec<usize> = (0..routes.len())
-            .filter(|&i| !tried.get(name(i)).is_some_and(|t| t.excluded) && routes[i].health.available(now))
-            .collect();
-        let ready_at = |i: usize| routes[i].health.cooling_until().max(tried.get(name(i)).and_then(|t| t.not_before));
-        let ready_now: Vec<usize> =
-            eligible.iter().copied().filter(|&i| ready_at(i).is_none_or(|t| t <= now)).collect();
-        if ready_now.is_empty() {
-            let Some(until) = eligible.iter().filter_map(|&i| ready_at(i)).min() else { break };
-            if until >= deadline || until - now > ms(cfg.max_retry_after_ms) {
-                break;
+    }
+}
+
+/// An attempt that went out.
+struct Sent {
+    result: Result<Success, Failure>,
+    guard: AttemptGuard,
+    /// It was a prefill continuation.
+    prefill: bool,
+    /// When it was sent.
+    at: Instant,
+}
+
+/// What every step of one model's attempt loop works with.
+struct Trying<'a, 't> {
+    st: &'a Arc<AppState>,
+    p: &'a Prepared,
+    job: &'a Job<'a>,
+    m: &'t Model,
+    /// `p`'s body for `m`.
+    bytes: Bytes,
+    routes: Vec<&'t Route>,
+    split_key: Option<u64>,
+    deadline: Instant,
+}
+
+impl<'t> Trying<'_, 't> {
+    /// What the machine sees of each route at `now`.
+    fn views(&self, now: Instant) -> Vec<RouteView> {
+        let view = |r: &&Route| RouteView {
+            available: r.health.available(now),
+            cooling_until: r.health.cooling_until(),
+            fault: r.health.cluster().fault().map(|(reason, _)| reason),
+        };
+        self.routes.iter().map(view).collect()
+    }
+
+    /// The route to try among those `ready` now: for a split model those of one deployment
+    /// first (`split`), then the cluster by load, latency and affinity (`pick`).
+    fn pick(&self, ready: Vec<usize>, tried: &dyn Fn(usize) -> bool) -> Option<usize> {
+        let ready = match self.split_key {
+            Some(k) => split::narrow(self.m, &self.routes, ready, tried, k),
+            None => ready,
+        };
+        let cfg = &self.st.cfg;
+        let candidate = |i: usize| {
+            let (r, c) = (self.routes[i], self.routes[i].health.cluster());
+            Candidate {
+                name: r.cluster.name.clone(),
+                weight: r.weight,
+                inflight: c.inflight(),
+                queue_depth: c.scraped_load(cfg.kv_cache_weight),
+                ewma_ms: c.ewma_ms(),
+                tried: tried(i),
             }
-            tokio::time::sleep_until(until.into()).await;
-            continue;
-        }
-        let ready_now = match split_key {
-            Some(k) => split::narrow(m, &routes, ready_now, |i| tried.contains_key(name(i)), k),
-            None => ready_now,
         };
-        let cands: Vec<Candidate> = ready_now
-            .iter()
-            .map(|&i| {
-                let c = routes[i].health.cluster();
-                Candidate {
-                    name: name(i).to_string(),
-                    weight: routes[i].weight,
-                    inflight: c.inflight(),
-                    queue_depth: c.scraped_load(cfg.kv_cache_weight),
-                    ewma_ms: c.ewma_ms(),
-                    tried: tried.contains_key(name(i)),
-                }
-            })
-            .collect();
-        let rr = st.next_rr();
-        let Some(j) = pick::choose(&cands, p.key, cfg.routing, rr, cfg.load_factor) else { break };
-        let i = ready_now[j];
-        if attempts > 0 {
-            let pause = st.backoff(attempts).min(deadline.saturating_duration_since(Instant::now()));
-            tokio::time::sleep(pause).await;
+        let cands: Vec<Candidate> = ready.iter().map(|&i| candidate(i)).collect();
+        let rr = self.st.next_rr();
+        pick::choose(&cands, self.p.key, cfg.routing, rr, cfg.load_factor).map(|j| ready[j])
+    }
+
+    /// The body of an attempt on `route`, whether it is a prefill, and whether the stream's text
+    /// is kept (it may be continued); `None` when a continuation cannot be sent there.
+    fn body(&self, route: &Route) -> Option<(Bytes, bool, bool)> {
+        let (cfg, p) = (&self.st.cfg, self.p);
+        match self.job {
+            Job::Fresh if continuation::records(cfg, p, route) => {
+                Some((continuation::asking_usage(&self.bytes), false, true))
+            }
+            Job::Fresh => Some((self.bytes.clone(), false, false)),
+            Job::Resume { splice, .. } => continuation::request(cfg, p, self.m, route, splice, &self.bytes)
+                .map(|(body, prefill)| (body, prefill, true)),
         }
-        let route = routes[i];
-        let (body, prefill, collect) = match job {
-            Job::Fresh if continuation::records(cfg, p, route) => (continuation::asking_usage(&bytes), false, true),
-            Job::Fresh => (bytes.clone(), false, false),
-            Job::Resume { splice, .. } => match continuation::request(cfg, p, m, route, splice, &bytes) {
-                Some((body, prefill)) => (body, prefill, true),
-                None => {
-                    tried.entry(name(i)).or_default().excluded = true;
-                    continue;
-                }
-            },
-        };
+    }
+
+    /// Send one attempt to `route`, or say why none could be sent.
+    async fn send(&self, route: &Route) -> Result<Sent, Skip> {
+        let (cfg, p) = (&self.st.cfg, self.p);
+        let (body, prefill, collect) = self.body(route).ok_or(Skip::Unusable)?;
         // A half-open circuit admits one request at a time; another one already took it.
-        let Some(mut guard) = AttemptGuard::begin(&route.health, Instant::now()) else { continue };
-        attempts += 1;
+        let guard = AttemptGuard::begin(&route.health, Instant::now()).ok_or(Skip::ProbeTaken)?;
         let budget = ms(if p.stream { cfg.ttft_timeout_ms } else { cfg.request_timeout_ms });
         let out = Outgoing {
             base: &route.cluster.url,
@@ -328,141 +388,91 @@ async fn try_model<'t>(
             collect,
             request_id: &p.request_id,
             stream: p.stream,
-            deadline: deadline.min(Instant::now() + budget),
+            deadline: self.deadline.min(Instant::now() + budget),
             max_body: 64 << 20,
             max_event: cfg.max_event_bytes,
         };
-        let sent = Instant::now();
-        let failure = match upstream::attempt(st.conn(&route.cluster), out).await {
-            Ok(success) => {
-                guard.success();
-                st.metrics.attempt(name(i), AttemptResult::ok);
-                st.stats.record(&m.name, name(i), Some(sent.elapsed()), Instant::now());
-                if let Some(d) = m.deployments.get(route.deployment) {
-                    st.shares.record(&m.name, &d.name, Some(sent.elapsed()), Instant::now());
-                }
-                return Ok(Won { success, guard, route, prefill });
-            }
-            Err(f) => f,
-        };
-        st.metrics.attempt(name(i), failure.result());
-        tracing::info!(request_id = %p.request_id, cluster = name(i), attempt = attempts, failure = %failure.describe(), "attempt failed");
-        let t = tried.entry(name(i)).or_default();
-        t.attempts += 1;
-        let (url, path) = (&route.cluster.url, p.endpoint.path());
-        let fault = match &failure {
-            Failure::Status { status, body, .. } => {
-                member::config_fault(*status, body).map(|r| (r, format!("answered {status} on {url}{path}")))
-            }
-            Failure::Tls(e) => Some((ConfigReason::UpstreamTls, format!("TLS handshake with {url} failed: {e}"))),
-            _ => None,
-        };
-        match &failure {
-            // A wrong path, a refused credential or certificate: a configuration fault of the
-            // cluster's entry point, not an outage. Reported (once) and kept off the route until
-            // a probe or a new table clears it; the request goes elsewhere.
-            _ if fault.is_some() => {
+        let at = Instant::now();
+        let result = upstream::attempt(self.st.conn(&route.cluster), out).await;
+        Ok(Sent { result, guard, prefill, at })
+    }
+
+    /// A usable answer: both circuits close, and the `Serving` windows count it.
+    fn won(&self, route: &'t Route, success: Success, mut guard: AttemptGuard, prefill: bool, at: Instant) -> Won<'t> {
+        let (st, m, name) = (self.st, self.m, route.cluster.name.as_str());
+        guard.success();
+        st.metrics.attempt(name, AttemptResult::ok);
+        st.stats.record(&m.name, name, Some(at.elapsed()), Instant::now());
+        if let Some(d) = m.deployments.get(route.deployment) {
+            st.shares.record(&m.name, &d.name, Some(at.elapsed()), Instant::now());
+        }
+        Won { success, guard, route, prefill }
+    }
+
+    /// Apply the machine's judgement of a failed attempt: metrics, the log and the route's health
+    /// (the breaker of the scope that failed, if any). `Some` when it ends the loop: the upstream
+    /// rejected the request itself, and the client gets its answer.
+    fn settle(
+        &self,
+        route: &Route,
+        mut guard: AttemptGuard,
+        failure: &Failure,
+        reaction: Reaction,
+        attempt: u32,
+    ) -> Option<ModelError> {
+        let (st, name, request_id) = (self.st, route.cluster.name.as_str(), &self.p.request_id);
+        st.metrics.attempt(name, failure.result());
+        tracing::info!(%request_id, cluster = name, attempt, failure = %failure.describe(), "attempt failed");
+        match reaction {
+            Reaction::Misconfigured(reason) => {
                 guard.neutral();
-                t.excluded = true;
-                if let Some((reason, what)) = fault {
-                    let message = format!("cluster `{}` {what}: {}", name(i), reason.advice());
-                    if route.health.cluster().set_fault(reason, message.clone()) {
-                        tracing::error!(cluster = name(i), reason = ?reason, %message, "cluster entry point misconfigured");
-                    }
-                }
+                self.report_fault(route, failure, reason);
             }
-            Failure::Status { status, retry_after, .. } if *status == StatusCode::TOO_MANY_REQUESTS => {
+            Reaction::RateLimited { cool_down } => {
                 guard.neutral();
-                let wait = retry_after.unwrap_or_else(|| st.backoff(attempts));
-                if wait > ms(cfg.max_retry_after_ms) || t.attempts >= 2 {
-                    t.excluded = true;
-                } else {
-                    t.not_before = Some(Instant::now() + wait);
+                if let Some(ra) = cool_down {
+                    route.health.cool_down(Instant::now() + ra);
                 }
-                if let Some(ra) = retry_after {
-                    route.health.cool_down(Instant::now() + *ra);
-                }
-                rate_after = rate_after.max(retry_after.unwrap_or(Duration::from_secs(1)));
             }
-            // An engine without prefill continuation: learnt, and the route regenerates instead.
-            Failure::Status { status, body, .. }
-                if prefill && matches!(status.as_u16(), 400 | 422) && !is_context_length(body) =>
-            {
+            Reaction::RefusesPrefill => {
                 guard.neutral();
                 route.health.learn_refuses_prefill();
-                tracing::info!(request_id = %p.request_id, cluster = name(i), "the engine refused a prefill continuation; it regenerates from now on");
+                tracing::info!(%request_id, cluster = name, "the engine refused a prefill continuation; it regenerates from now on");
             }
-            Failure::Status { status, body, .. } if matches!(status.as_u16(), 400 | 413 | 422) => {
+            Reaction::Rejected { status, body, context_length } => {
                 guard.neutral();
-                let context_length = is_context_length(body);
-                return Err(ModelError::Client {
-                    response: client_error(*status, body.clone(), name(i)),
-                    context_length,
-                });
+                return Some(ModelError::Client { response: client_error(status, body, name), context_length });
             }
-            Failure::Status { status, .. } if status.is_client_error() => {
-                guard.neutral();
-                t.excluded = true;
-            }
+            Reaction::ClientError => guard.neutral(),
             // The engine answered, badly: the model's own breaker on this cluster counts it.
-            Failure::Status { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR => {
+            Reaction::ServerError | Reaction::EngineFailure => {
                 guard.model_failure();
-                st.stats.record(&m.name, name(i), None, Instant::now());
-                t.excluded = t.attempts >= 2;
-            }
-            Failure::Status { .. } | Failure::Malformed(_) => {
-                guard.model_failure();
-                st.stats.record(&m.name, name(i), None, Instant::now());
-                t.excluded = true;
+                st.stats.record(&self.m.name, name, None, Instant::now());
             }
             // The cluster did not answer: its breaker counts it, for every model on it.
-            Failure::Connect(_) | Failure::Tls(_) | Failure::Reset(_) | Failure::Timeout(_) => {
+            Reaction::TransportFailure => {
                 guard.transport_failure();
-                st.stats.record(&m.name, name(i), None, Instant::now());
-                t.excluded = true;
+                st.stats.record(&self.m.name, name, None, Instant::now());
             }
         }
-        last = Some(failure);
+        None
     }
-    let now = Instant::now();
-    let open = |i: usize| tried.get(name(i)).is_some_and(|t| t.excluded) || !routes[i].health.available(now);
-    let exhausted = (0..routes.len()).all(open);
-    // Every route still open to this request is cooling down after a 429: that is the answer,
-    // with the longest Retry-After the clusters gave (capped), never a 503.
-    let cooling: Option<Duration> = (0..routes.len())
-        .filter(|&i| !open(i))
-        .map(|i| routes[i].health.cooling_until().filter(|t| *t > now).map(|t| t - now))
-        .try_fold(Duration::ZERO, |longest, left| left.map(|l| longest.max(l)));
-    let rate_limited = |wait: Duration| GatewayError::RateLimited {
-        model: origin.name.clone(),
-        retry_after: (wait.as_secs_f64().ceil() as u64).clamp(1, cfg.retry_after_cap_s.max(1)),
-    };
-    // Every allowed cluster is misconfigured: say so, without a Retry-After.
-    let faults: Vec<String> = routes
-        .iter()
-        .filter_map(|r| r.health.cluster().fault().map(|(reason, _)| format!("{}: {reason:?}", r.cluster.name)))
-        .collect();
-    if faults.len() == routes.len() {
-        let error = GatewayError::UpstreamMisconfigured { model: origin.name.clone(), detail: faults.join(", ") };
-        return Err(ModelError::Failed { error, attempted: attempts > 0 });
+
+    /// A wrong path, a refused credential or certificate: a configuration fault of the cluster's
+    /// entry point, not an outage. Reported (logged once) and kept off the route until a probe or
+    /// a new table clears it.
+    fn report_fault(&self, route: &Route, failure: &Failure, reason: ConfigReason) {
+        let (name, url) = (route.cluster.name.as_str(), &route.cluster.url);
+        let what = match failure {
+            Failure::Tls(e) => format!("TLS handshake with {url} failed: {e}"),
+            Failure::Status { status, .. } => format!("answered {status} on {url}{}", self.p.endpoint.path()),
+            other => format!("failed on {url}: {}", other.describe()),
+        };
+        let message = format!("cluster `{name}` {what}: {}", reason.advice());
+        if route.health.cluster().set_fault(reason, message.clone()) {
+            tracing::error!(cluster = name, reason = ?reason, %message, "cluster entry point misconfigured");
+        }
     }
-    let error = match last {
-        Some(Failure::Status { status, .. }) if status == StatusCode::TOO_MANY_REQUESTS => {
-            rate_limited(rate_after.max(cooling.unwrap_or_default()))
-        }
-        None => match cooling {
-            Some(wait) if !wait.is_zero() => rate_limited(wait),
-            _ => unavailable(format!("every allowed cluster of `{}` has an open circuit or is cooling down", m.name)),
-        },
-        Some(f) if exhausted => {
-            unavailable(format!("every allowed cluster of `{}` failed; last: {}", m.name, f.describe()))
-        }
-        Some(f @ Failure::Timeout(_)) => {
-            GatewayError::UpstreamTimeout { model: origin.name.clone(), reason: f.describe() }
-        }
-        Some(f) => GatewayError::Upstream { model: origin.name.clone(), reason: f.describe() },
-    };
-    Err(ModelError::Failed { error, attempted: attempts > 0 })
 }
 
 /// Who pays for an answer's tokens.
