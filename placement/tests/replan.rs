@@ -2,19 +2,28 @@
 //! byte (the plans' JSON), over random fleets and random sequences of changes: replicas scaled,
 //! deployments started where the last plan put them or stopped, ceilings and spread changed,
 //! pools refused, a deployment's priority changed, capacity lost or regained, a cluster
-//! cordoned. Then that the re-plan really
-//! is incremental: it reuses steps, and one changed deployment runs few of them.
+//! cordoned; and every other kind of deployment-side edit: device selectors (CEL, including
+//! ones that read a missing attribute, return no bool or do not compile), tolerations,
+//! fallback alternatives added, removed or reordered, `minReplicas`/`maxReplicas`, capacity
+//! types and split, and a hardware class's attributes, memory, devices per node or price.
+//! Then that the re-plan really is incremental: it reuses steps, one changed deployment runs
+//! few of them, and every edit kind reaches the re-plan.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use flotilla_apis::CapacityType;
 use flotilla_apis::class::InferenceClassSpec;
-use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPool, Spread, SpreadDomain};
+use flotilla_apis::common::{ClusterToleration, TaintEffect, TolerationOperator};
+use flotilla_apis::deployment::{
+    CelExpression, ClusterPlacement, DeviceAlternative, ModelDeploymentSpec, RefusedPool, SplitStrategy, Spread,
+    SpreadDomain,
+};
 use flotilla_placement::generate::{GenSpec, generate, with_current};
 use flotilla_placement::snapshot::free_per_node;
 use flotilla_placement::{
     ClassView, ClusterView, DeploymentView, FleetSnapshot, Plan, PoolView, Replanner, SolveOptions, solve,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use serde_json::json;
@@ -43,7 +52,88 @@ enum Change {
     CapacityGain(usize),
     /// A pool's cluster is cordoned: the whole fleet is solved again.
     Cordon(usize),
+    /// An alternative's CEL device selectors become set `k` of `SELECTORS` (deployment,
+    /// alternative, set).
+    Selectors(usize, usize, usize),
+    /// The deployment's tolerations become set `k` of `tolerations`.
+    Tolerations(usize, usize),
+    /// The deployment's fallback alternatives edited: one added, removed or moved.
+    Alternatives(usize, AltEdit),
+    /// An alternative's `minReplicas` / `maxReplicas` (deployment, alternative, min, max).
+    Limits(usize, usize, Option<i32>, Option<i32>),
+    /// The deployment's allowed capacity types become set `k` of `CAPACITY_TYPES`.
+    CapacityTypes(usize, usize),
+    /// `split: Proportional` set or cleared.
+    Split(usize, bool),
+    /// A hardware class edited (another frame: the whole fleet is solved again).
+    Class(usize, ClassEdit),
 }
+
+/// How a deployment's alternatives change: `at` and `to` modulo their number.
+#[derive(Clone, Debug)]
+enum AltEdit {
+    /// A new alternative at `at`: class `k` of the fleet's (modulo their number), or none with
+    /// the selectors of set `k` of `SELECTORS`.
+    Add { at: usize, class: bool, k: usize },
+    /// The alternative at `at` removed (the last one too: the spec is then invalid).
+    Remove(usize),
+    /// The alternative at `at` moved to `to` (another fallback order).
+    Move { at: usize, to: usize },
+}
+
+/// How a class changes.
+#[derive(Clone, Debug)]
+enum ClassEdit {
+    /// Its architecture attribute flips between Hopper and Ampere (what CEL selectors read).
+    Architecture,
+    /// Its device memory becomes `Gi` gibibytes.
+    Memory(u32),
+    /// Its devices per node become `n`; its pools' nodes offer at most that many.
+    DevicesPerNode(u32),
+    /// Its on-demand price becomes `dollars` per node-hour, or none.
+    Price(Option<u32>),
+}
+
+/// Device selector sets an edit picks from: none, ones the generated classes satisfy or not,
+/// one that reads a missing attribute, one that is not a bool and one that does not compile.
+const SELECTORS: [&[&str]; 8] = [
+    &[],
+    &[r#"device.attributes["gpu.nvidia.com"].architecture == "Hopper""#],
+    &[r#"device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("80Gi")) >= 0"#],
+    &[
+        r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA")"#,
+        r#"device.driver == "gpu.nvidia.com""#,
+    ],
+    &[r#"device.driver == "gpu.amd.com""#],
+    &[r#"device.attributes["gpu.nvidia.com"].noSuchAttribute == 1"#],
+    &[r#"device.attributes["gpu.nvidia.com"].productName"#],
+    &[r#"device.attributes[("#],
+];
+
+fn tolerations(k: usize) -> Vec<ClusterToleration> {
+    let t = |key: Option<&str>, operator, value: Option<&str>, effect| ClusterToleration {
+        key: key.map(Into::into),
+        operator: Some(operator),
+        value: value.map(Into::into),
+        effect,
+    };
+    match k % 5 {
+        0 => vec![],
+        1 => vec![t(Some("dedicated"), TolerationOperator::Equal, Some("research"), Some(TaintEffect::NoSchedule))],
+        2 => vec![t(Some("maintenance"), TolerationOperator::Exists, None, None)],
+        3 => vec![t(None, TolerationOperator::Exists, None, None)],
+        _ => vec![t(Some("flotilla.dev/cost"), TolerationOperator::Equal, Some("high"), None)],
+    }
+}
+
+const CAPACITY_TYPES: [&[CapacityType]; 6] = [
+    &[],
+    &[CapacityType::OnDemand],
+    &[CapacityType::Reserved, CapacityType::OnDemand],
+    &[CapacityType::OnDemand, CapacityType::Reserved],
+    &[CapacityType::Spot, CapacityType::OnDemand],
+    &[CapacityType::Spot],
+];
 
 fn change() -> impl Strategy<Value = Change> {
     prop_oneof![
@@ -57,6 +147,31 @@ fn change() -> impl Strategy<Value = Change> {
         1 => any::<usize>().prop_map(Change::CapacityLoss),
         1 => any::<usize>().prop_map(Change::CapacityGain),
         1 => any::<usize>().prop_map(Change::Cordon),
+        1 => (any::<usize>(), any::<usize>(), 0..SELECTORS.len()).prop_map(|(i, a, k)| Change::Selectors(i, a, k)),
+        1 => (any::<usize>(), 0usize..5).prop_map(|(i, k)| Change::Tolerations(i, k)),
+        1 => (any::<usize>(), alt_edit()).prop_map(|(i, e)| Change::Alternatives(i, e)),
+        1 => (any::<usize>(), any::<usize>(), proptest::option::of(0i32..3), proptest::option::of(0i32..4))
+            .prop_map(|(i, a, min, max)| Change::Limits(i, a, min, max)),
+        1 => (any::<usize>(), 0..CAPACITY_TYPES.len()).prop_map(|(i, k)| Change::CapacityTypes(i, k)),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(i, on)| Change::Split(i, on)),
+        1 => (any::<usize>(), class_edit()).prop_map(|(k, e)| Change::Class(k, e)),
+    ]
+}
+
+fn alt_edit() -> impl Strategy<Value = AltEdit> {
+    prop_oneof![
+        (any::<usize>(), any::<bool>(), any::<usize>()).prop_map(|(at, class, k)| AltEdit::Add { at, class, k }),
+        any::<usize>().prop_map(AltEdit::Remove),
+        (any::<usize>(), any::<usize>()).prop_map(|(at, to)| AltEdit::Move { at, to }),
+    ]
+}
+
+fn class_edit() -> impl Strategy<Value = ClassEdit> {
+    prop_oneof![
+        Just(ClassEdit::Architecture),
+        prop_oneof![Just(24u32), Just(48), Just(80), Just(192)].prop_map(ClassEdit::Memory),
+        prop_oneof![Just(2u32), Just(4), Just(8)].prop_map(ClassEdit::DevicesPerNode),
+        proptest::option::of(1u32..100).prop_map(ClassEdit::Price),
     ]
 }
 
@@ -113,6 +228,80 @@ fn apply(snap: &mut FleetSnapshot, last: &Plan, change: &Change) {
                 snap.clusters[ci].cordoned = !snap.clusters[ci].cordoned;
             }
         }
+        Change::Selectors(i, a, k) => {
+            let alts = &mut snap.deployments[i % n].spec.devices.alternatives;
+            let at = a % alts.len().max(1);
+            if let Some(alt) = alts.get_mut(at) {
+                alt.selectors = SELECTORS[k].iter().map(|e| CelExpression((*e).into())).collect();
+            }
+        }
+        Change::Tolerations(i, k) => snap.deployments[i % n].spec.placement.tolerations = tolerations(k),
+        Change::Alternatives(i, ref edit) => {
+            let classes: Vec<String> = snap.classes.keys().cloned().collect();
+            edit_alternatives(&mut snap.deployments[i % n].spec.devices.alternatives, edit, &classes);
+        }
+        Change::Limits(i, a, min, max) => {
+            let alts = &mut snap.deployments[i % n].spec.devices.alternatives;
+            let at = a % alts.len().max(1);
+            if let Some(alt) = alts.get_mut(at) {
+                (alt.min_replicas, alt.max_replicas) = (min, max);
+            }
+        }
+        Change::CapacityTypes(i, k) => {
+            snap.deployments[i % n].spec.placement.capacity_types = CAPACITY_TYPES[k].to_vec();
+        }
+        Change::Split(i, on) => {
+            snap.deployments[i % n].spec.placement.split = on.then_some(SplitStrategy::Proportional);
+        }
+        Change::Class(k, ref edit) => edit_class(snap, k, edit),
+    }
+}
+
+fn edit_alternatives(alts: &mut Vec<DeviceAlternative>, edit: &AltEdit, classes: &[String]) {
+    match *edit {
+        AltEdit::Add { at, class, k } => {
+            let new = DeviceAlternative {
+                class: class.then(|| classes[k % classes.len().max(1)].clone()).filter(|_| !classes.is_empty()),
+                selectors: if class {
+                    vec![]
+                } else {
+                    SELECTORS[k % 5].iter().map(|e| CelExpression((*e).into())).collect()
+                },
+                min_replicas: None,
+                max_replicas: None,
+            };
+            alts.insert(at % (alts.len() + 1), new);
+        }
+        AltEdit::Remove(at) if !alts.is_empty() => {
+            alts.remove(at % alts.len());
+        }
+        AltEdit::Move { at, to } if !alts.is_empty() => {
+            let alt = alts.remove(at % alts.len());
+            alts.insert(to % (alts.len() + 1), alt);
+        }
+        _ => {}
+    }
+}
+
+fn edit_class(snap: &mut FleetSnapshot, k: usize, edit: &ClassEdit) {
+    let Some(name) = snap.classes.keys().nth(k % snap.classes.len().max(1)).cloned() else { return };
+    let Some(class) = snap.classes.get_mut(&name) else { return };
+    let spec = &mut class.spec;
+    match *edit {
+        ClassEdit::Architecture => {
+            let arch = spec.device.attributes.entry("architecture".into()).or_default();
+            let next = if arch.string.as_deref() == Some("Hopper") { "Ampere" } else { "Hopper" };
+            arch.string = Some(next.into());
+        }
+        ClassEdit::Memory(gi) => {
+            spec.device.capacity.insert("memory".into(), Quantity(format!("{gi}Gi")));
+        }
+        ClassEdit::DevicesPerNode(per_node) => {
+            spec.devices_per_node = per_node;
+            let pools = snap.clusters.iter_mut().flat_map(|c| &mut c.pools).filter(|p| p.class == name);
+            pools.flat_map(|p| &mut p.free_per_node).for_each(|f| *f = (*f).min(per_node));
+        }
+        ClassEdit::Price(dollars) => spec.price_per_node_hour.on_demand = dollars.map(|d| format!("{d}.00")),
     }
 }
 
@@ -262,6 +451,51 @@ proptest! {
         let options = SolveOptions { max_improvement: budget, ..SolveOptions::default() };
         if let Err(e) = check_snapshot(snap, &options, &changes) {
             prop_assert!(false, "budget {budget}: {e}");
+        }
+    }
+}
+
+/// Every kind of deployment-side edit the properties generate reaches the re-plan: over fixed
+/// seeds, on fleets that run their plan or nothing yet, each kind changes some plan, and each but a class edit
+/// (another frame) is re-planned incrementally, equal to a full solve. An edit that never
+/// changed a plan, or always solved whole, would leave the properties above without teeth for it.
+#[test]
+fn every_edit_kind_changes_plans_and_replans_incrementally() {
+    let options = SolveOptions::default();
+    type Edit = fn(usize) -> Change;
+    let kinds: [(&str, Edit); 9] = [
+        ("selectors", |k| Change::Selectors(k, k / 3, 1 + k % (SELECTORS.len() - 1))),
+        ("tolerations", |k| Change::Tolerations(k, 1 + k % 4)),
+        ("alternative added", |k| Change::Alternatives(k, AltEdit::Add { at: 0, class: k % 2 == 0, k })),
+        ("alternative removed", |k| Change::Alternatives(k, AltEdit::Remove(0))),
+        ("alternatives reordered", |k| Change::Alternatives(k, AltEdit::Move { at: 0, to: 1 + k })),
+        ("min/max replicas", |k| Change::Limits(k, 0, Some((k % 2) as i32), Some(1))),
+        ("capacity types", |k| Change::CapacityTypes(k, 1 + k % (CAPACITY_TYPES.len() - 1))),
+        ("split", |k| Change::Split(k, true)),
+        ("class", |k| Change::Class(k, ClassEdit::Architecture)),
+    ];
+    for (kind, edit) in kinds {
+        let (mut changed, mut incremental) = (0, 0);
+        for seed in 0..5u64 {
+            let spec = GenSpec { clusters: 10, deployments: 24, seed };
+            let base = generate(&spec);
+            // Half the fleets run their plan (edits meet kept replicas), half run nothing yet.
+            let mut snap = if seed % 2 == 0 { with_current(&base, &solve(&base, &options)) } else { base };
+            let mut r = Replanner::new(&snap, options.clone());
+            for k in 0..4 {
+                let before = r.plan().clone();
+                apply(&mut snap, &before, &edit(seed as usize * 7 + k));
+                let got = json(r.replan(&snap));
+                assert_eq!(got, json(&solve(&snap, &options)), "{kind}, seed {seed}, edit {k}");
+                changed += usize::from(got != json(&before));
+                incremental += usize::from(!r.stats().full);
+            }
+        }
+        assert!(changed > 0, "{kind}: no edit changed a plan");
+        if kind == "class" {
+            assert_eq!(incremental, 0, "a class edit is another frame: solved whole");
+        } else {
+            assert!(incremental > 0, "{kind}: never re-planned incrementally");
         }
     }
 }
