@@ -45,6 +45,11 @@ pub struct ControllerConfig {
     pub sweep_max_share: u32,
     /// Objects younger than this are never swept (`--sweep-grace-seconds`).
     pub sweep_grace: Duration,
+    /// One incremental re-plan in this many is solved again whole and compared, off the
+    /// reconciles' path; 0: never (`--replan-check-every`, `deployment::crosscheck`).
+    pub replan_check_every: u64,
+    /// Where a re-plan check writes the reproducer of a divergence (`--replan-check-dir`).
+    pub replan_check_dir: std::path::PathBuf,
     /// This installation's identity, the value of `flotilla.dev/install` on everything it writes
     /// to members (`--install-id`; by default the control cluster's `kube-system` UID).
     pub install_id: String,
@@ -114,6 +119,8 @@ impl Default for ControllerConfig {
             sweep_every: Duration::from_secs(300),
             sweep_max_share: 50,
             sweep_grace: sweep::GRACE,
+            replan_check_every: 16,
+            replan_check_dir: std::env::temp_dir(),
             install_id: DEFAULT_INSTALL_ID.into(),
             secret_namespace: member::DEFAULT_SECRET_NAMESPACE.into(),
             cluster_profile_providers: None,

@@ -212,6 +212,8 @@ pub async fn run_controllers(
         config.clone(),
         facts.digest.clone(),
     );
+    // A re-plan divergence resolved by the whole plan wakes the deployments it changes.
+    let fleet_changes = futures_util::stream::select(fleet_changes, deployment_ctx.crosscheck.resolutions());
     let cache_ctx = cache::CacheContext {
         client: client.clone(),
         caches: caches.store(),

@@ -97,6 +97,21 @@ struct SweepLabels {
 struct WakeLabels {
     reason: Wake,
 }
+/// What a run-time check of an incremental re-plan found (`deployment::crosscheck`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum ReplanCheck {
+    /// The whole solve gave the same plan.
+    Same,
+    /// It did not: the whole plan was taken.
+    Diverged,
+    /// The whole solve failed; nothing compared.
+    Failed,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplanCheckLabels {
+    result: ReplanCheck,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {
@@ -124,6 +139,7 @@ pub struct Metrics {
     solve_attempts: Family<StepLabels, Counter>,
     leader: Gauge,
     sweeps: Family<SweepLabels, Counter>,
+    replan_checks: Family<ReplanCheckLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -175,6 +191,12 @@ impl Default for Metrics {
             "Sweep passes over members by outcome (held: past the share bound, waiting for an operator)",
             sweeps.clone(),
         );
+        let replan_checks = Family::<ReplanCheckLabels, Counter>::default();
+        registry.register(
+            "replan_checks",
+            "Incremental re-plans solved again whole at run time, by what the comparison found",
+            replan_checks.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -188,6 +210,7 @@ impl Default for Metrics {
             solve_attempts,
             leader,
             sweeps,
+            replan_checks,
         }
     }
 }
@@ -201,6 +224,16 @@ impl Metrics {
     /// Member sweep passes with `outcome` so far.
     pub fn sweeps(&self, outcome: SweepOutcome) -> u64 {
         self.sweeps.get_or_create(&SweepLabels { outcome }).get()
+    }
+
+    /// Counts one run-time check of an incremental re-plan.
+    pub fn replan_checked(&self, result: ReplanCheck) {
+        self.replan_checks.get_or_create(&ReplanCheckLabels { result }).inc();
+    }
+
+    /// Re-plan checks with `result` so far.
+    pub fn replan_checks(&self, result: ReplanCheck) -> u64 {
+        self.replan_checks.get_or_create(&ReplanCheckLabels { result }).get()
     }
 
     /// Counts one reconcile.

@@ -63,6 +63,9 @@ const CTL_ARGS: &[&str] = &[
     "2",
     "--unschedulable-seconds",
     "5",
+    // Every incremental re-plan is also solved whole and compared (none may differ: below).
+    "--replan-check-every",
+    "1",
 ];
 
 const MEMBERS: [(&str, &str, &str); 3] =
@@ -534,6 +537,13 @@ async fn model_deployment_controller_on_real_api_servers() {
             .collect();
         panic!("a scale of one deployment re-plans incrementally: {all:?}\n{}", ctl.metrics());
     }
+    // Each of those re-plans was solved again whole off the reconciles' path, and agreed.
+    let checks = |result: &str| ctl.metric_sum("flotilla_controller_replan_checks_total", result);
+    wait_for("the re-plans checked against whole solves", Duration::from_secs(30), || async {
+        (checks("Same") >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(checks("Diverged") + checks("Failed"), 0.0, "no re-plan differs from a whole solve\n{}", ctl.logs());
 
     // Poison next to the healthy: a selector nested 60 deep, one whose cost passes DRA's
     // budget, and one evaluated on a class whose capacity overflows a Quantity (a pool of it

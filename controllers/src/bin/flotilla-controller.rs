@@ -115,6 +115,15 @@ struct Args {
     /// the controller's caches yet).
     #[arg(long, default_value_t = 60)]
     sweep_grace_seconds: u64,
+    /// One incremental re-plan in this many is solved again whole, off the reconciles' path, and
+    /// compared: a divergence is counted (`flotilla_controller_replan_checks_total`), logged with
+    /// a reproducer and resolved by the whole plan. 0: never.
+    #[arg(long, default_value_t = 16)]
+    replan_check_every: u64,
+    /// The directory a re-plan divergence's reproducer is written to (default: the temporary
+    /// directory).
+    #[arg(long)]
+    replan_check_dir: Option<std::path::PathBuf>,
     /// This installation's identity: the value of the label `flotilla.dev/install` on every
     /// object it writes to members, and part of every selector, prune, sweep and cleanup, so two
     /// control planes sharing a member never touch each other's objects. At most 63 letters,
@@ -300,6 +309,8 @@ async fn main() -> anyhow::Result<()> {
         sweep_every: Duration::from_secs(args.sweep_seconds),
         sweep_max_share: args.sweep_max_share,
         sweep_grace: Duration::from_secs(args.sweep_grace_seconds),
+        replan_check_every: args.replan_check_every,
+        replan_check_dir: args.replan_check_dir.clone().unwrap_or_else(std::env::temp_dir),
         install_id,
         heartbeat_every: Duration::from_secs(args.heartbeat_seconds),
         unschedulable_after: Duration::from_secs(args.unschedulable_seconds),

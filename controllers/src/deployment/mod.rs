@@ -10,6 +10,7 @@
 
 mod claim_sync;
 pub mod cleanup;
+pub mod crosscheck;
 pub mod decide;
 pub mod digest;
 pub mod members;
@@ -66,6 +67,10 @@ pub struct Stores {
 struct SolverState {
     replanner: Option<Replanner>,
     quarantine: isolate::Quarantine,
+    /// The objects the last solve read (for a re-plan check's reproducer).
+    last_objects: Option<crosscheck::FleetObjects>,
+    /// Solves so far: a check resolves into the state only if no solve came after it.
+    solves: u64,
 }
 
 /// What ModelDeployment reconciles share.
@@ -104,6 +109,8 @@ pub struct DeploymentContext {
     pub(crate) acted: wake::Acted,
     /// Refused member writes in a row, per deployment and member: the back-off of `retry.rs`.
     pub(crate) apply_failures: retry::ApplyFailures,
+    /// One incremental re-plan in K solved again whole, off the reconciles' path.
+    pub crosscheck: Arc<crosscheck::CrossCheck>,
 }
 
 impl DeploymentContext {
@@ -119,6 +126,11 @@ impl DeploymentContext {
     ) -> Self {
         let reporter = Reporter { controller: "flotilla-controller".into(), instance: None };
         let recorder = Recorder::new(client.clone(), reporter);
+        let crosscheck = Arc::new(crosscheck::CrossCheck::new(
+            config.replan_check_every,
+            config.replan_check_dir.clone(),
+            metrics.clone(),
+        ));
         Self {
             client,
             clusters: stores.clusters,
@@ -135,6 +147,7 @@ impl DeploymentContext {
             digest,
             acted: Default::default(),
             apply_failures: Default::default(),
+            crosscheck,
         }
     }
 
@@ -153,7 +166,8 @@ impl DeploymentContext {
     /// cost that does not grow with the fleet. With `this` (a reconcile's deployment), a plan
     /// solved from another version of it is not trusted even while the digest lags its store.
     pub async fn solve(&self, this: Option<&ModelDeployment>) -> Result<(u64, Arc<Plan>), Error> {
-        let key = || self.digest.value();
+        // A resolved re-plan divergence moves the key on: the diverged plan is not kept.
+        let key = || self.digest.value().wrapping_add(self.crosscheck.epoch().wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let this = this.map(|d| (input_of(d).0, deployment_version(d)));
         let still = |solved: &Solved| {
             this.as_ref().is_none_or(|(uid, version)| solved.versions.get(uid) == Some(version))
@@ -163,12 +177,15 @@ impl DeploymentContext {
             // Everything recorded so far is in the stores this reads.
             self.digest.recorded_read();
             let inputs: Vec<Input> = self.deployments.state().iter().map(|d| input_of(d)).collect();
-            (self.snapshot(), inputs)
+            (self.objects(), inputs)
         };
         let replanner = self.replanner.clone();
         let metrics = self.metrics.clone();
-        let compute = move |(snapshot, inputs): (FleetSnapshot, Vec<Input>)| {
+        let crosscheck = self.crosscheck.clone();
+        let compute = move |(objects, inputs): (crosscheck::FleetObjects, Vec<Input>)| {
             let started = Instant::now();
+            let snapshot = objects.snapshot();
+            let shared = replanner.clone();
             // A solve that panicked left no state to trust: the next one starts whole.
             let mut state = match replanner.lock() {
                 Ok(g) => g,
@@ -185,10 +202,11 @@ impl DeploymentContext {
             // out whichever deployment it fails on (`isolate`), so that one bad deployment never
             // stops planning for the others.
             let before = state.quarantine.clone();
+            let rest = state.quarantine.without(&snapshot);
+            let rest_ref = &rest;
             let replanned = state.replanner.take().and_then(|mut r| {
-                let rest = state.quarantine.without(&snapshot);
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-                    r.replan(&rest);
+                    r.replan(rest_ref);
                     r
                 }))
                 .ok()
@@ -209,6 +227,25 @@ impl DeploymentContext {
             let stats = r.stats();
             let mode = if stats.full { SolveMode::Whole } else { SolveMode::Incremental };
             metrics.solved(mode, started.elapsed(), &stats);
+            let sample = (!stats.full && crosscheck.due()).then(|| crosscheck::Sample {
+                before: state.last_objects.take(),
+                after: objects.clone(),
+                snapshot: rest.into_owned(),
+                plan: r.plan().clone(),
+            });
+            state.last_objects = Some(objects);
+            state.solves += 1;
+            if let Some(sample) = sample {
+                let solves = state.solves;
+                let whole = |s: &FleetSnapshot| Replanner::new(s, SolveOptions::default());
+                crosscheck.spawn(sample, whole, move |whole| {
+                    if let Ok(mut st) = shared.lock() {
+                        // Solved from the state the check started from: the next re-plan
+                        // starts from the whole solve; after a later solve, from nothing.
+                        st.replanner = (st.solves == solves).then_some(whole);
+                    }
+                });
+            }
             let mut plan = r.plan().clone();
             plan.deployments.extend(state.quarantine.plans(&snapshot));
             // Each reconcile looks its entry up: by binary search, not a scan of the fleet.
@@ -226,25 +263,16 @@ impl DeploymentContext {
         Ok(self.acted.act_on((md.namespace().unwrap_or_else(|| "default".into()), md.name_any()), solved))
     }
 
-    /// The same snapshot `fleetctl plan --live` builds from the same objects.
-    /// Without the clusters being deleted (their deletion policy decides what stays there) and
-    /// the deployments the controller refuses (they take no capacity).
-    fn snapshot(&self) -> FleetSnapshot {
+    /// The objects a solve reads, from which it builds the same snapshot `fleetctl plan --live`
+    /// builds: without the clusters being deleted (their deletion policy decides what stays
+    /// there) and the deployments the controller refuses (they take no capacity).
+    fn objects(&self) -> crosscheck::FleetObjects {
         let tenancy = &self.config.tenancy;
-        FleetSnapshot::from_live(
-            self.classes.state().iter().map(|c| c.as_ref().clone()),
-            self.clusters
-                .state()
-                .iter()
-                .filter(|c| c.metadata.deletion_timestamp.is_none())
-                .map(|c| c.as_ref().clone()),
-            self.caches.state().iter().map(|c| c.as_ref().clone()),
-            self.deployments
-                .state()
-                .iter()
-                .filter(|d| tenancy.check("ModelDeployment", &d.namespace().unwrap_or_default()).is_ok())
-                .map(|d| d.as_ref().clone()),
-        )
+        let mut clusters = self.clusters.state();
+        clusters.retain(|c| c.metadata.deletion_timestamp.is_none());
+        let mut deployments = self.deployments.state();
+        deployments.retain(|d| tenancy.check("ModelDeployment", &d.namespace().unwrap_or_default()).is_ok());
+        crosscheck::FleetObjects { classes: self.classes.state(), clusters, caches: self.caches.state(), deployments }
     }
 }
 
