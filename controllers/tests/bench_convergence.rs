@@ -2,20 +2,34 @@
 //! `FLOTILLA_BENCH_DEPLOYMENTS` ModelDeployments over `FLOTILLA_BENCH_MEMBERS` member clusters
 //! with `FLOTILLA_BENCH_NODES` GPU nodes each (an H100 and an A100 pool; 40 % of the members
 //! EU, two per region; a third of the deployments EU-only, mixed sizes, fallbacks and spread —
-//! `bench/fleet.rs`). It measures, watching the control cluster and never asking the
-//! controller: apply → every deployment `Placed` and `Ready`; the controller's CPU seconds and
-//! peak RSS (`/proc`); the requests each API server counted (`apiserver_request_total`) by verb
-//! during start-up, convergence, a steady window, a member outage (until its replicas run
-//! elsewhere) and its recovery; and, from each API server's audit log, the LISTs and writes
-//! sent with the controller's User-Agent (the metric counts every client, the log names them).
-//! It prints Markdown rows for `docs/benchmarks.md` and never
-//! asserts on time. Run by `scripts/bench-convergence.sh`; ignored in the test command.
+//! `bench/fleet.rs`). First a baseline on the same members (`bench/baseline.rs`): the very
+//! objects Flotilla would render for the fleet, applied straight to the members with the
+//! controller's parallelism, until their pods are Ready; the member the Flotilla phase will
+//! stop stopped, what a re-plan without it moves applied, until Ready elsewhere; then all of it
+//! deleted and the member started again. Then Flotilla, measured watching the control cluster
+//! and never asking the controller: apply → every deployment `Placed` and `Ready`; the
+//! controller's CPU seconds and peak RSS (`/proc`); the requests each API server counted
+//! (`apiserver_request_total`) by verb during start-up, convergence, a steady window (with
+//! ModelCaches staged and inventory churn on some members: `bench/steady.rs`), the same
+//! member's outage (until its replicas run elsewhere) and its recovery; and, from each API
+//! server's audit log, the LISTs and writes sent with the controller's User-Agent (the metric
+//! counts every client, the log names them). It prints Markdown rows for `docs/benchmarks.md`
+//! (`bench/report.rs`: Flotilla's convergence and outage as multiples of the baseline's, its CPU
+//! seconds per 1,000 deployments, the steady window's LISTs and writes per minute per API
+//! server) and never asserts on time. Run by `scripts/bench-convergence.sh`; ignored in the
+//! test command.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "bench/baseline.rs"]
+mod baseline;
 #[path = "bench/fleet.rs"]
 mod fleet;
 mod harness;
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/steady.rs"]
+mod steady;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_apis::{InferenceCluster, ModelDeployment};
 use futures_util::StreamExt;
-use harness::apiserver::{self, CONTROL_FLOTILLA, ProcStats, Requests};
+use harness::apiserver::{self, Requests};
 use harness::{ControllerProcess, Fleet};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -33,29 +47,37 @@ use kube::{Api, Client, ResourceExt};
 
 use fleet::Params;
 
-/// A watch of one kind on the control cluster (one LIST when it starts, then WATCH only, so the
-/// benchmark adds no LIST to the windows it measures) and a count of the changes it saw.
+/// A watch of one kind (one LIST when it starts, then WATCH only, so the benchmark adds no LIST
+/// to the windows it measures), a count of the changes it saw, and its task.
 struct Watched<K: kube::Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     changes: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 async fn watch<K>(api: Api<K>) -> Watched<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
+    watch_with(api, watcher::Config::default()).await
+}
+
+async fn watch_with<K>(api: Api<K>, config: watcher::Config) -> Watched<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
     let (store, writer) = reflector::store::<K>();
     let changes = Arc::new(AtomicUsize::new(0));
     let n = changes.clone();
-    let events = watcher(api, watcher::Config::default()).inspect(move |e| {
+    let events = watcher(api, config).inspect(move |e| {
         if matches!(e, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) {
             n.fetch_add(1, Ordering::Relaxed);
         }
     });
     let stream = reflector::reflector(writer, events).default_backoff().applied_objects();
-    tokio::spawn(async move { stream.for_each(|_| async {}).await });
+    let task = tokio::spawn(async move { stream.for_each(|_| async {}).await });
     store.wait_until_ready().await.unwrap();
-    Watched { store, changes }
+    Watched { store, changes, task }
 }
 
 /// Polls `done` every 250 ms until it holds or `timeout` passes; the time it took, if it held.
@@ -177,106 +199,6 @@ impl Meter {
     }
 }
 
-/// The requests of a window Flotilla made, per server: on the control cluster its own kinds
-/// (plus leases apart), on a member what `apiserver::member_flotilla` keeps.
-fn flotilla_part(server: &str, grown: &Requests) -> Requests {
-    if server == "control" {
-        apiserver::on_resources_and_subresources(grown, &CONTROL_FLOTILLA)
-    } else {
-        apiserver::member_flotilla(grown)
-    }
-}
-
-fn sum(maps: impl Iterator<Item = Requests>) -> Requests {
-    let mut out = Requests::new();
-    for m in maps {
-        for (k, v) in m {
-            *out.entry(k).or_default() += v;
-        }
-    }
-    out
-}
-
-/// `| window | took | controller CPU | control | control leases | members (sum) | LISTs + writes, busiest member | by user agent |`
-fn window_row(w: &Window) -> String {
-    let control = w.grown.get("control").map(|g| flotilla_part("control", g)).unwrap_or_default();
-    let leases = w.grown.get("control").map(|g| apiserver::on_resources(g, &["leases"])).unwrap_or_default();
-    let members = w.grown.iter().filter(|(n, _)| *n != "control");
-    let member_sum = sum(members.clone().map(|(n, g)| flotilla_part(n, g)));
-    let busiest = members
-        .map(|(n, g)| (n, apiserver::lists_and_writes(&flotilla_part(n, g))))
-        .max_by(|a, b| a.1.values().sum::<f64>().total_cmp(&b.1.values().sum::<f64>()));
-    let busiest = busiest.map_or("—".to_string(), |(n, g)| format!("{n}: {}", apiserver::verbs_text(&g)));
-    let control_audited = w.audited.get("control").cloned().unwrap_or_default();
-    let members_audited = sum(w.audited.iter().filter(|(n, _)| *n != "control").map(|(_, g)| g.clone()));
-    format!(
-        "| {} | {:.1} s | {:.1} s | {} | {} | {} | {} | control: {}; members: {} |",
-        w.name,
-        w.took.as_secs_f64(),
-        w.cpu,
-        apiserver::verbs_text(&control),
-        apiserver::verbs_text(&leases),
-        apiserver::verbs_text(&member_sum),
-        busiest,
-        apiserver::verbs_text(&control_audited),
-        apiserver::verbs_text(&members_audited),
-    )
-}
-
-/// The harness's programs, in the order of [`cores_row`]'s columns.
-const PROGRAMS: [&str; 5] = ["kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok-controller"];
-
-fn cores_header() -> String {
-    format!(
-        "| window | took | machine busy | {} | other harness | Flotilla's controller | benchmark | rest of the machine |",
-        PROGRAMS.map(|p| format!("{p} (all clusters)")).join(" | ")
-    )
-}
-
-/// `| window | took | machine busy | per program … | controller | benchmark | rest |`: CPU seconds,
-/// with the machine's busy time also as cores (busy seconds over the window).
-fn cores_row(w: &Window) -> String {
-    let c = &w.cores;
-    let of = |program: &str| c.harness.iter().filter(|((p, _), _)| p == program).map(|(_, s)| s).sum::<f64>();
-    let known: f64 = PROGRAMS.iter().map(|p| of(p)).sum();
-    let other = c.harness.values().sum::<f64>() - known;
-    let rest = c.machine - c.harness.values().sum::<f64>() - w.cpu - c.benchmark;
-    let programs: Vec<String> = PROGRAMS.iter().map(|p| format!("{:.1} s", of(p))).collect();
-    format!(
-        "| {} | {:.1} s | {:.1} s ({:.2} cores) | {} | {:.1} s | {:.1} s | {:.1} s | {:.1} s |",
-        w.name,
-        w.took.as_secs_f64(),
-        c.machine,
-        c.machine / w.took.as_secs_f64().max(0.001),
-        programs.join(" | "),
-        other,
-        w.cpu,
-        c.benchmark,
-        rest.max(0.0),
-    )
-}
-
-/// Every LIST and write of Flotilla's resources, per server and resource, and each cluster's
-/// CPU seconds by program (for the log).
-fn detail(w: &Window) {
-    let mut clusters: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for ((program, cluster), cpu) in &w.cores.harness {
-        clusters.entry(cluster).or_default().push(format!("{program} {cpu:.1}"));
-    }
-    for (cluster, programs) in clusters {
-        println!("#   {}: {cluster}: CPU seconds: {}", w.name, programs.join(", "));
-    }
-    for (n, g) in &w.grown {
-        let lw = apiserver::lists_and_writes(&flotilla_part(n, g));
-        if !lw.is_empty() {
-            println!("#   {}: {n}: {lw:?}", w.name);
-        }
-    }
-    for (n, g) in w.audited.iter().filter(|(_, g)| !g.is_empty()) {
-        println!("#   {}: {n}: the controller's own (audit log): {g:?}", w.name);
-    }
-}
-
 /// The idle cost of one harness cluster, sampled over `over`: (RSS MiB, CPU cores).
 async fn cluster_cost(fleet: &Fleet, name: &str, over: Duration) -> (f64, f64, usize) {
     let pids = apiserver::processes_under(&fleet.dir.join("kwok/clusters").join(name));
@@ -353,14 +275,21 @@ async fn controller_at_fleet_scale() {
     }
     let audits = names.iter().filter_map(|n| Some((n.to_string(), fleet.audit_log(n)?))).collect();
     let servers = Servers { clients, audits, clusters_dir: fleet.dir.join("kwok/clusters") };
+    let member_clients: Vec<(String, Client)> =
+        servers.clients.iter().filter(|(n, _)| n != "control").cloned().collect();
+    // The baseline first, on the members as they came up, before the controller starts.
+    let mut windows: Vec<Window> = Vec::new();
+    let base = baseline::run(&fleet, &control, &p, &member_clients, &servers, &mut windows).await;
+    let victim = base.victim.clone();
     let deployments = watch(Api::<ModelDeployment>::namespaced(control.clone(), "ml")).await;
     let clusters = watch(Api::<InferenceCluster>::all(control.clone())).await;
 
     let (poll, concurrency) = (p.poll_seconds.to_string(), p.deployment_concurrency.to_string());
-    let args = ["--poll-seconds", &poll, "--deployment-concurrency", &concurrency];
+    // `ml` named as the tenants' namespace, as the e2e tests of ModelCaches do (the chart then
+    // grants the Secret reads a cache may need there).
+    let args = ["--poll-seconds", &poll, "--deployment-concurrency", &concurrency, "--tenant-namespaces", "ml"];
     let mut ctl = ControllerProcess::start(&fleet, "control", "bench", &args);
     let pid = ctl.pid();
-    let mut windows: Vec<Window> = Vec::new();
     let meter = begin(&servers, pid).await;
     let clusters_ready = until(Duration::from_secs(300), || {
         clusters
@@ -408,18 +337,40 @@ async fn controller_at_fleet_scale() {
     let reconciles = ctl.metric_sum("flotilla_controller_reconciles_total", "ModelDeployment");
     let after_convergence = apiserver::proc_stats(pid).unwrap_or_default();
 
-    // Steady state: nothing changes; the controller should only watch (and renew its Lease).
+    // ModelCaches staged (off the member to be stopped) and Ready before the steady window.
+    let others: Vec<(String, Client)> = member_clients.iter().filter(|(n, _)| *n != victim).cloned().collect();
+    let caches = steady::stage_caches(&control, &others, &p).await;
+    println!(
+        "# caches: {} ModelCaches, {} stagings played, all Ready {}",
+        caches.caches,
+        caches.stagings,
+        secs(caches.ready)
+    );
+
+    // Steady state: nothing Flotilla counts changes, though the inventory churns; the controller
+    // should only watch (and renew its Lease).
     tokio::time::sleep(Duration::from_secs(p.settle_seconds)).await;
     let changes_before = deployments.changes.load(Ordering::Relaxed);
+    let churners: Vec<(String, Client)> = member_clients.iter().take(p.churn_members).cloned().collect();
     let meter = begin(&servers, pid).await;
+    let (churn, churning) = steady::churn(churners, p.pools(0)[0].2, Duration::from_secs(p.churn_seconds));
     tokio::time::sleep(Duration::from_secs(p.steady_seconds)).await;
-    let steady = meter.end(&format!("steady state ({} s)", p.steady_seconds), &servers, pid).await;
+    churning.abort();
+    let name = format!(
+        "steady state ({} s; {} ModelCaches, inventory churn on {} members)",
+        p.steady_seconds,
+        caches.caches,
+        p.churn_members.min(member_clients.len())
+    );
+    let steady = meter.end(&name, &servers, pid).await;
+    println!("# steady state: inventory churn: {}", churn.describe());
     let steady_changes = deployments.changes.load(Ordering::Relaxed) - changes_before;
     let steady_rss = apiserver::proc_stats(pid).unwrap_or_default();
     windows.push(steady);
 
-    // A member outage: the member running the most ready replicas stops (never the only one
-    // of its jurisdiction, so that everything it ran has somewhere to go).
+    // A member outage: the member the baseline stopped, the one its plan gave the most replicas
+    // (never the only one of its jurisdiction, so that everything it ran has somewhere to go).
+    // The member running the most ready replicas now, as before the baseline, for comparison.
     let ready_on = |m: &str| -> i32 {
         deployments
             .store
@@ -428,13 +379,18 @@ async fn controller_at_fleet_scale() {
             .filter_map(|d| d.status.as_ref()?.placements.iter().find(|pl| pl.cluster == m).map(|pl| pl.ready))
             .sum()
     };
-    let victim = members
+    let own_pick = members
         .iter()
         .enumerate()
         .filter(|(i, _)| !p.is_eu(*i) || p.eu_members() >= 2)
         .max_by_key(|(_, m)| ready_on(m))
         .map(|(_, m)| m.clone())
         .unwrap();
+    println!(
+        "# outage: {victim} stops ({} replicas Ready there; the most Ready now: {own_pick}, {})",
+        ready_on(&victim),
+        ready_on(&own_pick)
+    );
     let on_victim = |d: &ModelDeployment| {
         d.status.as_ref().is_some_and(|s| s.placements.iter().any(|pl| pl.cluster == victim && pl.desired > 0))
     };
@@ -479,9 +435,9 @@ async fn controller_at_fleet_scale() {
     let end = apiserver::proc_stats(pid).unwrap_or_default();
     ctl.kill();
 
-    print_report(
+    report::print_report(
         &p,
-        &Report {
+        &report::Report {
             applied,
             placed,
             ready,
@@ -498,109 +454,10 @@ async fn controller_at_fleet_scale() {
             detected,
             replaced,
             recovered,
+            baseline: &base,
+            caches: &caches,
+            churn: &churn,
         },
         &windows,
-    );
-}
-
-struct Report<'a> {
-    applied: Duration,
-    placed: Option<Duration>,
-    ready: Option<Duration>,
-    clusters_ready: Option<Duration>,
-    writes: f64,
-    reconciles: f64,
-    after_convergence: ProcStats,
-    steady_rss: ProcStats,
-    end: ProcStats,
-    steady_changes: usize,
-    victim: &'a str,
-    affected: usize,
-    replicas_there: i32,
-    detected: Option<Duration>,
-    replaced: Option<Duration>,
-    recovered: Option<Duration>,
-}
-
-fn print_report(p: &Params, r: &Report<'_>, windows: &[Window]) {
-    println!("# load at the end: {}", loadavg());
-    println!();
-    println!(
-        "| fleet | members Ready after start | applied | all Placed | all Ready | controller CPU, start → all Ready | peak RSS | RSS in steady state | status writes | reconciles |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    println!(
-        "| {} | {} | {:.1} s | {} | {} | {:.1} s | {:.0} MiB | {:.0} MiB | {:.0} | {:.0} |",
-        p.describe_short(),
-        secs(r.clusters_ready),
-        r.applied.as_secs_f64(),
-        secs(r.placed),
-        secs(r.ready),
-        r.after_convergence.cpu_seconds,
-        r.end.peak_rss_mib,
-        r.steady_rss.rss_mib,
-        r.writes,
-        r.reconciles
-    );
-    println!();
-    println!(
-        "| window | took | controller CPU | control: Flotilla's kinds | control: leases (all holders) | members: Flotilla's (sum) | busiest member: LISTs and writes | the controller's own LISTs and writes (audit log, its User-Agent) |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for w in windows {
-        println!("{}", window_row(w));
-    }
-    println!();
-    println!("{}", cores_header());
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for w in windows {
-        println!("{}", cores_row(w));
-    }
-    println!();
-    println!(
-        "| member stopped | deployments there | replicas ready there | seen Unreachable | re-placed and Ready elsewhere | back: all Ready |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- |");
-    println!(
-        "| {} | {} | {} | {} | {} | {} |",
-        r.victim,
-        r.affected,
-        r.replicas_there,
-        secs(r.detected),
-        secs(r.replaced),
-        secs(r.recovered)
-    );
-    println!();
-    for w in windows {
-        detail(w);
-    }
-    let steady = windows.iter().find(|w| w.name.starts_with("steady"));
-    // From the audit logs when there are any (they name the client); else the API servers'
-    // metrics, which count every client of the resources Flotilla uses.
-    let worst = steady.map_or(0.0, |w| {
-        if w.audited.is_empty() {
-            w.grown
-                .iter()
-                .map(|(n, g)| apiserver::lists_and_writes(&flotilla_part(n, g)).values().sum::<f64>())
-                .fold(0.0, f64::max)
-        } else {
-            w.audited.values().map(|g| g.values().sum::<f64>()).fold(0.0, f64::max)
-        }
-    });
-    let source = if steady.is_some_and(|w| !w.audited.is_empty()) { "audit logs" } else { "metrics" };
-    println!(
-        "# steady state: {} ModelDeployment changes seen; at most {worst:.0} LISTs and writes of Flotilla's on one API server ({:.2} per minute; from the {source})",
-        r.steady_changes,
-        worst * 60.0 / p.steady_seconds.max(1) as f64
-    );
-    // The targets, as read from this run (a benchmark reports; it does not assert).
-    let met = |ok: bool| if ok { "met" } else { "NOT met" };
-    let within = |d: Option<Duration>, s: u64| d.is_some_and(|d| d <= Duration::from_secs(s));
-    println!(
-        "# targets: converge ≤ 60 s {}; outage re-placed ≤ 30 s {}; steady 0 LISTs and writes {}; peak RSS ≤ 512 MiB {}",
-        met(within(r.ready, 60)),
-        met(within(r.replaced, 30)),
-        met(worst == 0.0),
-        met(r.end.peak_rss_mib <= 512.0)
     );
 }

@@ -43,6 +43,12 @@ pub struct Params {
     /// `FLOTILLA_BENCH_DEPLOYMENT_CONCURRENCY`: the controller's `--deployment-concurrency` (32,
     /// its default).
     pub deployment_concurrency: u64,
+    /// `FLOTILLA_BENCH_CACHES`: ModelCaches staged before the steady window, two members each (4).
+    pub caches: usize,
+    /// `FLOTILLA_BENCH_CHURN_MEMBERS`: members whose inventory churns in the steady window (2).
+    pub churn_members: usize,
+    /// `FLOTILLA_BENCH_CHURN_SECONDS`: the churn's period (5).
+    pub churn_seconds: u64,
 }
 
 const DEVICES: [u32; 8] = [1, 1, 2, 1, 4, 1, 2, 8];
@@ -59,6 +65,9 @@ impl Params {
             poll_seconds: env_or("FLOTILLA_BENCH_POLL_SECONDS", 10),
             timeout_seconds: env_or("FLOTILLA_BENCH_TIMEOUT_SECONDS", 900),
             deployment_concurrency: env_or("FLOTILLA_BENCH_DEPLOYMENT_CONCURRENCY", 32),
+            caches: env_or("FLOTILLA_BENCH_CACHES", 4) as usize,
+            churn_members: env_or("FLOTILLA_BENCH_CHURN_MEMBERS", 2) as usize,
+            churn_seconds: env_or("FLOTILLA_BENCH_CHURN_SECONDS", 5).max(1),
         };
         assert!(p.members >= 3, "FLOTILLA_BENCH_MEMBERS must be at least 3 (one EU, two US: one of them is stopped)");
         assert!(p.nodes >= 2, "FLOTILLA_BENCH_NODES must be at least 2 (one per pool)");
@@ -95,7 +104,7 @@ impl Params {
     pub fn describe(&self) -> String {
         let capacity = self.members as u64 * u64::from(self.nodes) * 8;
         format!(
-            "{} deployments × {} members ({} EU), {} GPU nodes each ({} in all, {capacity} devices; the deployments ask for {}), steady window {} s, poll {} s, deployment concurrency {}",
+            "{} deployments × {} members ({} EU), {} GPU nodes each ({} in all, {capacity} devices; the deployments ask for {}), steady window {} s ({} ModelCaches, inventory churn on {} members every {} s), poll {} s, deployment concurrency {}",
             self.deployments,
             self.members,
             self.eu_members(),
@@ -103,6 +112,9 @@ impl Params {
             self.members as u32 * self.nodes,
             self.demand(),
             self.steady_seconds,
+            self.caches,
+            self.churn_members.min(self.members),
+            self.churn_seconds,
             self.poll_seconds,
             self.deployment_concurrency
         )
