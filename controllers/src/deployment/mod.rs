@@ -558,48 +558,36 @@ async fn write_members(
     members: &observe::Members,
     objects: &BTreeMap<String, Vec<serde_json::Value>>,
 ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    use futures_util::StreamExt;
+    let who = trigger::namespaced_key(md);
+    ctx.apply_failures.keep_only(&who, objects.keys());
+    let (who_ref, members_ref) = (&who, members);
+    let names: Vec<String> = objects.keys().cloned().collect();
+    let outcomes: Vec<(String, Written)> = futures_util::stream::iter(names)
+        .map(|cluster| async move {
+            let written = match objects.get(&cluster) {
+                Some(these) => write_member(ctx, md, who_ref, members_ref, &cluster, these).await,
+                None => Written::Skipped,
+            };
+            (cluster, written)
+        })
+        .buffered(observe::MEMBERS_AT_ONCE)
+        .collect()
+        .await;
     let mut failed = BTreeMap::new();
     let mut conflicts = BTreeMap::new();
     let mut writes = 0usize;
-    let who = trigger::namespaced_key(md);
-    let cap = ctx.config.poll * SETTLED_POLLS;
-    ctx.apply_failures.keep_only(&who, objects.keys());
-    for (cluster, objects) in objects {
-        let Some((client, state)) = members.answered.get(cluster) else { continue };
-        // A member that keeps refusing is written to less and less often (`retry.rs`); its
-        // last refusal stands in the status meanwhile.
-        if let Some(refusal) = ctx.apply_failures.waiting(&who, cluster, Instant::now()) {
-            failed.insert(cluster.clone(), refusal);
-            continue;
-        }
-        let result = async {
-            let stamp = members::Stamp { install: &ctx.config.install_id, cluster };
-            let a = members::apply(client, md, &ctx.config.field_manager, stamp, objects, state).await?;
-            members::report_drift(&ctx.recorder, md, cluster, &a.drifted).await;
-            let install = &ctx.config.install_id;
-            let d = members::prune(client, md, install, &members::ids(objects), ctx.config.timeouts.observe).await?;
-            Ok::<(usize, Vec<String>), kube::Error>((a.written + d, a.conflicts))
-        }
-        .await;
-        let now = Instant::now();
-        match result {
-            Ok((n, left_alone)) => {
+    for (cluster, outcome) in outcomes {
+        match outcome {
+            Written::Skipped => {}
+            Written::Done(n, left_alone) => {
                 writes += n;
                 if !left_alone.is_empty() {
-                    tracing::warn!(deployment = %who, cluster, objects = ?left_alone, "names taken by objects that are not this deployment's: left alone");
-                    conflicts.insert(cluster.clone(), left_alone.join("; "));
-                }
-                let streak = ctx.apply_failures.record(&who, cluster, None, now, cap);
-                if streak.before > 0 {
-                    tracing::info!(deployment = %who, cluster, after = streak.before, "the member took the deployment's objects again");
+                    conflicts.insert(cluster, left_alone.join("; "));
                 }
             }
-            Err(e) => {
-                let refusal = brief(&e);
-                if ctx.apply_failures.record(&who, cluster, Some(&refusal), now, cap).now == 1 {
-                    tracing::warn!(deployment = %who, cluster, %refusal, "the member refused the deployment's objects; retrying with back-off");
-                }
-                failed.insert(cluster.clone(), refusal);
+            Written::Refused(refusal) => {
+                failed.insert(cluster, refusal);
             }
         }
     }
@@ -607,6 +595,62 @@ async fn write_members(
         tracing::info!(deployment = %who, writes, "member workloads updated");
     }
     (failed, conflicts)
+}
+
+/// What writing one member did.
+enum Written {
+    /// The member did not answer the observation: nothing written.
+    Skipped,
+    /// Objects written or deleted, and names left alone (taken by objects not this deployment's).
+    Done(usize, Vec<String>),
+    /// The member refused (now, or recently: `retry.rs` waits before writing again).
+    Refused(String),
+}
+
+/// Applies one member's objects and prunes the rest of the deployment's objects there.
+async fn write_member(
+    ctx: &DeploymentContext,
+    md: &ModelDeployment,
+    who: &str,
+    members: &observe::Members,
+    cluster: &str,
+    objects: &[serde_json::Value],
+) -> Written {
+    let Some((client, state)) = members.answered.get(cluster) else { return Written::Skipped };
+    // A member that keeps refusing is written to less and less often (`retry.rs`); its last
+    // refusal stands in the status meanwhile.
+    if let Some(refusal) = ctx.apply_failures.waiting(who, cluster, Instant::now()) {
+        return Written::Refused(refusal);
+    }
+    let result = async {
+        let stamp = members::Stamp { install: &ctx.config.install_id, cluster };
+        let a = members::apply(client, md, &ctx.config.field_manager, stamp, objects, state).await?;
+        members::report_drift(&ctx.recorder, md, cluster, &a.drifted).await;
+        let install = &ctx.config.install_id;
+        let d = members::prune(client, md, install, &members::ids(objects), ctx.config.timeouts.observe).await?;
+        Ok::<(usize, Vec<String>), kube::Error>((a.written + d, a.conflicts))
+    }
+    .await;
+    let (now, cap) = (Instant::now(), ctx.config.poll * SETTLED_POLLS);
+    match result {
+        Ok((n, left_alone)) => {
+            if !left_alone.is_empty() {
+                tracing::warn!(deployment = %who, cluster, objects = ?left_alone, "names taken by objects that are not this deployment's: left alone");
+            }
+            let streak = ctx.apply_failures.record(who, cluster, None, now, cap);
+            if streak.before > 0 {
+                tracing::info!(deployment = %who, cluster, after = streak.before, "the member took the deployment's objects again");
+            }
+            Written::Done(n, left_alone)
+        }
+        Err(e) => {
+            let refusal = brief(&e);
+            if ctx.apply_failures.record(who, cluster, Some(&refusal), now, cap).now == 1 {
+                tracing::warn!(deployment = %who, cluster, %refusal, "the member refused the deployment's objects; retrying with back-off");
+            }
+            Written::Refused(refusal)
+        }
+    }
 }
 
 /// Writes `next` over `current` (the status as of `resource_version`) through the one

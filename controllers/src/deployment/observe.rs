@@ -25,46 +25,80 @@ pub struct Members {
     pub answered: BTreeMap<String, (Handle, MemberState)>,
 }
 
-/// Observes every member in `involved`.
+/// How many members one reconcile observes (and writes) at the same time: one slow member
+/// delays the reconcile by its own timeout, not by the sum over the members involved.
+pub const MEMBERS_AT_ONCE: usize = 8;
+
+/// Observes every member in `involved`, at most [`MEMBERS_AT_ONCE`] at a time.
 pub async fn observe_members(ctx: &DeploymentContext, md: &ModelDeployment, involved: &BTreeSet<String>) -> Members {
+    use futures_util::StreamExt;
+    let names: Vec<String> = involved.iter().cloned().collect();
+    let each: Vec<(Seen, Option<Answered>)> = futures_util::stream::iter(names)
+        .map(|cluster| async move { observe_one(ctx, md, cluster).await })
+        .buffered(MEMBERS_AT_ONCE)
+        .collect()
+        .await;
     let mut out = Members::default();
-    for cluster in involved {
-        let Some(ic) = ctx.clusters.get(&ObjectRef::new(cluster)) else {
-            out.seen.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
-            out.seen.vanished.insert(cluster.clone());
-            continue;
-        };
-        // Its deletion policy, not this reconcile, decides what happens to the objects there.
-        if ic.metadata.deletion_timestamp.is_some() {
-            out.seen.unreachable.insert(cluster.clone(), "its InferenceCluster is being deleted".into());
-            continue;
-        }
-        if ctx.members.known_unreachable(cluster) {
-            out.seen.unreachable.insert(cluster.clone(), "its last liveness check got no answer".into());
-            continue;
-        }
-        let member = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
-            Ok(m) => m,
-            Err(e) => {
-                out.seen.unreachable.insert(cluster.clone(), e.to_string());
-                continue;
-            }
-        };
-        match members::observe(&member, md, &ctx.config.install_id, ctx.config.timeouts.observe).await {
-            Ok(state) => {
-                for (pool, r) in &state.running {
-                    out.seen.running.insert((cluster.clone(), pool.clone()), *r);
-                }
-                refusals(ctx, md, cluster, &member, &state, &mut out.seen).await;
-                out.seen.answered.insert(cluster.clone());
-                out.answered.insert(cluster.clone(), (member, state));
-            }
-            Err(e) => {
-                out.seen.unreachable.insert(cluster.clone(), e.to_string());
-            }
+    for (seen, answered) in each {
+        absorb(&mut out.seen, seen);
+        if let Some((cluster, member, state)) = answered {
+            out.answered.insert(cluster, (member, state));
         }
     }
     out
+}
+
+/// A member that answered: its name, handle and state.
+type Answered = (String, Handle, MemberState);
+
+/// What one member showed: its part of the decision's view and, when it answered, its handle
+/// and state.
+async fn observe_one(ctx: &DeploymentContext, md: &ModelDeployment, cluster: String) -> (Seen, Option<Answered>) {
+    let mut seen = Seen::default();
+    let Some(ic) = ctx.clusters.get(&ObjectRef::new(&cluster)) else {
+        seen.unreachable.insert(cluster.clone(), "no such InferenceCluster".into());
+        seen.vanished.insert(cluster);
+        return (seen, None);
+    };
+    // Its deletion policy, not this reconcile, decides what happens to the objects there.
+    if ic.metadata.deletion_timestamp.is_some() {
+        seen.unreachable.insert(cluster, "its InferenceCluster is being deleted".into());
+        return (seen, None);
+    }
+    if ctx.members.known_unreachable(&cluster) {
+        seen.unreachable.insert(cluster, "its last liveness check got no answer".into());
+        return (seen, None);
+    }
+    let member = match ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await {
+        Ok(m) => m,
+        Err(e) => {
+            seen.unreachable.insert(cluster, e.to_string());
+            return (seen, None);
+        }
+    };
+    match members::observe(&member, md, &ctx.config.install_id, ctx.config.timeouts.observe).await {
+        Ok(state) => {
+            for (pool, r) in &state.running {
+                seen.running.insert((cluster.clone(), pool.clone()), *r);
+            }
+            refusals(ctx, md, &cluster, &member, &state, &mut seen).await;
+            seen.answered.insert(cluster.clone());
+            (seen, Some((cluster, member, state)))
+        }
+        Err(e) => {
+            seen.unreachable.insert(cluster, e.to_string());
+            (seen, None)
+        }
+    }
+}
+
+/// Adds one member's view to the whole (every entry is keyed by its cluster: none collide).
+fn absorb(all: &mut Seen, one: Seen) {
+    all.answered.extend(one.answered);
+    all.running.extend(one.running);
+    all.unreachable.extend(one.unreachable);
+    all.vanished.extend(one.vanished);
+    all.refused.extend(one.refused);
 }
 
 /// The replicas of `md` in `cluster` whose pods the member's scheduler has refused for longer
