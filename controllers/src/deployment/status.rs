@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use flotilla_apis::conditions::{Desired, Status, merge};
 use flotilla_apis::constants::{condition, reason};
 use flotilla_apis::deployment::{ClusterPlacement, ClusterRejection, ModelDeploymentStatus, RefusedPool, Unplaced};
-use flotilla_placement::plan::{DeploymentPlan, InvalidSpec, Reason};
+use flotilla_placement::plan::{Assignment, DeploymentPlan, InvalidSpec, Reason, Rejection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::rollout::{Key, Running};
@@ -98,24 +98,69 @@ pub fn desired(
     backoff: std::time::Duration,
 ) -> ModelDeploymentStatus {
     let old = previous.cloned().unwrap_or_default();
-    let mut placements: Vec<ClusterPlacement> = plan
-        .assignments
-        .iter()
-        .map(|a| {
-            let key = (a.cluster.clone(), a.pool.clone());
-            let r = observed.running.get(&key).copied().unwrap_or_default();
-            // Refused replicas the plan still wants here. A scale-down removes pods that are on
-            // no node first, so the replicas it removes are not among them.
-            let refused = observed.refused.get(&key).map_or(0, |f| f.replicas);
-            let wanted = a.replicas as i32;
-            let unschedulable = (refused - (r.applied - wanted).max(0)).clamp(0, wanted);
-            ClusterPlacement { serving: r.ready, unschedulable, ..a.to_placement(r.current) }
-        })
-        .collect();
-    // Replicas still running where the plan no longer wants them (draining, make-before-break).
+    let placements = placements(plan, observed, &old.placements);
+    let desired_total = plan.desired as i32;
+    let ready = ready_replicas(&placements, desired_total);
+    let trouble = Trouble::of(observed);
+    let mut conds = vec![
+        placed_condition(plan, observed.claim.as_deref()),
+        capacity_condition(plan),
+        ready_condition(ready, desired_total, &trouble),
+        degraded_condition(ready, desired_total, &trouble),
+    ];
+    conds.extend(cache_condition(&old, observed));
+    ModelDeploymentStatus {
+        observed_generation: generation,
+        conditions: flotilla_apis::Conditions(merge(&old.conditions.0, &conds, generation, now)),
+        replicas: (plan.desired - plan.unplaced) as i32,
+        ready_replicas: ready,
+        clusters: clusters_column(&placements),
+        placements,
+        unplaced: unplaced(plan),
+        // Written by the elected gateway replica (the autoscaler): kept, never cleared here.
+        autoscaling: old.autoscaling.clone(),
+        refused_pools: refused_pools(&old, observed, now, backoff),
+        // Chosen once (`naming.rs`), never cleared: the workloads keep their names.
+        workload_suffix: old.workload_suffix.clone(),
+    }
+}
+
+/// `status.placements`, sorted by (cluster, pool): each of the plan's assignments with what
+/// its member reports, then the pools still running replicas the plan no longer wants, then
+/// the previous placements of members that could not be observed.
+fn placements(plan: &DeploymentPlan, observed: &Observed, old: &[ClusterPlacement]) -> Vec<ClusterPlacement> {
+    let mut placements: Vec<ClusterPlacement> = plan.assignments.iter().map(|a| planned(a, observed)).collect();
+    add_draining(&mut placements, observed, old);
+    add_unseen(&mut placements, observed, old);
+    placements.sort_by(|a, b| a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)));
+    placements
+}
+
+/// One assignment of the plan as a placement: ready on the current spec, serving on any, and
+/// the refused replicas the plan still wants there.
+fn planned(a: &Assignment, observed: &Observed) -> ClusterPlacement {
+    let key = (a.cluster.clone(), a.pool.clone());
+    let r = observed.running.get(&key).copied().unwrap_or_default();
+    let refused = observed.refused.get(&key).map_or(0, |f| f.replicas);
+    let unschedulable = unschedulable(refused, r.applied, a.replicas as i32);
+    ClusterPlacement { serving: r.ready, unschedulable, ..a.to_placement(r.current) }
+}
+
+/// Of `refused` replicas in a pool asked for `applied` and now `wanted`, those still to say:
+/// a scale-down removes pods that are on no node first, so the replicas it removes are not
+/// among them. Never below 0 nor above `wanted`.
+fn unschedulable(refused: i32, applied: i32, wanted: i32) -> i32 {
+    (refused - (applied - wanted).max(0)).clamp(0, wanted)
+}
+
+/// Appends the pools still running replicas where the plan no longer wants them (draining,
+/// make-before-break): desired 0, class, capacity type and rank as the previous status had
+/// them (on-demand, rank 1 without one), and every replica refused there — still said while
+/// its pods wait: the pool takes no new replicas meanwhile.
+fn add_draining(placements: &mut Vec<ClusterPlacement>, observed: &Observed, old: &[ClusterPlacement]) {
     for ((cluster, pool), r) in &observed.running {
-        if r.applied > 0 && !placements.iter().any(|p| p.cluster == *cluster && p.pool == *pool) {
-            let prev = old.placements.iter().find(|p| p.cluster == *cluster && p.pool == *pool);
+        if r.applied > 0 && !holds(placements, cluster, pool) {
+            let prev = old.iter().find(|p| p.cluster == *cluster && p.pool == *pool);
             placements.push(ClusterPlacement {
                 cluster: cluster.clone(),
                 pool: pool.clone(),
@@ -125,134 +170,189 @@ pub fn desired(
                 desired: 0,
                 ready: r.current,
                 serving: r.ready,
-                // Still said while its pods wait: the pool takes no new replicas meanwhile.
                 unschedulable: observed.refused.get(&(cluster.clone(), pool.clone())).map_or(0, |f| f.replicas),
             });
         }
     }
-    // A member that could not be observed keeps its placements (ready 0: not evidence now):
-    // status placements are where this deployment's objects may be, which the next reconcile
-    // prunes and the deletion cleans. Dropping them while the member is down would let a
-    // deletion forget the objects still there.
-    for p in &old.placements {
+}
+
+/// Appends the previous placements of members that could not be observed (and whose cluster
+/// still exists), desired and ready 0 (not evidence now). Status placements are where this
+/// deployment's objects may be, which the next reconcile prunes and the deletion cleans:
+/// dropping them while the member is down would let a deletion forget the objects still there.
+fn add_unseen(placements: &mut Vec<ClusterPlacement>, observed: &Observed, old: &[ClusterPlacement]) {
+    for p in old {
         let unseen = observed.unreachable.contains_key(&p.cluster) && !observed.vanished.contains(&p.cluster);
-        if unseen && !placements.iter().any(|q| q.cluster == p.cluster && q.pool == p.pool) {
+        if unseen && !holds(placements, &p.cluster, &p.pool) {
             placements.push(ClusterPlacement { desired: 0, ready: 0, ..p.clone() });
         }
     }
-    placements.sort_by(|a, b| a.cluster.cmp(&b.cluster).then(a.pool.cmp(&b.pool)));
-    let desired_total = plan.desired as i32;
-    let ready: i32 = placements.iter().map(|p| p.ready).sum::<i32>().min(desired_total.max(0));
-    let fully_placed = plan.unplaced == 0 && plan.unmet_minimums.is_empty();
+}
 
-    let placed_cond = if fully_placed {
+/// Whether `placements` has one for (`cluster`, `pool`).
+fn holds(placements: &[ClusterPlacement], cluster: &str, pool: &str) -> bool {
+    placements.iter().any(|p| p.cluster == cluster && p.pool == pool)
+}
+
+/// `status.readyReplicas`: the placements' ready replicas (draining ones too), at most the
+/// replicas desired.
+fn ready_replicas(placements: &[ClusterPlacement], desired_total: i32) -> i32 {
+    placements.iter().map(|p| p.ready).sum::<i32>().min(desired_total.max(0))
+}
+
+/// Every replica placed and every alternative's `minReplicas` met.
+fn fully_placed(plan: &DeploymentPlan) -> bool {
+    plan.unplaced == 0 && plan.unmet_minimums.is_empty()
+}
+
+/// `Placed`: true when fully placed (`FallbackSelected` when some replica is on a fallback
+/// alternative); otherwise false, why, and the CapacityClaim asking for the rest if any.
+fn placed_condition(plan: &DeploymentPlan, claim: Option<&str>) -> Desired {
+    if fully_placed(plan) {
         let fallback = plan.assignments.iter().any(|a| a.fallback_rank > 1);
-        Desired::new(
-            condition::PLACED,
-            Status::True,
-            if fallback { reason::FALLBACK_SELECTED } else { reason::PLACED },
-            placed_message(plan),
-        )
+        let why = if fallback { reason::FALLBACK_SELECTED } else { reason::PLACED };
+        return Desired::new(condition::PLACED, Status::True, why, placed_message(plan));
+    }
+    let mut message = placed_message(plan);
+    if let Some(claim) = claim {
+        message.push_str(&format!(
+            "; CapacityClaim {claim} asks a provider for the missing capacity (see its Fulfilled condition)"
+        ));
+    }
+    Desired::new(condition::PLACED, Status::False, not_placed_reason(plan, claim.is_some()), message)
+}
+
+/// Why a plan is not fully placed, the first that holds: a CapacityClaim asks a provider for
+/// the rest; a cluster refused over the cost ceiling; some cluster refused for want of room
+/// rather than by a rule, or some replicas were placed (`InsufficientCapacity`); else no
+/// cluster is eligible at all.
+fn not_placed_reason(plan: &DeploymentPlan, claim_pending: bool) -> &'static str {
+    let eligible = plan.rejections.iter().any(|r| !r.reason.is_static());
+    if claim_pending {
+        reason::CLAIM_PENDING
+    } else if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
+        reason::COST_CEILING_EXCEEDED
+    } else if eligible || plan.desired > plan.unplaced {
+        reason::INSUFFICIENT_CAPACITY
     } else {
-        let eligible = plan.rejections.iter().any(|r| !r.reason.is_static());
-        let why = if observed.claim.is_some() {
-            reason::CLAIM_PENDING
-        } else if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
-            reason::COST_CEILING_EXCEEDED
-        } else if eligible || plan.desired > plan.unplaced {
-            reason::INSUFFICIENT_CAPACITY
-        } else {
-            reason::NO_ELIGIBLE_CLUSTER
-        };
-        let mut message = placed_message(plan);
-        if let Some(claim) = &observed.claim {
-            message.push_str(&format!(
-                "; CapacityClaim {claim} asks a provider for the missing capacity (see its Fulfilled condition)"
-            ));
-        }
-        Desired::new(condition::PLACED, Status::False, why, message)
-    };
-    let capacity = if fully_placed {
-        Desired::new(
+        reason::NO_ELIGIBLE_CLUSTER
+    }
+}
+
+/// `CapacityAvailable`: false when the plan is not fully placed, saying how many replicas
+/// found no room and which alternative's `minReplicas` is unmet (every replica may be placed
+/// with one unmet: it says which, not "0 replicas").
+fn capacity_condition(plan: &DeploymentPlan) -> Desired {
+    if fully_placed(plan) {
+        return Desired::new(
             condition::CAPACITY_AVAILABLE,
             Status::True,
             reason::AS_EXPECTED,
             "the fleet has room for every replica",
+        );
+    }
+    let mut short: Vec<String> = Vec::new();
+    if plan.unplaced > 0 {
+        short.push(format!("{} replica(s) need capacity the fleet does not have", plan.unplaced));
+    }
+    short.extend(plan.unmet_minimums.iter().map(|m| {
+        format!(
+            "alternative {} wants at least {} replica(s) and only {} could be placed on it",
+            m.rank, m.wanted, m.placed
         )
-    } else {
-        // Every replica placed but a `minReplicas` unmet: say which, not "0 replicas".
-        let mut short: Vec<String> = Vec::new();
-        if plan.unplaced > 0 {
-            short.push(format!("{} replica(s) need capacity the fleet does not have", plan.unplaced));
-        }
-        short.extend(plan.unmet_minimums.iter().map(|m| {
-            format!(
-                "alternative {} wants at least {} replica(s) and only {} could be placed on it",
-                m.rank, m.wanted, m.placed
-            )
-        }));
-        Desired::new(condition::CAPACITY_AVAILABLE, Status::False, reason::INSUFFICIENT_CAPACITY, short.join("; "))
-    };
-    let mut problems: Vec<String> = observed.unreachable.iter().map(|(c, m)| format!("{c}: {m}")).collect();
-    problems.extend(observed.apply_failed.iter().map(|(c, m)| format!("{c}: apply failed: {m}")));
-    let tail = if problems.is_empty() { String::new() } else { format!("; {}", problems.join("; ")) };
-    let conflicts: Vec<String> = observed.name_conflicts.iter().map(|(c, m)| format!("{c}: {m}")).collect();
-    let conflict_message = format!(
-        "{ready}/{desired_total} replicas ready; names taken by objects that are not this deployment's: {}; rename the \
-         ModelDeployment or the other object{tail}",
-        conflicts.join("; ")
-    );
-    let ready_cond = if !conflicts.is_empty() {
-        // A Service or workload that is someone else's is not serving this model: not Ready.
-        Desired::new(condition::READY, Status::False, reason::NAME_CONFLICT, conflict_message.clone())
+    }));
+    Desired::new(condition::CAPACITY_AVAILABLE, Status::False, reason::INSUFFICIENT_CAPACITY, short.join("; "))
+}
+
+/// What went wrong on members, as `Ready` and `Degraded` say it.
+struct Trouble {
+    /// `cluster: why` for each member that could not be observed, then `cluster: apply
+    /// failed: why` for each that refused the objects.
+    problems: Vec<String>,
+    /// Whether some member refused the objects.
+    apply_failed: bool,
+    /// `cluster: object` for each member where someone else's object holds a name.
+    conflicts: Vec<String>,
+}
+
+impl Trouble {
+    fn of(observed: &Observed) -> Self {
+        let mut problems: Vec<String> = observed.unreachable.iter().map(|(c, m)| format!("{c}: {m}")).collect();
+        problems.extend(observed.apply_failed.iter().map(|(c, m)| format!("{c}: apply failed: {m}")));
+        let conflicts = observed.name_conflicts.iter().map(|(c, m)| format!("{c}: {m}")).collect();
+        Trouble { problems, apply_failed: !observed.apply_failed.is_empty(), conflicts }
+    }
+
+    /// `; problem; problem` to end a message with, or nothing.
+    fn tail(&self) -> String {
+        if self.problems.is_empty() { String::new() } else { format!("; {}", self.problems.join("; ")) }
+    }
+
+    /// What `Ready` and `Degraded` say while names are taken.
+    fn conflict_message(&self, ready: i32, desired_total: i32) -> String {
+        format!(
+            "{ready}/{desired_total} replicas ready; names taken by objects that are not this deployment's: {}; rename \
+             the ModelDeployment or the other object{}",
+            self.conflicts.join("; "),
+            self.tail()
+        )
+    }
+}
+
+/// `Ready`: false on a name conflict (someone else's Service or workload is not serving this
+/// model); true when every desired replica is ready, or none is desired; else false, saying
+/// whether none or only some are ready and what went wrong on members.
+fn ready_condition(ready: i32, desired_total: i32, trouble: &Trouble) -> Desired {
+    let ready_cond = |status, why, message| Desired::new(condition::READY, status, why, message);
+    if !trouble.conflicts.is_empty() {
+        ready_cond(Status::False, reason::NAME_CONFLICT, trouble.conflict_message(ready, desired_total))
     } else if desired_total > 0 && ready >= desired_total {
-        Desired::new(
-            condition::READY,
-            Status::True,
-            reason::ALL_REPLICAS_READY,
-            format!("{ready}/{desired_total} replicas ready"),
-        )
+        ready_cond(Status::True, reason::ALL_REPLICAS_READY, format!("{ready}/{desired_total} replicas ready"))
     } else if desired_total == 0 {
-        Desired::new(condition::READY, Status::True, reason::AS_EXPECTED, "scaled to zero")
+        ready_cond(Status::True, reason::AS_EXPECTED, "scaled to zero".into())
     } else if ready == 0 {
-        Desired::new(
-            condition::READY,
+        ready_cond(
             Status::False,
             reason::NO_REPLICAS_READY,
-            format!("0/{desired_total} replicas ready{tail}"),
+            format!("0/{desired_total} replicas ready{}", trouble.tail()),
         )
     } else {
-        Desired::new(
-            condition::READY,
+        ready_cond(
             Status::False,
             reason::REPLICAS_NOT_READY,
-            format!("{ready}/{desired_total} replicas ready{tail}"),
+            format!("{ready}/{desired_total} replicas ready{}", trouble.tail()),
         )
-    };
-    let degraded = if !conflicts.is_empty() {
-        Desired::new(condition::DEGRADED, Status::True, reason::NAME_CONFLICT, conflict_message)
+    }
+}
+
+/// `Degraded`: true on a name conflict, when some but not all replicas are ready, or when a
+/// member refused the objects; false otherwise (none ready is not degraded: `Ready` says it).
+fn degraded_condition(ready: i32, desired_total: i32, trouble: &Trouble) -> Desired {
+    let degraded = |status, why, message| Desired::new(condition::DEGRADED, status, why, message);
+    if !trouble.conflicts.is_empty() {
+        degraded(Status::True, reason::NAME_CONFLICT, trouble.conflict_message(ready, desired_total))
     } else if ready > 0 && ready < desired_total {
-        Desired::new(
-            condition::DEGRADED,
+        degraded(
             Status::True,
             reason::REPLICAS_NOT_READY,
-            format!("{ready}/{desired_total} replicas ready{tail}"),
+            format!("{ready}/{desired_total} replicas ready{}", trouble.tail()),
         )
-    } else if !observed.apply_failed.is_empty() {
-        Desired::new(condition::DEGRADED, Status::True, reason::APPLY_FAILED, problems.join("; "))
+    } else if trouble.apply_failed {
+        degraded(Status::True, reason::APPLY_FAILED, trouble.problems.join("; "))
     } else {
-        Desired::new(
-            condition::DEGRADED,
-            Status::False,
-            reason::AS_EXPECTED,
-            format!("{ready}/{desired_total} replicas ready"),
-        )
-    };
-    let mut conds = vec![placed_cond, capacity, ready_cond, degraded];
-    conds.extend(cache_condition(&old, observed));
-    // Bounded: a fleet of thousands of clusters must not make a status of megabytes.
-    let mut reasons: Vec<ClusterRejection> = plan
-        .rejections
+        degraded(Status::False, reason::AS_EXPECTED, format!("{ready}/{desired_total} replicas ready"))
+    }
+}
+
+/// `status.unplaced` while replicas are: how many, and each refusing cluster's reason.
+fn unplaced(plan: &DeploymentPlan) -> Option<Unplaced> {
+    (plan.unplaced > 0).then(|| Unplaced { replicas: plan.unplaced as i32, reasons: reasons(&plan.rejections) })
+}
+
+/// The clusters' reasons, bounded: a fleet of thousands of clusters must not make a status of
+/// megabytes. The first [`MAX_REASONS`], then one `*` entry counting the rest.
+fn reasons(rejections: &[Rejection]) -> Vec<ClusterRejection> {
+    let mut reasons: Vec<ClusterRejection> = rejections
         .iter()
         .take(MAX_REASONS)
         .map(|r| ClusterRejection {
@@ -261,33 +361,24 @@ pub fn desired(
             message: r.message.clone(),
         })
         .collect();
-    if plan.rejections.len() > MAX_REASONS {
+    if rejections.len() > MAX_REASONS {
         reasons.push(ClusterRejection {
             cluster: "*".into(),
             reason: "Truncated".into(),
             message: format!(
                 "{} more clusters refused; `fleetctl explain` lists them all",
-                plan.rejections.len() - MAX_REASONS
+                rejections.len() - MAX_REASONS
             ),
         });
     }
-    let unplaced = (plan.unplaced > 0).then_some(Unplaced { replicas: plan.unplaced as i32, reasons });
-    let clusters =
-        placements.iter().map(|p| format!("{}:{}/{}", p.cluster, p.ready, p.desired)).collect::<Vec<_>>().join(",");
-    ModelDeploymentStatus {
-        observed_generation: generation,
-        conditions: flotilla_apis::Conditions(merge(&old.conditions.0, &conds, generation, now)),
-        replicas: (plan.desired - plan.unplaced) as i32,
-        ready_replicas: ready,
-        clusters: (!clusters.is_empty()).then_some(clusters),
-        placements,
-        unplaced,
-        // Written by the elected gateway replica (the autoscaler): kept, never cleared here.
-        autoscaling: old.autoscaling.clone(),
-        refused_pools: refused_pools(&old, observed, now, backoff),
-        // Chosen once (`naming.rs`), never cleared: the workloads keep their names.
-        workload_suffix: old.workload_suffix.clone(),
-    }
+    reasons
+}
+
+/// `status.clusters` (a printer column): `cluster:ready/desired` per placement, comma
+/// separated; none without placements.
+fn clusters_column(placements: &[ClusterPlacement]) -> Option<String> {
+    let clusters = placements.iter().map(|p| format!("{}:{}/{}", p.cluster, p.ready, p.desired)).collect::<Vec<_>>();
+    (!clusters.is_empty()).then(|| clusters.join(","))
 }
 
 /// How many pools `status.refusedPools` holds at most (the CRD's `maxItems`).
@@ -389,292 +480,9 @@ pub fn invalid(
 }
 
 #[cfg(test)]
-mod tests {
-    use flotilla_placement::plan::{Assignment, Rejection};
-    use k8s_openapi::jiff::Timestamp;
+#[path = "status_tests.rs"]
+mod tests;
 
-    use super::*;
-
-    fn plan(desired: u32, placed: u32) -> DeploymentPlan {
-        DeploymentPlan {
-            namespace: "ml".into(),
-            name: "m".into(),
-            model: "m".into(),
-            desired,
-            assignments: vec![Assignment {
-                cluster: "eu1".into(),
-                pool: "h100".into(),
-                class: "h100".into(),
-                capacity_type: flotilla_apis::CapacityType::OnDemand,
-                fallback_rank: 1,
-                replicas: placed,
-                cost_micros_per_hour: 0,
-            }],
-            unplaced: desired - placed,
-            rejections: (0..40)
-                .map(|i| Rejection {
-                    cluster: format!("c{i}"),
-                    reason: Reason::JurisdictionNotAllowed,
-                    message: "x".into(),
-                })
-                .take(if placed < desired { 40 } else { 0 })
-                .collect(),
-            ..Default::default()
-        }
-    }
-
-    fn observed(ready: i32) -> Observed {
-        let mut o = Observed::default();
-        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready, current: ready });
-        o
-    }
-
-    fn now() -> Time {
-        Time(Timestamp::from_second(1_000).unwrap())
-    }
-
-    const BACKOFF: std::time::Duration = std::time::Duration::from_secs(600);
-
-    #[test]
-    fn a_refused_pool_stays_backed_off_after_its_pods_are_gone_then_is_dropped() {
-        let at = |s: i64| Time(Timestamp::from_second(s).unwrap());
-        let refused = |message: &str| super::super::decide::Refusal { replicas: 1, message: message.into() };
-        let mut o = observed(7);
-        o.refused
-            .insert(("eu1".into(), "h100".into()), refused("0/2 nodes are available: 2 Insufficient nvidia.com/gpu."));
-        let s = desired(None, Some(1), &plan(8, 7), &o, &at(1_000), BACKOFF);
-        assert_eq!(s.refused_pools.len(), 1);
-        let r = &s.refused_pools[0];
-        assert_eq!(
-            (r.cluster.as_str(), r.pool.as_str(), r.retry_after.0.as_second(), r.devices_short),
-            ("eu1", "h100", 1_600, true)
-        );
-        // The refused pod is gone (the replica moved): the pool stays backed off until 1,600...
-        let later = desired(Some(&s), Some(1), &plan(8, 7), &observed(7), &at(1_300), BACKOFF);
-        assert_eq!(later.refused_pools, s.refused_pools, "not renewed, not dropped");
-        // ... and is dropped when that time comes (the solver may try the pool again).
-        let ended = desired(Some(&later), Some(1), &plan(8, 7), &observed(7), &at(1_600), BACKOFF);
-        assert!(ended.refused_pools.is_empty());
-        // Still refused when it ends: backed off again from then.
-        let again = desired(Some(&later), Some(1), &plan(8, 7), &o, &at(1_600), BACKOFF);
-        assert_eq!(again.refused_pools[0].retry_after.0.as_second(), 2_200);
-        // A taint is this deployment's business only: not `devicesShort`.
-        let mut t = observed(7);
-        t.refused.insert(
-            ("eu1".into(), "h100".into()),
-            refused("0/2 nodes are available: 2 node(s) had untolerated taint {x: y}."),
-        );
-        assert!(!desired(None, Some(1), &plan(8, 7), &t, &at(1_000), BACKOFF).refused_pools[0].devices_short);
-        // CPU or memory a pod asks for concerns that deployment only, even next to a device
-        // shortage on other nodes (which does close the pool to pods as large).
-        for (message, short) in [
-            ("0/2 nodes are available: 2 Insufficient cpu.", false),
-            ("0/2 nodes are available: 1 Insufficient memory, 1 Insufficient hugepages-2Mi.", false),
-            ("0/3 nodes are available: 1 Insufficient cpu, 2 Insufficient nvidia.com/gpu.", true),
-            ("0/2 nodes are available: 2 cannot allocate all claims.", true),
-        ] {
-            let mut c = observed(7);
-            c.refused.insert(("eu1".into(), "h100".into()), refused(message));
-            assert_eq!(
-                desired(None, Some(1), &plan(8, 7), &c, &at(1_000), BACKOFF).refused_pools[0].devices_short,
-                short,
-                "{message}"
-            );
-        }
-        // No back-off configured: nothing kept.
-        assert!(
-            desired(None, Some(1), &plan(8, 7), &o, &at(1_000), std::time::Duration::ZERO).refused_pools.is_empty()
-        );
-        // Bounded: at most MAX_REFUSED_POOLS entries, those that end last.
-        let mut many = observed(7);
-        for i in 0..MAX_REFUSED_POOLS + 5 {
-            many.refused.insert((format!("c{i:03}"), "h100".into()), refused("x"));
-        }
-        let old = ModelDeploymentStatus {
-            refused_pools: vec![RefusedPool {
-                cluster: "old".into(),
-                pool: "p".into(),
-                retry_after: at(1_100),
-                devices_short: false,
-                message: String::new(),
-            }],
-            ..Default::default()
-        };
-        let s = desired(Some(&old), Some(1), &plan(8, 7), &many, &at(1_000), BACKOFF);
-        assert_eq!(s.refused_pools.len(), MAX_REFUSED_POOLS);
-        assert!(!s.refused_pools.iter().any(|r| r.cluster == "old"), "the one ending first is left out");
-    }
-
-    #[test]
-    fn refused_replicas_are_counted_once_and_not_those_a_scale_down_removes() {
-        let refused = |replicas| super::super::decide::Refusal { replicas, message: "0/2 nodes".into() };
-        // 8 asked for and wanted, 2 refused: the placement says 2.
-        let mut o = observed(6);
-        o.refused.insert(("eu1".into(), "h100".into()), refused(2));
-        let s = desired(None, Some(1), &plan(8, 8), &o, &now(), BACKOFF);
-        assert_eq!(s.placements[0].unschedulable, 2);
-        // The plan now wants 7 there (one moved away): the scale-down 8 → 7 removes one of the
-        // refused pods first, so one is left to say.
-        let s = desired(None, Some(1), &plan(8, 7), &o, &now(), BACKOFF);
-        assert_eq!(s.placements[0].unschedulable, 1);
-        // Wants 6: both go with the scale-down, none is said (the running 6 stay where they are).
-        let s = desired(None, Some(1), &plan(8, 6), &o, &now(), BACKOFF);
-        assert_eq!(s.placements[0].unschedulable, 0);
-        // Twin: nothing refused, nothing said (and left out of the serialised status).
-        let s = desired(None, Some(1), &plan(8, 8), &observed(6), &now(), BACKOFF);
-        assert_eq!(s.placements[0].unschedulable, 0);
-        assert!(serde_json::to_value(&s.placements[0]).unwrap().get("unschedulable").is_none());
-    }
-
-    #[test]
-    fn one_of_eight_is_degraded_never_ready() {
-        let s = desired(None, Some(1), &plan(8, 8), &observed(1), &now(), BACKOFF);
-        assert_eq!(s.ready_replicas, 1);
-        assert_eq!(s.conditions.get("Ready").unwrap().status, "False");
-        assert_eq!(s.conditions.get("Degraded").unwrap().status, "True");
-        // Twin: all eight ready.
-        let s = desired(None, Some(1), &plan(8, 8), &observed(8), &now(), BACKOFF);
-        assert!(s.conditions.is_true("Ready"));
-        assert_eq!(s.conditions.get("Degraded").unwrap().status, "False");
-    }
-
-    #[test]
-    fn nothing_observed_is_not_ready() {
-        let s = desired(None, Some(1), &plan(2, 2), &Observed::default(), &now(), BACKOFF);
-        assert_eq!(s.conditions.get("Ready").unwrap().reason, "NoReplicasReady");
-    }
-
-    #[test]
-    fn unplaced_is_reported_with_bounded_reasons() {
-        let s = desired(None, Some(1), &plan(6, 4), &observed(4), &now(), BACKOFF);
-        let placed = s.conditions.get("Placed").unwrap();
-        assert_eq!(placed.status, "False");
-        assert!(placed.message.starts_with("4 of 6 replicas placed"), "{}", placed.message);
-        let u = s.unplaced.unwrap();
-        assert_eq!(u.replicas, 2);
-        assert_eq!(u.reasons.len(), MAX_REASONS + 1);
-        assert_eq!(u.reasons.last().unwrap().reason, "Truncated");
-    }
-
-    #[test]
-    fn waiting_for_cache_names_clusters_and_phases() {
-        let mut o = observed(0);
-        o.cache = Some(CacheWait {
-            cache: "ml/llama".into(),
-            waiting: BTreeMap::from([
-                ("eu1".into(), "Downloading".into()),
-                ("eu2".into(), "Failed (DigestMismatch)".into()),
-            ]),
-        });
-        let s = desired(None, Some(1), &plan(2, 2), &o, &now(), BACKOFF);
-        let c = s.conditions.get("WaitingForCache").unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "CacheNotReady"));
-        assert!(c.message.contains("eu1 (Downloading), eu2 (Failed (DigestMismatch))"), "{}", c.message);
-        // Twins: Ready everywhere is False; no cacheRef writes no such condition at all.
-        o.cache = Some(CacheWait { cache: "ml/llama".into(), waiting: BTreeMap::new() });
-        let s = desired(Some(&s), Some(1), &plan(2, 2), &o, &now(), BACKOFF);
-        assert_eq!(s.conditions.get("WaitingForCache").unwrap().status, "False");
-        let s = desired(None, Some(1), &plan(2, 2), &observed(0), &now(), BACKOFF);
-        assert!(s.conditions.get("WaitingForCache").is_none());
-    }
-
-    #[test]
-    fn an_unobserved_member_keeps_its_placement_until_its_cluster_is_gone() {
-        let running = desired(None, Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
-        assert_eq!(running.placements.len(), 1);
-        let cluster = running.placements[0].cluster.clone();
-        // The plan no longer wants it (the member is down) and it cannot be observed.
-        let mut down = Observed::default();
-        down.unreachable.insert(cluster.clone(), "connection failed".into());
-        let nowhere = DeploymentPlan { assignments: vec![], ..plan(2, 0) };
-        let kept = desired(Some(&running), Some(1), &nowhere, &down, &now(), BACKOFF);
-        assert_eq!(kept.placements.len(), 1, "still where the objects may be");
-        assert_eq!((kept.placements[0].desired, kept.placements[0].ready), (0, 0), "no stale evidence");
-        down.vanished.insert(cluster);
-        assert!(desired(Some(&kept), Some(1), &nowhere, &down, &now(), BACKOFF).placements.is_empty());
-    }
-
-    #[test]
-    fn a_rollout_in_progress_is_not_ready_on_the_old_spec_but_still_serving() {
-        // 8 replicas ready on the previous spec, none on the current one yet.
-        let mut o = Observed::default();
-        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready: 8, current: 0 });
-        let s = desired(None, Some(2), &plan(8, 8), &o, &now(), BACKOFF);
-        assert_eq!(s.ready_replicas, 0);
-        assert_eq!(s.conditions.get("Ready").unwrap().reason, "NoReplicasReady");
-        assert_eq!((s.placements[0].ready, s.placements[0].serving), (0, 8), "they serve: the gateway routes");
-        // Half way: 4 on the current spec.
-        o.running.insert(("eu1".into(), "h100".into()), Running { applied: 8, ready: 8, current: 4 });
-        let s = desired(Some(&s), Some(2), &plan(8, 8), &o, &now(), BACKOFF);
-        assert_eq!(s.ready_replicas, 4);
-        assert!(s.conditions.is_true("Degraded"));
-    }
-
-    #[test]
-    fn the_autoscalers_status_is_kept_by_the_controllers_write() {
-        use flotilla_apis::autoscaling::{AutoscalingReason, AutoscalingStatus};
-        let mut before = desired(None, Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
-        before.autoscaling = Some(AutoscalingStatus {
-            recommendation: 2,
-            reason: Some(AutoscalingReason::Steady),
-            ..Default::default()
-        });
-        let next = desired(Some(&before), Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
-        assert_eq!(next.autoscaling, before.autoscaling);
-        // And so the status patch neither nulls nor rewrites it.
-        let patch = crate::status_patch::status_patch(Some(&before), &next).unwrap();
-        assert_eq!(patch["status"]["autoscaling"]["reason"], "Steady");
-        assert_eq!(next, before, "nothing else changed: no write at all");
-    }
-
-    #[test]
-    fn capacity_says_which_minimum_is_unmet_when_every_replica_is_placed() {
-        let mut p = plan(4, 4);
-        p.unmet_minimums = vec![flotilla_placement::plan::UnmetMinimum { rank: 2, wanted: 4, placed: 2 }];
-        let s = desired(None, Some(1), &p, &observed(4), &now(), BACKOFF);
-        let c = s.conditions.get(condition::CAPACITY_AVAILABLE).unwrap();
-        assert_eq!(c.status, "False");
-        assert_eq!(c.message, "alternative 2 wants at least 4 replica(s) and only 2 could be placed on it");
-        assert!(!c.message.contains("0 replica"), "{}", c.message);
-        let s = desired(None, Some(1), &plan(4, 3), &observed(3), &now(), BACKOFF);
-        let c = s.conditions.get(condition::CAPACITY_AVAILABLE).unwrap();
-        assert_eq!(c.message, "1 replica(s) need capacity the fleet does not have");
-    }
-
-    #[test]
-    fn same_inputs_same_status_so_no_write() {
-        let a = desired(None, Some(1), &plan(2, 2), &observed(2), &now(), BACKOFF);
-        let later = Time(Timestamp::from_second(2_000).unwrap());
-        let b = desired(Some(&a), Some(1), &plan(2, 2), &observed(2), &later, BACKOFF);
-        assert_eq!(a, b);
-    }
-
-    #[test]
-    fn invalid_spec_says_so_naming_the_field_and_keeps_the_rest() {
-        let before = desired(None, Some(1), &plan(4, 4), &observed(4), &now(), BACKOFF);
-        let bad = InvalidSpec { field: "spec.devices.alternatives[0].selectors[0]".into(), message: "too deep".into() };
-        let after = invalid(Some(&before), Some(2), &bad, &now());
-        let placed = after.conditions.0.iter().find(|c| c.type_ == condition::PLACED).expect("Placed");
-        assert_eq!((placed.status.as_str(), placed.reason.as_str()), ("False", reason::INVALID_SPEC));
-        assert!(
-            placed.message.starts_with("spec.devices.alternatives[0].selectors[0]: too deep"),
-            "{}",
-            placed.message
-        );
-        // Nothing else changes: placements, ready counts and the other conditions stay.
-        assert_eq!(
-            (after.placements.clone(), after.ready_replicas),
-            (before.placements.clone(), before.ready_replicas)
-        );
-        let others = |s: &ModelDeploymentStatus| -> Vec<_> {
-            s.conditions
-                .0
-                .iter()
-                .filter(|c| c.type_ != condition::PLACED)
-                .map(|c| (c.type_.clone(), c.status.clone()))
-                .collect()
-        };
-        assert_eq!(others(&after), others(&before));
-        assert_eq!(invalid(Some(&after), Some(2), &bad, &now()), after, "the same invalid spec writes nothing new");
-    }
-}
+#[cfg(test)]
+#[path = "status_steps_tests.rs"]
+mod step_tests;
