@@ -22,6 +22,7 @@ pub mod objects;
 pub mod profiles;
 pub mod secrets;
 pub mod source;
+pub mod staging;
 pub mod strip;
 pub mod watch;
 

@@ -266,6 +266,19 @@ async fn model_cache_controller_on_real_api_servers() {
     })
     .await;
 
+    // Settled: the cache is looked at again every 3 polls (6 s here), from the member's
+    // watches of its staging objects — no LIST of them reaches m1 over two of those looks.
+    let before = harness::apiserver::apiserver_requests(&members["m1"]).await.expect("m1's metrics");
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    let after = harness::apiserver::apiserver_requests(&members["m1"]).await.expect("m1's metrics");
+    let lists: Vec<(String, f64)> = harness::apiserver::grown(&before, &after)
+        .into_iter()
+        .filter(|(k, _)| {
+            ["LIST jobs", "LIST persistentvolumeclaims", "LIST secrets", "LIST pods"].contains(&k.as_str())
+        })
+        .collect();
+    assert!(lists.is_empty(), "a settled cache is re-checked without listing the member: {lists:?}");
+
     let premium_version = caches.get("premium").await.unwrap().resource_version();
 
     // 2. By placement: `chat` (1 replica each on m2 and m3) stages `llama` there. Replicas wait.

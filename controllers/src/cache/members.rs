@@ -7,6 +7,7 @@
 //! `credentialsRef`, only the credentials copy). Nothing without them is touched.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use flotilla_apis::ModelCache;
 use flotilla_apis::constants::labels;
@@ -14,12 +15,15 @@ use flotilla_apis::stage::StageEvent;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, LogParams};
+use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 
 use super::render::{cache_key, credentials_secret_name, job_name, pvc_name, selector};
 use super::status::MemberObjects;
 use crate::deployment::members::{self as md_members, HASH_ANNOTATION, MemberState};
+use crate::member::Handle;
+use crate::member::staging::StagingNs;
 
 /// One member's objects for the cache, and the hashes of what was applied.
 pub struct Observed {
@@ -37,54 +41,119 @@ fn record<K: kube::Resource>(state: &mut MemberState, kind: &str, o: &K) {
     }
 }
 
-/// Lists the cache's objects in a member: those of installation `install` (or of a release
-/// before install labels); another installation's object of the same name is not evidence.
-pub async fn observe(client: &Client, cache: &ModelCache, install: &str) -> Result<Observed, kube::Error> {
+/// The cache's objects in a member as read: the volume claim, Secrets' metadata, Jobs and
+/// the current Job's pods.
+struct Read {
+    pvc: Option<PersistentVolumeClaim>,
+    secrets: Vec<PartialObjectMeta<Secret>>,
+    jobs: Vec<Job>,
+    pods: Vec<Pod>,
+}
+
+/// Observes the cache's objects in a member — from the member's staging watches when they are
+/// synced (`member/staging.rs`: no request), else by listing them — keeping those of
+/// installation `install` (or of a release before install labels); another installation's
+/// object of the same name is not evidence.
+pub async fn observe(
+    member: &Handle,
+    cache: &ModelCache,
+    install: &str,
+    wait: Duration,
+) -> Result<Observed, kube::Error> {
     let ns = cache.namespace().unwrap_or_else(|| "default".into());
+    let read = match member.objects.staging.synced(&ns, wait).await {
+        Some(cached) => from_watches(&cached, cache),
+        None => listed(&member.client, cache, &ns).await?,
+    };
+    Ok(assemble(&member.client, cache, install, &ns, read).await)
+}
+
+/// What the staging watches hold of the cache.
+fn from_watches(cached: &StagingNs, cache: &ModelCache) -> Read {
+    let key = cache_key(cache);
+    let of_cache = |m: &kube::api::ObjectMeta| m.labels.as_ref().and_then(|l| l.get(labels::CACHE)) == Some(&key);
+    let pvc_name = pvc_name(&cache.name_any());
+    let current = job_name(cache);
+    Read {
+        pvc: cached.pvcs.state().into_iter().find(|p| p.name_any() == pvc_name).map(|p| p.as_ref().clone()),
+        secrets: cached
+            .secrets
+            .state()
+            .into_iter()
+            .filter(|s| of_cache(&s.metadata))
+            .map(|s| s.as_ref().clone())
+            .collect(),
+        jobs: cached.jobs.state().into_iter().filter(|j| of_cache(&j.metadata)).map(|j| j.as_ref().clone()).collect(),
+        pods: cached
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| p.labels().get(JOB_NAME).is_some_and(|j| *j == current))
+            .map(|p| p.as_ref().clone())
+            .collect(),
+    }
+}
+
+/// The label a Job's pods carry with its name.
+const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+
+/// The cache's objects, listed (and the volume claim read by name).
+async fn listed(client: &Client, cache: &ModelCache, ns: &str) -> Result<Read, kube::Error> {
     let lp = ListParams::default().labels(&selector(cache));
+    let pvc =
+        Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get_opt(&pvc_name(&cache.name_any())).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns).list_metadata(&lp).await?.items;
+    let jobs = Api::<Job>::namespaced(client.clone(), ns).list(&lp).await?.items;
+    let current = job_name(cache);
+    let pods = if jobs.iter().any(|j| j.name_any() == current) {
+        Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels(&format!("{JOB_NAME}={current}")))
+            .await?
+            .items
+    } else {
+        Vec::new()
+    };
+    Ok(Read { pvc, secrets, jobs, pods })
+}
+
+/// What was read, as the status and the apply step see it: this installation's objects, the
+/// hashes of what was applied, Jobs of an earlier spec, and the running pod's progress.
+async fn assemble(client: &Client, cache: &ModelCache, install: &str, ns: &str, read: Read) -> Observed {
     let mut state = MemberState::default();
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
-        .get_opt(&pvc_name(&cache.name_any()))
-        .await?
-        .filter(|p| md_members::ours_or_legacy(&p.metadata, install));
+    let pvc = read.pvc.filter(|p| md_members::ours_or_legacy(&p.metadata, install));
     if let Some(p) = &pvc {
         record(&mut state, "PersistentVolumeClaim", p);
     }
-    for s in Api::<Secret>::namespaced(client.clone(), &ns).list_metadata(&lp).await?.items {
-        if md_members::ours_or_legacy(&s.metadata, install) {
-            record(&mut state, "Secret", &s);
-        }
+    for s in read.secrets.iter().filter(|s| md_members::ours_or_legacy(&s.metadata, install)) {
+        record(&mut state, "Secret", s);
     }
     let current = job_name(cache);
     let mut job = None;
     let mut stale_jobs = Vec::new();
-    let jobs = Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items;
-    for j in jobs.into_iter().filter(|j| md_members::ours_or_legacy(&j.metadata, install)) {
+    for j in read.jobs.into_iter().filter(|j| md_members::ours_or_legacy(&j.metadata, install)) {
         if j.name_any() == current {
             job = Some(j);
         } else if j.metadata.deletion_timestamp.is_none() {
             stale_jobs.push(j.name_any());
         }
     }
-    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pods = if job.is_some() {
-        pods_api.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={current}"))).await?.items
-    } else {
-        Vec::new()
-    };
-    // The last progress line of a running pod: best effort (no log, no progress).
-    let mut progress = None;
-    let newest = pods.iter().max_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()));
-    if let Some(p) = newest.filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")) {
-        let lp = LogParams { container: Some("stage".into()), tail_lines: Some(5), ..LogParams::default() };
-        if let Ok(text) = pods_api.logs(&p.name_any(), &lp).await {
-            progress = text.lines().rev().find_map(|l| match serde_json::from_str::<StageEvent>(l.trim()) {
-                Ok(StageEvent::Progress(p)) => Some(p),
-                _ => None,
-            });
-        }
+    let pods = if job.is_some() { read.pods } else { Vec::new() };
+    let progress = progress(client, ns, &pods).await;
+    Observed { objects: MemberObjects { pvc, job, pods, progress, apply_error: None }, state, stale_jobs }
+}
+
+/// The last progress line of the newest pod, while it runs: best effort (no log, no progress).
+async fn progress(client: &Client, ns: &str, pods: &[Pod]) -> Option<flotilla_apis::stage::StageProgress> {
+    let newest = pods.iter().max_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()))?;
+    if newest.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
+        return None;
     }
-    Ok(Observed { objects: MemberObjects { pvc, job, pods, progress, apply_error: None }, state, stale_jobs })
+    let lp = LogParams { container: Some("stage".into()), tail_lines: Some(5), ..LogParams::default() };
+    let text = Api::<Pod>::namespaced(client.clone(), ns).logs(&newest.name_any(), &lp).await.ok()?;
+    text.lines().rev().find_map(|l| match serde_json::from_str::<StageEvent>(l.trim()) {
+        Ok(StageEvent::Progress(p)) => Some(p),
+        _ => None,
+    })
 }
 
 /// Applies the volume claim and Secret when they changed, creates the Job when missing, and

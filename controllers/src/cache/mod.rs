@@ -223,13 +223,21 @@ async fn member_client(
     clusters: &[Arc<InferenceCluster>],
     name: &str,
 ) -> Result<(Client, Arc<InferenceCluster>), String> {
+    member_handle(ctx, clusters, name).await.map(|(h, ic)| (h.client, ic))
+}
+
+async fn member_handle(
+    ctx: &CacheContext,
+    clusters: &[Arc<InferenceCluster>],
+    name: &str,
+) -> Result<(crate::member::Handle, Arc<InferenceCluster>), String> {
     let Some(ic) = clusters.iter().find(|c| c.name_any() == name).cloned() else {
         return Err("no such InferenceCluster".into());
     };
     let handle = ctx.members.handle(&ctx.client, &ic, ctx.config.timeouts).await.map_err(|e| e.to_string())?;
     // The sweep lists the ModelCache kinds only in members where they may be: here they may.
     handle.objects.cache_kinds_touched();
-    Ok((handle.client, ic))
+    Ok((handle, ic))
 }
 
 /// How many members one cache reconcile observes and writes at the same time.
@@ -244,12 +252,14 @@ async fn stage_in(
     name: &str,
     secret: Option<&BTreeMap<String, String>>,
 ) -> (Observation, usize) {
-    let (client, ic) = match member_client(ctx, clusters, name).await {
+    let (member, ic) = match member_handle(ctx, clusters, name).await {
         Ok(c) => c,
         Err(e) => return (Observation::Unreachable(e), 0),
     };
+    let client = member.client.clone();
     let work = async {
-        let mut observed = members::observe(&client, cache, &ctx.config.install_id).await?;
+        let mut observed =
+            members::observe(&member, cache, &ctx.config.install_id, ctx.config.timeouts.observe).await?;
         let class = render::storage_class(cache, ic.spec.cache_storage_class_name.as_deref());
         let mut objects = vec![render::pvc(cache, class.as_deref())];
         if let Some(data) = secret {

@@ -197,6 +197,8 @@ pub struct MemberObjects {
     /// Namespaces Flotilla applied here (or was refused), so that a workload write does not
     /// apply its namespace again; forgotten when a write there fails.
     namespaces_applied: Mutex<HashSet<String>>,
+    /// The ModelCache staging objects here, from watches (`staging.rs`).
+    pub staging: super::staging::StagingWatches,
 }
 
 impl MemberObjects {
@@ -224,6 +226,7 @@ impl MemberObjects {
     /// No caches yet; `client` is the member's watch client.
     pub fn new(client: Client) -> Self {
         Self {
+            staging: super::staging::StagingWatches::new(client.clone()),
             client,
             namespaces: Default::default(),
             served: Mutex::default(),
