@@ -45,9 +45,11 @@ pub const PROTECTED_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube
 
 /// Labels Flotilla puts on the objects it creates in member clusters and on nodes it asks for.
 pub mod labels {
-    /// The ModelDeployment (`<namespace>.<name>`) a member object belongs to.
+    /// The ModelDeployment (`<namespace>.<name>`, [`crate::names::owner_key`]) a member object
+    /// belongs to.
     pub const DEPLOYMENT: &str = "flotilla.dev/deployment";
-    /// The ModelCache (`<namespace>.<name>`) a member volume, staging Job or Secret belongs to.
+    /// The ModelCache (`<namespace>.<name>`, [`crate::names::owner_key`]) a member volume,
+    /// staging Job or Secret belongs to.
     pub const CACHE: &str = "flotilla.dev/cache";
     /// The generation of the ModelDeployment that rendered the object.
     pub const GENERATION: &str = "flotilla.dev/generation";
@@ -55,7 +57,7 @@ pub mod labels {
     pub const POOL: &str = "flotilla.dev/pool";
     /// The InferenceClass of a node.
     pub const CLASS: &str = "flotilla.dev/class";
-    /// The CapacityClaim that asked for a node.
+    /// The CapacityClaim that asked for a node (its [`crate::names::owner_key`]).
     pub const CLAIM: &str = "flotilla.dev/claim";
     /// The provider acquisition (node group) a claim's node came from.
     pub const ACQUISITION: &str = "flotilla.dev/acquisition";

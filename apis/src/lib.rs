@@ -20,6 +20,7 @@ pub mod constants;
 pub mod crd;
 pub mod deployment;
 pub mod document;
+pub mod fnv;
 pub mod names;
 pub mod node_devices;
 pub mod quantity;

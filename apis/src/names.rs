@@ -3,17 +3,15 @@
 //! every version and platform (the controller, the providers and the solver compute the same
 //! value independently).
 
+use crate::fnv::Fnv1a64;
+
 /// The longest label value and DNS label Kubernetes accepts.
 pub const MAX_LABEL: usize = 63;
 
 /// FNV-1a over `parts`, each followed by a `/` (a character no part may hold): stable across
 /// versions and platforms, unlike `DefaultHasher`; `("a-b", "c")` and `("a", "b-c")` differ.
 pub fn fnv(parts: &[&str]) -> u32 {
-    let h = parts
-        .iter()
-        .flat_map(|p| p.bytes().chain(std::iter::once(b'/')))
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    h as u32
+    parts.iter().fold(Fnv1a64::new(), |h, p| h.write(p.as_bytes()).write(b"/")).finish() as u32
 }
 
 /// `text` if it has at most `max` characters, else its first characters (ending in a letter or
@@ -33,10 +31,13 @@ pub fn label_value(value: &str) -> String {
     shorten(value, MAX_LABEL, &[value])
 }
 
-/// The key of a CapacityClaim (and of the ModelDeployment of the same namespace and name) on
-/// the nodes it obtains: the value of their `flotilla.dev/claim` label and taint, and of the
-/// toleration of the deployment's pods. `<namespace>.<name>`, bounded as a label value.
-pub fn claim_key(namespace: &str, name: &str) -> String {
+/// The owner key of a ModelDeployment, ModelCache or CapacityClaim: `<namespace>.<name>`,
+/// bounded as a label value. The value of `flotilla.dev/deployment` and `flotilla.dev/cache` on
+/// the objects they own (member objects, a deployment's CapacityClaim), and of
+/// `flotilla.dev/claim` on the nodes a claim obtains, their taint and the toleration of the
+/// deployment's pods (a claim has its deployment's namespace and name). Every builder and every
+/// reader of those labels uses this one function, so they agree on long names too.
+pub fn owner_key(namespace: &str, name: &str) -> String {
     label_value(&format!("{namespace}.{name}"))
 }
 
@@ -45,12 +46,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn claim_keys_are_todays_when_they_fit_and_valid_label_values_when_long() {
-        assert_eq!(claim_key("ml", "llama"), "ml.llama");
-        let long = claim_key("ml", &"n".repeat(200));
+    fn owner_keys_are_todays_when_they_fit_and_valid_label_values_when_long() {
+        assert_eq!(owner_key("ml", "llama"), "ml.llama");
+        let long = owner_key("ml", &"n".repeat(200));
         assert!(long.len() <= MAX_LABEL && long.starts_with("ml.nnn"), "{long}");
         assert!(long.ends_with(|c: char| c.is_ascii_alphanumeric()), "{long}");
-        assert_ne!(long, claim_key("ml", &"n".repeat(201)), "the hash takes the whole");
-        assert_eq!(long, claim_key("ml", &"n".repeat(200)), "stable");
+        assert_ne!(long, owner_key("ml", &"n".repeat(201)), "the hash takes the whole");
+        assert_eq!(long, owner_key("ml", &"n".repeat(200)), "stable");
     }
 }

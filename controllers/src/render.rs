@@ -41,17 +41,14 @@ pub struct PoolWorkload<'a> {
     pub replicas: i32,
 }
 
-/// `<namespace>.<name>`: the deployment label value (bounded: [`label_value`]).
+/// The deployment label value: the [`owner_key`] of `md` (`<namespace>.<name>`, bounded).
 pub fn deployment_key(md: &ModelDeployment) -> String {
-    label_value(&format!(
-        "{}.{}",
-        md.metadata.namespace.as_deref().unwrap_or("default"),
-        md.metadata.name.as_deref().unwrap_or("")
-    ))
+    owner_key(md.metadata.namespace.as_deref().unwrap_or("default"), md.metadata.name.as_deref().unwrap_or(""))
 }
 
+use flotilla_apis::fnv::fnv1a64;
 pub use flotilla_apis::names::{MAX_LABEL, label_value};
-use flotilla_apis::names::{fnv, shorten};
+use flotilla_apis::names::{fnv, owner_key, shorten};
 
 /// The name of a deployment's workload in one pool (and role): `<name>-<pool>[-<role>]` as it
 /// always was when that has at most 63 characters, else shortened with a hash of the
@@ -212,7 +209,7 @@ pub fn render(
             let mut pod_spec = json!({
                 "nodeSelector": {labels::POOL: w.pool},
                 "tolerations": [{"key": labels::CLAIM, "operator": "Equal",
-                                 "value": flotilla_apis::names::claim_key(&kube::ResourceExt::namespace(md).unwrap_or_default(), &kube::ResourceExt::name_any(md)),
+                                 "value": owner_key(&kube::ResourceExt::namespace(md).unwrap_or_default(), &kube::ResourceExt::name_any(md)),
                                  "effect": "NoSchedule"}],
                 "containers": []
             });
@@ -358,7 +355,7 @@ pub fn service_name(name: &str) -> String {
         return out;
     }
     // FNV-1a: stable across versions and platforms, unlike `DefaultHasher`.
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = fnv1a64(name.as_bytes());
     out.truncate(54);
     let out = out.trim_end_matches('-');
     format!("{out}-{:08x}", hash as u32)

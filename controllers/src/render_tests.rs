@@ -221,6 +221,7 @@ fn service_names_are_rfc1035_labels() {
     assert_eq!(service_name("gpt-oss-120b"), "gpt-oss-120b", "valid names are kept");
     let dotted = service_name("llama-3.3-70b-eu");
     assert!(dotted.starts_with("llama-3-3-70b-eu-") && dotted.len() == "llama-3-3-70b-eu-".len() + 8, "{dotted}");
+    assert_eq!(dotted, "llama-3-3-70b-eu-40eeef70", "what earlier releases wrote: an upgrade renames nothing");
     assert_ne!(dotted, service_name("llama-3-3-70b-eu"), "a dot and a dash do not collide");
     assert!(service_name("3b-model").starts_with("m-3b-model-"));
     let long = service_name(&"a.".repeat(100));

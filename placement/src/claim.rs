@@ -106,7 +106,7 @@ pub fn decide(md: &ModelDeployment, plan: &DeploymentPlan, existing: Option<&Cap
     let mut claim = CapacityClaim::new(&md.name_any(), spec);
     claim.metadata.namespace = Some(ns.clone());
     claim.metadata.labels = Some(BTreeMap::from([
-        (labels::DEPLOYMENT.to_string(), format!("{ns}.{}", md.name_any())),
+        (labels::DEPLOYMENT.to_string(), flotilla_apis::names::owner_key(&ns, &md.name_any())),
         (labels::MANAGED_BY.to_string(), "flotilla".to_string()),
     ]));
     claim.metadata.owner_references = md.controller_owner_ref(&()).map(|r| vec![r]);

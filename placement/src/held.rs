@@ -148,7 +148,7 @@ impl Ctx<'_, '_> {
         let policy = &d.spec.placement;
         let cluster = &self.snapshot.clusters[ci];
         let sticky = d.current.iter().any(|p| p.cluster == cluster.name && p.desired > 0);
-        let own_claim = flotilla_apis::names::claim_key(&d.namespace, &d.name);
+        let own_claim = flotilla_apis::names::owner_key(&d.namespace, &d.name);
         if first_refusal(policy, cluster, sticky).is_some() || cluster.pools[pi].reserved_for_another(&own_claim) {
             return false;
         }
@@ -174,7 +174,7 @@ impl Ctx<'_, '_> {
         let cap_types = policy.capacity_types_or_default();
         let max_cost = policy.max_cost_per_hour.as_deref().and_then(parse_price_micros);
         let class_matches = self.class_matches(d);
-        let own_claim = flotilla_apis::names::claim_key(&d.namespace, &d.name);
+        let own_claim = flotilla_apis::names::owner_key(&d.namespace, &d.name);
         let mut out = Vec::new();
         let row = self.statics.row(policy, &self.snapshot.clusters);
         for (ci, cluster) in self.snapshot.clusters.iter().enumerate() {

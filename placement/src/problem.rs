@@ -141,7 +141,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
             .iter()
             .map(|alt| snapshot.classes.keys().map(|c| ctx.matcher.matches(alt, c)).collect())
             .collect();
-        let own_claim = flotilla_apis::names::claim_key(&d.namespace, &d.name);
+        let own_claim = flotilla_apis::names::owner_key(&d.namespace, &d.name);
         let mut options = Vec::new();
         for (ci, cluster) in snapshot.clusters.iter().enumerate() {
             if first_refusal(policy, cluster, false).is_some() {

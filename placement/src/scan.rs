@@ -109,7 +109,7 @@ impl Ctx<'_, '_> {
         let mut candidates = std::mem::take(self.spare);
         candidates.clear();
         let class_matches = self.class_matches(d);
-        let own_claim = flotilla_apis::names::claim_key(&d.namespace, &d.name);
+        let own_claim = flotilla_apis::names::owner_key(&d.namespace, &d.name);
         let row = self.statics.row(policy, clusters);
         for (ci, cluster) in clusters.iter().enumerate() {
             if static_refusal(d, &row, ci, cluster).is_some() {
@@ -156,7 +156,7 @@ impl Ctx<'_, '_> {
         let mut pool_block_at: PerCluster<(usize, usize)> = PerCluster::with_len(clusters.len());
         let mut candidates: Vec<Candidate> = Vec::new();
         let class_matches = self.class_matches(d);
-        let own_claim = flotilla_apis::names::claim_key(&d.namespace, &d.name);
+        let own_claim = flotilla_apis::names::owner_key(&d.namespace, &d.name);
         let row = self.statics.row(policy, clusters);
         for (ci, cluster) in clusters.iter().enumerate() {
             // Verdicts with words only in explain mode; otherwise just the first refusal

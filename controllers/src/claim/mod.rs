@@ -77,7 +77,7 @@ pub async fn reconcile(claim: Arc<CapacityClaim>, ctx: Arc<ClaimContext>) -> Res
 }
 
 fn key(claim: &CapacityClaim) -> String {
-    flotilla_apis::names::claim_key(&claim.namespace().unwrap_or_default(), &claim.name_any())
+    flotilla_apis::names::owner_key(&claim.namespace().unwrap_or_default(), &claim.name_any())
 }
 
 /// What one look at a claim reads besides the classes: its status (default when none) and

@@ -28,6 +28,7 @@ use std::time::Duration;
 use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::{event, labels};
 use flotilla_apis::deployment::TopologyType;
+use flotilla_apis::fnv::fnv1a64;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -158,12 +159,7 @@ fn id(kind: &str, name: &str) -> String {
 /// A stable hash of a rendered object (FNV-1a over its canonical JSON).
 pub fn content_hash(v: &Value) -> String {
     let text = serde_json::to_string(v).unwrap_or_default();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", fnv1a64(text.as_bytes()))
 }
 
 /// Flotilla's objects for `md` in a member, from its caches (waiting at most `wait` for a
@@ -496,6 +492,11 @@ mod tests {
             annotations: hash.then(|| [(HASH_ANNOTATION.to_string(), "x".to_string())].into()),
             ..ObjectMeta::default()
         }
+    }
+
+    #[test]
+    fn the_content_hash_is_what_earlier_releases_wrote() {
+        assert_eq!(content_hash(&serde_json::json!({"a": 1})), "9c3e82dd6fcae8b1");
     }
 
     #[test]

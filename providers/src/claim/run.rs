@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use flotilla_apis::claim::{ClaimAllocation, ClaimAttempt, PlacementGroupMode, PodSet};
 use flotilla_apis::common::{CapacityType, TaintEffect};
 use flotilla_apis::constants::{condition, labels};
+use flotilla_apis::fnv::fnv1a64;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -447,7 +448,7 @@ async fn try_offering(
     run: &mut Run,
 ) -> Result<Acquisition, ProviderError> {
     let mode = input.spec.topology.as_ref().map(|t| t.placement_group).unwrap_or_default();
-    let claim = flotilla_apis::names::claim_key(input.namespace, input.name);
+    let claim = flotilla_apis::names::owner_key(input.namespace, input.name);
     let class = alt.class_for(offering);
     let name = acquisition_name(input, pod_set, offering, run.attempts.len());
     let mut node_labels = std::collections::BTreeMap::new();
@@ -522,6 +523,6 @@ fn acquisition_name(input: &ClaimInput<'_>, pod_set: &PodSet, offering: &Offerin
         input.now.as_second(),
         seq
     );
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = fnv1a64(text.as_bytes());
     format!("{}-{}-{:08x}", clean(input.name, 36), clean(&pod_set.name, 16), hash & 0xffff_ffff)
 }
