@@ -18,6 +18,8 @@ pub mod common;
 pub mod conditions;
 pub mod constants;
 pub mod crd;
+#[cfg(feature = "crypto")]
+pub mod crypto;
 pub mod deployment;
 pub mod document;
 pub mod fnv;

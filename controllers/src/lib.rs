@@ -41,12 +41,9 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 use watched::{OwnController, Watched};
 
-/// Makes `ring` the process's rustls crypto provider. kube's TLS asks rustls for the process
-/// default, and a workspace build that also links the AWS SDK enables both of rustls' providers,
-/// so none is chosen automatically. Idempotent; call before building any client.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+/// Makes `ring` the process's rustls crypto provider (idempotent; call before building any
+/// client): the workspace's one [`flotilla_apis::crypto::install_crypto`].
+pub use flotilla_apis::crypto::install_crypto;
 
 /// The `User-Agent` of every request the controller sends, to the control cluster and to the
 /// members, so that an API server's audit log tells Flotilla's requests from those of other

@@ -100,7 +100,7 @@ pub async fn connect(args: &ClusterArgs) -> Result<Control, LiveError> {
     config.read_timeout = Some(timeout);
     let server = config.cluster_url.to_string();
     let namespace = config.default_namespace.clone();
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    flotilla_apis::crypto::install_crypto();
     let client = Client::try_from(config)
         .map_err(|e| LiveError(format!("cannot build a client for {server}: {}", chain(&e))))?;
     Ok(Control { client, namespace, server: server.trim_end_matches('/').to_string(), timeout })

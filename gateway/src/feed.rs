@@ -124,13 +124,6 @@ where
         .boxed()
 }
 
-/// Makes `ring` the process's rustls crypto provider. kube's TLS asks rustls for the process
-/// default, and a workspace build that also links the AWS SDK enables both of rustls' providers,
-/// so none is chosen automatically. Idempotent; call before building any client.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// Connect to the control cluster: `--kubeconfig`, else in-cluster, else `$KUBECONFIG`.
 pub async fn client(st: &AppState) -> Result<Client, GatewayError> {
     let config = match &st.cfg.kubeconfig {
@@ -142,7 +135,7 @@ pub async fn client(st: &AppState) -> Result<Client, GatewayError> {
         }
         None => kube::Config::infer().await.map_err(|e| GatewayError::Control(e.to_string()))?,
     };
-    install_crypto();
+    flotilla_apis::crypto::install_crypto();
     Client::try_from(config).map_err(|e| GatewayError::Control(e.to_string()))
 }
 

@@ -52,7 +52,7 @@ impl Tls {
     /// TLS for a cluster from its material: the CA bundle (else the system's roots) and the
     /// client certificate and key, both or neither. `Err` names what is wrong.
     pub fn new(m: &Material) -> Result<Self, String> {
-        crate::feed::install_crypto();
+        flotilla_apis::crypto::install_crypto();
         let mut roots = RootCertStore::empty();
         match &m.ca_pem {
             Some(pem) => {

@@ -47,7 +47,7 @@ fn leaf(ca: &Ca, names: &[&str], client: bool) -> (String, String) {
 /// The engine simulator serving over TLS on loopback with `cert`; with `client_ca`, only to
 /// clients presenting a certificate it signed. Returns its port and state.
 async fn tls_engine(cert: &(String, String), client_ca: Option<&Ca>) -> (u16, Arc<SimState>) {
-    flotilla_gateway::feed::install_crypto();
+    flotilla_apis::crypto::install_crypto();
     let chain: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(cert.0.as_bytes()).collect::<Result<_, _>>().unwrap();
     let key = PrivateKeyDer::from_pem_slice(cert.1.as_bytes()).unwrap();

@@ -108,7 +108,7 @@ impl Drop for Fleet {
 /// A client from a kubeconfig.
 pub async fn client_of(kc: Kubeconfig) -> Client {
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    flotilla_apis::crypto::install_crypto();
     Client::try_from(config).unwrap()
 }
 

@@ -10,7 +10,7 @@ use flotilla_gateway::member_router::{MemberRouter, RouterConfig, serve, watch};
 async fn main() -> anyhow::Result<()> {
     flotilla_gateway::process::init_tracing();
     let cfg = RouterConfig::parse();
-    flotilla_gateway::feed::install_crypto();
+    flotilla_apis::crypto::install_crypto();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the cluster (in-cluster ServiceAccount, else $KUBECONFIG or ~/.kube/config)")?;

@@ -112,7 +112,7 @@ impl SharedStore {
         }
         if url.tls() {
             // rustls takes the process's provider; the gateway's TLS is ring throughout.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            flotilla_apis::crypto::install_crypto();
         }
         let client = Client::open(url.secret()).map_err(|e| config(e.to_string()))?;
         let conn = manager(&client).map_err(|e| config(e.to_string()))?;
