@@ -18,8 +18,10 @@
 //! Warning event on the InferenceCluster and counts `member_sweeps_total{outcome="Held"}`
 //! until an operator approves (the annotation `flotilla.dev/approve-sweep=<count>`).
 //! Apply: delete them. Objects without Flotilla's labels are never listed, so never touched.
-//! The periodic sweep runs every member concurrently, each bounded by a timeout, so one
-//! unreachable member stalls no other; an InferenceCluster deleted with `deletionPolicy:
+//! The periodic sweep runs members concurrently (at most [`MEMBERS_AT_ONCE`]), each bounded by
+//! a timeout, so one unreachable member stalls no other; where a member refuses cluster-wide
+//! LISTs, a pass makes at most [`MAX_NAMESPACE_LISTS`] namespace LISTs there and the next pass
+//! continues where it stopped (the first pass is done once they covered every namespace); an InferenceCluster deleted with `deletionPolicy:
 //! Cleanup` is swept with no owner at all, limited to the objects written through it
 //! (`flotilla.dev/cluster`), without the share bound (the deletion asked for all of them).
 
@@ -29,6 +31,7 @@ use std::time::Duration;
 
 use flotilla_apis::constants::{annotations, event, labels};
 use flotilla_apis::{InferenceCluster, ModelCache, ModelDeployment};
+use futures_util::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ObjectMeta;
 use kube::api::{DeleteParams, ListParams};
@@ -47,6 +50,11 @@ pub const GRACE: Duration = Duration::from_secs(60);
 pub const MAX_DELETES: usize = 200;
 /// A pass may always delete this many objects, whatever their share of the member's.
 pub const ALWAYS: usize = 10;
+/// At most this many namespace LISTs per member per periodic pass, where the member refuses
+/// cluster-wide ones (namespaced RBAC): the next pass continues where this one stopped.
+pub const MAX_NAMESPACE_LISTS: usize = 32;
+/// At most this many members swept at the same time.
+pub const MEMBERS_AT_ONCE: usize = 16;
 
 /// The member kinds Flotilla creates, with the label naming their owner. The first six are
 /// the ModelDeployment kinds the member caches hold.
@@ -94,7 +102,9 @@ impl Owners {
     /// The owners in the control cluster's reflectors (objects being deleted still own theirs:
     /// their finalizer decides).
     pub fn from_stores(deployments: &Store<ModelDeployment>, caches: &Store<ModelCache>) -> Self {
-        let key = |ns: Option<String>, name: String| format!("{}.{name}", ns.unwrap_or_default());
+        // The owner label's value as the objects carry it (shortened with a hash past 63
+        // characters, as `render::deployment_key` and `cache::render::cache_key` write it).
+        let key = |ns: Option<String>, name: String| flotilla_apis::names::owner_key(&ns.unwrap_or_default(), &name);
         Self {
             deployments: deployments.state().iter().map(|d| key(d.namespace(), d.name_any())).collect(),
             caches: caches.state().iter().map(|c| key(c.namespace(), c.name_any())).collect(),
@@ -197,6 +207,9 @@ pub struct Swept {
     pub held: bool,
     /// Whether the pass went past the share bound by an operator's approval.
     pub approved: bool,
+    /// Whether the pass's LISTs were cut by the budget: it decided nothing (the next ones
+    /// continue the round; the one that completes it decides).
+    pub partial: bool,
 }
 
 fn api(client: &Client, kind: usize, ns: Option<&str>) -> Api<DynamicObject> {
@@ -231,41 +244,65 @@ fn found(kind: usize, o: &ObjectMeta, now: Timestamp, install: &str) -> Option<F
     })
 }
 
+/// The part of `len` namespace LISTs one pass makes, from `cursor` (where the last pass
+/// stopped) and at most `max` of them (`None`: all): the range, and whether it reaches the end
+/// (the next pass starts again from the first).
+pub fn window(len: usize, cursor: usize, max: Option<usize>) -> (std::ops::Range<usize>, bool) {
+    let start = if cursor < len { cursor } else { 0 };
+    let end = max.map_or(len, |m| (start + m).min(len));
+    (start..end, end == len)
+}
+
+/// What [`list`] found, and whether it covered every namespace LIST it had to make.
+pub struct Listed {
+    /// Objects of this installation.
+    pub found: Vec<Found>,
+    /// False when the namespace LISTs were cut by the budget (the rest come next pass).
+    pub complete: bool,
+}
+
 /// Lists this installation's labelled objects of `KINDS[kinds]` in a member: cluster-wide, or
-/// — where the member refuses that (namespaced RBAC) — in each of `namespaces`. A kind the
-/// member lacks or does not let the controller see is skipped.
+/// — where the member refuses that (namespaced RBAC) — in each of `namespaces`, at most
+/// `budget.1` namespace LISTs per call, continuing from the cursor `budget.0` (`None`: every
+/// one, as an InferenceCluster's deletion needs). A kind the member lacks or does not let the
+/// controller see is skipped.
 pub async fn list(
     client: &Client,
     namespaces: &BTreeSet<String>,
     kinds: std::ops::Range<usize>,
     install: &str,
-) -> Result<Vec<Found>, kube::Error> {
+    budget: Option<(&std::sync::atomic::AtomicUsize, usize)>,
+) -> Result<Listed, kube::Error> {
+    use std::sync::atomic::Ordering;
     let now = Timestamp::now();
+    let selector = |label: &str| {
+        ListParams::default().labels(&format!("{label},{}=flotilla,{}={install}", labels::MANAGED_BY, labels::INSTALL))
+    };
     let mut out = Vec::new();
-    for (i, (_, _, kind, label)) in KINDS.iter().enumerate().filter(|(i, _)| kinds.contains(i)) {
-        let lp = ListParams::default().labels(&format!(
-            "{label},{}=flotilla,{}={install}",
-            labels::MANAGED_BY,
-            labels::INSTALL
-        ));
-        match api(client, i, None).list_metadata(&lp).await {
+    let mut by_namespace: Vec<(usize, &String)> = Vec::new();
+    for (i, (_, _, _, label)) in KINDS.iter().enumerate().filter(|(i, _)| kinds.contains(i)) {
+        match api(client, i, None).list_metadata(&selector(label)).await {
             Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now, install))),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(kube::Error::Api(s)) if s.code == 403 => {
-                for ns in namespaces {
-                    match api(client, i, Some(ns)).list_metadata(&lp).await {
-                        Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now, install))),
-                        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
-                            tracing::debug!(kind, namespace = %ns, code = s.code, "sweep: not listable there");
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+            Err(kube::Error::Api(s)) if s.code == 403 => by_namespace.extend(namespaces.iter().map(|ns| (i, ns))),
+            Err(e) => return Err(e),
+        }
+    }
+    let cursor = budget.map_or(0, |(c, _)| c.load(Ordering::Relaxed));
+    let (range, complete) = window(by_namespace.len(), cursor, budget.map(|b| b.1));
+    for &(i, ns) in &by_namespace[range.clone()] {
+        match api(client, i, Some(ns)).list_metadata(&selector(KINDS[i].3)).await {
+            Ok(l) => out.extend(l.items.iter().filter_map(|o| found(i, &o.metadata, now, install))),
+            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
+                tracing::debug!(kind = KINDS[i].2, namespace = %ns, code = s.code, "sweep: not listable there");
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(out)
+    if let Some((c, _)) = budget {
+        c.store(if complete { 0 } else { range.end }, Ordering::Relaxed);
+    }
+    Ok(Listed { found: out, complete })
 }
 
 /// Deletes what [`orphans`] chose. Returns how many were deleted.
@@ -321,10 +358,27 @@ pub async fn member(member: &Handle, scope: &Scope<'_>, t: Timeouts) -> Result<S
     let possible = member.objects.cache_kinds.swap(false, Ordering::SeqCst);
     let pass = async {
         let mut found = if scope.list_all { Vec::new() } else { cached(member, t, scope.install).await };
-        let more = list(&member.client, scope.namespaces, kinds_to_list(first, possible), scope.install).await?;
-        if more.iter().any(|f| f.kind >= CACHED_KINDS) {
+        // A periodic pass makes a bounded number of namespace LISTs; a deletion makes them all.
+        let budget = (!scope.list_all).then_some((&member.objects.sweep_cursor, MAX_NAMESPACE_LISTS));
+        let listed =
+            list(&member.client, scope.namespaces, kinds_to_list(first, possible), scope.install, budget).await?;
+        if listed.found.iter().any(|f| f.kind >= CACHED_KINDS) || (possible && !listed.complete) {
             member.objects.cache_kinds.store(true, Ordering::SeqCst);
         }
+        // A pass cut by the budget is not a whole view of the member: what it listed waits for
+        // the pass that completes the round, and nothing is decided on a part (the share bound
+        // must see every object of this installation).
+        let complete = listed.complete;
+        let more = {
+            let Ok(mut partial) = member.objects.sweep_partial.lock() else {
+                return Ok(Swept { partial: true, ..Swept::default() });
+            };
+            partial.extend(listed.found);
+            if !complete {
+                return Ok(Swept { partial: true, ..Swept::default() });
+            }
+            std::mem::take(&mut *partial)
+        };
         // What the first pass lists may also be cached: once each.
         for f in more {
             if !found.iter().any(|g| g.kind == f.kind && g.namespace == f.namespace && g.name == f.name) {
@@ -341,7 +395,11 @@ pub async fn member(member: &Handle, scope: &Scope<'_>, t: Timeouts) -> Result<S
                 swept.deleted = delete(&member.client, &doomed[..doomed.len().min(MAX_DELETES)]).await?;
             }
         }
-        member.objects.swept_once.store(true, Ordering::Relaxed);
+        // The first pass is done once its LISTs covered every namespace, over as many passes
+        // as the budget takes.
+        if complete {
+            member.objects.swept_once.store(true, Ordering::Relaxed);
+        }
         Ok::<Swept, kube::Error>(swept)
     };
     let outcome = match tokio::time::timeout(t.observe * 2, pass).await {
@@ -412,7 +470,7 @@ pub async fn pass(ctx: &SweepContext) {
     let namespaces = owners.namespaces();
     let clusters: Vec<Arc<InferenceCluster>> =
         ctx.clusters.state().into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()).collect();
-    let work = clusters.iter().map(|ic| {
+    let work: Vec<_> = clusters.iter().map(|ic| {
         let (owners, namespaces) = (&owners, &namespaces);
         async move {
             let name = ic.name_any();
@@ -453,8 +511,10 @@ pub async fn pass(ctx: &SweepContext) {
                 Err(e) => tracing::debug!(cluster = %name, "sweep skipped: {e}"),
             }
         }
-    });
-    futures_util::future::join_all(work).await;
+    }).collect();
+    // A thousand members are not all swept at once: at most MEMBERS_AT_ONCE at a time, each
+    // bounded by its timeout.
+    futures_util::stream::iter(work).buffer_unordered(MEMBERS_AT_ONCE).collect::<Vec<()>>().await;
 }
 
 /// Sweeps every `every` until `shutdown` resolves (the first pass after one period).
@@ -471,6 +531,21 @@ pub async fn run(ctx: SweepContext, every: Duration, shutdown: impl std::future:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_makes_at_most_its_budget_of_namespace_lists_and_the_next_continues() {
+        // 100 namespace LISTs, 32 a pass: four passes cover them, the fourth says so.
+        assert_eq!(window(100, 0, Some(32)), (0..32, false));
+        assert_eq!(window(100, 32, Some(32)), (32..64, false));
+        assert_eq!(window(100, 96, Some(32)), (96..100, true));
+        // Fewer than the budget: one pass, complete.
+        assert_eq!(window(5, 0, Some(32)), (0..5, true));
+        // The namespaces shrank under the cursor: start again from the first.
+        assert_eq!(window(10, 40, Some(32)), (0..10, true));
+        // No budget (an InferenceCluster's deletion): every one.
+        assert_eq!(window(1000, 0, None), (0..1000, true));
+        assert_eq!(window(0, 0, Some(32)), (0..0, true));
+    }
 
     #[test]
     fn the_cache_kinds_are_listed_only_where_some_may_be() {
@@ -535,6 +610,29 @@ mod tests {
     fn with_no_owner_at_all_everything_labelled_goes() {
         let found = [f(0, "ml.llama", "x", 0), f(8, "ml.weights", "y", 0)];
         assert_eq!(orphans(&found, &Owners::default(), Duration::ZERO, None, 10).len(), 2);
+    }
+
+    #[test]
+    fn a_long_named_deployments_objects_are_its_own_not_orphans() {
+        // `<ns>.<name>` past 63 characters: the label carries it shortened with a hash, and the
+        // owners the sweep compares with must be spelled the same way.
+        let md: ModelDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": "a".repeat(62), "namespace": "ml"},
+            "spec": {"model": {"name": "m", "source": "hf://o/m"}, "replicas": 1, "engine": {"image": "i"},
+                     "topology": {"type": "Standalone", "devicesPerReplica": 1},
+                     "devices": {"alternatives": [{"class": "h100"}]}}
+        }))
+        .unwrap();
+        let mut deployments = kube::runtime::reflector::store::Writer::<ModelDeployment>::default();
+        deployments.apply_watcher_event(&kube::runtime::watcher::Event::Apply(md.clone()));
+        let caches = kube::runtime::reflector::store::Writer::<ModelCache>::default();
+        let owners = Owners::from_stores(&deployments.as_reader(), &caches.as_reader());
+        let label = crate::render::deployment_key(&md);
+        assert!(label.len() <= 63, "{label}");
+        let found = [f(0, &label, "svc", 3600)];
+        assert!(orphans(&found, &owners, GRACE, None, MAX_DELETES).is_empty(), "its own object is not swept");
+        assert_eq!(owners.namespaces().into_iter().collect::<Vec<_>>(), ["ml"]);
     }
 
     #[test]

@@ -33,12 +33,11 @@ pub const IMDS_DISABLED: &str = "AWS_EC2_METADATA_DISABLED";
 /// Retries of a Job whose failure may pass (`SourceUnavailable`, `StorageUnavailable`, a killed pod).
 pub const BACKOFF_LIMIT: i32 = 4;
 
-/// `<namespace>.<name>`: the cache label value.
+/// `<namespace>.<name>` (shortened with a hash past 63 characters): the cache label value.
 pub fn cache_key(cache: &ModelCache) -> String {
-    format!(
-        "{}.{}",
+    flotilla_apis::names::owner_key(
         cache.metadata.namespace.as_deref().unwrap_or("default"),
-        cache.metadata.name.as_deref().unwrap_or("")
+        cache.metadata.name.as_deref().unwrap_or(""),
     )
 }
 

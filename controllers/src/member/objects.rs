@@ -190,6 +190,10 @@ pub struct MemberObjects {
     memo: Mutex<Memo>,
     /// Whether a sweep has listed this member once (objects from before this controller started).
     pub(crate) swept_once: std::sync::atomic::AtomicBool,
+    /// Where the sweep's namespace LISTs stopped (`sweep::list`'s budget).
+    pub(crate) sweep_cursor: std::sync::atomic::AtomicUsize,
+    /// What the sweep's passes of an unfinished round listed.
+    pub(crate) sweep_partial: Mutex<Vec<crate::sweep::Found>>,
     /// Whether objects of the ModelCache kinds (Jobs, volume claims, Secrets) may be here: true
     /// until a sweep lists them and finds none, and again whenever the ModelCache reconciler
     /// comes here ([`MemberObjects::cache_kinds_touched`]).
@@ -233,6 +237,8 @@ impl MemberObjects {
             memo: Mutex::default(),
             namespaces_applied: Mutex::default(),
             swept_once: Default::default(),
+            sweep_cursor: Default::default(),
+            sweep_partial: Mutex::default(),
             cache_kinds: std::sync::atomic::AtomicBool::new(true),
         }
     }
