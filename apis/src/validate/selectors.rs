@@ -50,6 +50,9 @@ impl<'e> SelectorChecker<'e> {
         selectors: &'e [CelExpression],
     ) {
         let mut any_match_possible = true;
+        // Problems this call adds (a selector that does not compile or fails on a class) stand
+        // for the warning below; those of other fields or objects do not.
+        let before = sink.problems.len();
         // The selectors no class satisfies, each with why when every class lacked what it reads.
         let mut unmet: Vec<String> = Vec::new();
         let engine = self.judge.engine;
@@ -79,7 +82,11 @@ impl<'e> SelectorChecker<'e> {
         }
         if !selectors.is_empty()
             && !self.judge.classes.is_empty()
-            && sink.problems.last().is_none_or(|p| !p.field.starts_with(field))
+            && !sink.problems[before..].iter().any(|p| p.field.starts_with(&format!("{field}.selectors[")))
+            && !sink.problems.last().is_some_and(|p| {
+                // Already said of this very field of this very object (a second look).
+                p.field == field && sink.current.is_some_and(|o| o.location == p.location)
+            })
         {
             let why = if unmet.is_empty() { String::new() } else { format!(" ({})", unmet.join("; ")) };
             sink.warn(
@@ -254,6 +261,32 @@ mod tests {
         let missing = r#"device.attributes["gpu.nvidia.com"].nvlink"#;
         let (problems, _) = on_selectors(None, &[missing]);
         assert!(problems[0].2.contains("selectors[0] reads what no InferenceClass publishes"), "{}", problems[0].2);
+    }
+
+    #[test]
+    fn another_objects_or_alternatives_problem_does_not_silence_the_warning() {
+        let objects = parse(&[CLASS, CLUSTER]);
+        let engine = SelectorEngine::new();
+        let classes = super::super::describe_classes(&mut Sink { problems: vec![], current: None }, &objects, &engine);
+        let mut checker = SelectorChecker::new(&engine, &classes);
+        let broken = [CelExpression("device.(".into())];
+        let ampere = [CelExpression(r#"device.attributes["gpu.nvidia.com"].architecture == "Ampere""#.into())];
+        let mut sink = Sink { problems: vec![], current: Some(&objects[0]) };
+        // Alternative 10's selector does not compile; alternative 1 (whose field is a prefix of
+        // its) can never be used; nor can alternative 1 of another object: both are said.
+        checker.check(&mut sink, "spec.devices.alternatives[10]", None, &broken);
+        checker.check(&mut sink, "spec.devices.alternatives[1]", None, &ampere);
+        sink.current = Some(&objects[1]);
+        checker.check(&mut sink, "spec.devices.alternatives[1]", None, &ampere);
+        let warned: Vec<(&str, usize)> = sink
+            .problems
+            .iter()
+            .filter(|p| p.message.starts_with("no InferenceClass"))
+            .map(|p| (p.field.as_str(), p.location.document))
+            .collect();
+        let field = "spec.devices.alternatives[1]";
+        let docs = (objects[0].location.document, objects[1].location.document);
+        assert_eq!(warned, [(field, docs.0), (field, docs.1)], "{:?}", sink.problems);
     }
 
     #[test]
