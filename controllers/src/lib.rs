@@ -251,8 +251,7 @@ async fn run_cache_controller(
     ticks: impl futures_util::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(WAKE_BUFFER);
-    let wakes = futures_util::stream::unfold(wake_rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let (wake_tx, wakes) = wake_channel();
     let trigger = cache::wake::run(facts, ctx.caches.clone(), ticks, wake_tx);
     let metrics = ctx.metrics.clone();
     let controller = runner::run(
@@ -262,16 +261,38 @@ async fn run_cache_controller(
         cache::reconcile,
         Arc::new(ctx),
     );
-    // The trigger lives as long as the controller: it ends with it (shutdown), never before.
+    with_trigger(controller, trigger).await;
+}
+
+/// How many wake-ups may wait between a trigger and its controller (the trigger waits when
+/// they are full; the controller's scheduler merges repeats of one object).
+const WAKE_BUFFER: usize = 1024;
+
+/// A bounded channel from a trigger to its controller: the trigger's sender, and the stream
+/// `Controller::reconcile_on` takes.
+fn wake_channel<K>() -> (
+    tokio::sync::mpsc::Sender<kube::runtime::reflector::ObjectRef<K>>,
+    impl futures_util::Stream<Item = kube::runtime::reflector::ObjectRef<K>> + Send + 'static,
+)
+where
+    K: kube::Resource + Send + 'static,
+    K::DynamicType: Send,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(WAKE_BUFFER);
+    (tx, futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) }))
+}
+
+/// Runs `controller` with its trigger: the trigger lives as long as the controller and ends
+/// with it (shutdown), never before.
+async fn with_trigger(
+    controller: impl std::future::Future<Output = ()>,
+    trigger: impl std::future::Future<Output = ()>,
+) {
     tokio::select! {
         () = controller => {}
         () = async { trigger.await; std::future::pending::<()>().await } => {}
     }
 }
-
-/// How many wake-ups may wait between the fleet trigger and the controller (the trigger waits
-/// when they are full; the controller's scheduler merges repeats of one deployment).
-const WAKE_BUFFER: usize = 1024;
 
 /// How long the fleet trigger lets a burst of changes settle before it solves once.
 const FLEET_DEBOUNCE: Duration = Duration::from_millis(500);
@@ -294,8 +315,7 @@ async fn run_deployment_controller(
             .concurrency(ctx.config.deployment_concurrency),
     );
     let ctx = Arc::new(ctx);
-    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel(WAKE_BUFFER);
-    let wakes = futures_util::stream::unfold(wake_rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let (wake_tx, wakes) = wake_channel();
     let trigger = deployment::trigger::run(ctx.clone(), facts, ticks, wake_tx, FLEET_DEBOUNCE);
     let metrics = ctx.metrics.clone();
     let controller = runner::run(
@@ -305,11 +325,7 @@ async fn run_deployment_controller(
         deployment::reconcile,
         ctx,
     );
-    // The trigger lives as long as the controller: it ends with it (shutdown), never before.
-    tokio::select! {
-        () = controller => {}
-        () = async { trigger.await; std::future::pending::<()>().await } => {}
-    }
+    with_trigger(controller, trigger).await;
 }
 
 /// Runs the CapacityClaim controller until `shutdown` resolves (nothing without a provider).

@@ -232,12 +232,15 @@ pub async fn assert_least_rights(fleet: &Fleet, control: &str, member: &str) {
         ("create", "apps/deployments", ten, "", true),
         ("delete", "services", ten, "", true),
         ("patch", "policy/poddisruptionbudgets", ten, "", true),
-        // ModelCache staging (controllers/src/cache/members.rs, sweep.rs).
+        // ModelCache staging (controllers/src/cache/members.rs, member/staging.rs, sweep.rs).
         ("create", "batch/jobs", ten, "", true),
         ("delete", "batch/jobs", ten, "", true),
+        ("watch", "batch/jobs", ten, "", true),
         ("get", "persistentvolumeclaims", ten, "", true),
         ("patch", "persistentvolumeclaims", ten, "", true),
+        ("watch", "persistentvolumeclaims", ten, "", true),
         ("list", "secrets", ten, "", true),
+        ("watch", "secrets", ten, "", true),
         ("patch", "secrets", ten, "", true),
         // Outside the tenant namespace, and what the controller never does.
         ("create", "apps/deployments", "default", "", false),
@@ -248,7 +251,8 @@ pub async fn assert_least_rights(fleet: &Fleet, control: &str, member: &str) {
         ("get", "secrets", MEMBER_SA_NAMESPACE, "", false),
         ("list", "secrets", "", "", false),
         ("get", "secrets", ten, "", false),
-        ("watch", "batch/jobs", ten, "", false),
+        ("watch", "batch/jobs", "default", "", false),
+        ("watch", "secrets", "default", "", false),
         ("create", "namespaces", "", "", false),
         ("delete", "nodes", "", "", false),
         ("update", "nodes", "", "", false),
