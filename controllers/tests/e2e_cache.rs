@@ -216,7 +216,8 @@ fn watch_replicas(member: &'static str, client: Client, seen: Seen) -> tokio::ta
 #[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
 async fn model_cache_controller_on_real_api_servers() {
     let started = Instant::now();
-    let fleet = Fleet::up("cache", &["control", "m1", "m2", "m3"]);
+    // Audited: the API servers log each client's LISTs and writes with its User-Agent.
+    let fleet = Fleet::up_audited("cache", &["control", "m1", "m2", "m3"]);
     for m in MEMBERS {
         fleet.gpu_nodes(m, "h100", 1, "h100", &format!("r-{m}"));
     }
@@ -267,11 +268,15 @@ async fn model_cache_controller_on_real_api_servers() {
     .await;
 
     // Settled: the cache is looked at again every 3 polls (6 s here), from the member's
-    // watches of its staging objects — no LIST of them reaches m1 over two of those looks.
-    let before = harness::apiserver::apiserver_requests(&members["m1"]).await.expect("m1's metrics");
+    // watches of its staging objects — the controller sends m1 no LIST of them over two of
+    // those looks (m1's audit log, the controller's User-Agent; other clients may list).
+    let log = fleet.audit_log("m1").expect("audited");
+    let from = harness::apiserver::audit_end(&log);
+    let reconciles = || ctl.metric_sum("flotilla_controller_reconciles_total", "kind=\"ModelCache\"");
+    let looked = reconciles();
     tokio::time::sleep(Duration::from_secs(14)).await;
-    let after = harness::apiserver::apiserver_requests(&members["m1"]).await.expect("m1's metrics");
-    let lists: Vec<(String, f64)> = harness::apiserver::grown(&before, &after)
+    assert!(reconciles() >= looked + 1.0, "the settled cache was looked at again meanwhile");
+    let lists: Vec<(String, f64)> = harness::apiserver::audited(&log, flotilla_controllers::USER_AGENT, from)
         .into_iter()
         .filter(|(k, _)| {
             ["LIST jobs", "LIST persistentvolumeclaims", "LIST secrets", "LIST pods"].contains(&k.as_str())
