@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use flotilla_apis::{InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 use flotilla_placement::plan::DeploymentPlan;
@@ -107,6 +107,9 @@ pub struct CrossCheck {
     every: u64,
     dir: PathBuf,
     replans: AtomicU64,
+    /// A check is running: at most one at a time (one whole solve beside the controller's),
+    /// and no sample is taken meanwhile.
+    running: AtomicBool,
     epoch: AtomicU64,
     resolved: tokio::sync::watch::Sender<u64>,
     metrics: Metrics,
@@ -116,12 +119,29 @@ impl CrossCheck {
     /// Checks one incremental re-plan in `every` (0: none); reproducers go under `dir`.
     pub fn new(every: u64, dir: PathBuf, metrics: Metrics) -> Self {
         let (resolved, _) = tokio::sync::watch::channel(0);
-        Self { every, dir, replans: AtomicU64::new(0), epoch: AtomicU64::new(0), resolved, metrics }
+        Self {
+            every,
+            dir,
+            replans: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            resolved,
+            metrics,
+        }
     }
 
-    /// Counts one incremental re-plan; whether this one is to be checked.
+    /// Counts one incremental re-plan; whether this one is to be checked: one in `every`, and
+    /// none while the last one's check still runs (then the next one in `every` is). A `true`
+    /// marks a check running until [`CrossCheck::finished`].
     pub fn due(&self) -> bool {
-        self.every > 0 && (self.replans.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(self.every)
+        self.every > 0
+            && (self.replans.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(self.every)
+            && self.running.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// The check [`CrossCheck::due`] started is over.
+    pub fn finished(&self) {
+        self.running.store(false, Ordering::SeqCst);
     }
 
     /// Moves on with every divergence resolved: part of the plan's key, so that the next
@@ -183,8 +203,10 @@ impl CrossCheck {
                 this.epoch.fetch_add(1, Ordering::SeqCst);
                 this.resolved.send_modify(|n| *n = n.wrapping_add(1));
             }
+            this.finished();
         });
         if let Err(e) = started {
+            self.finished();
             tracing::warn!("re-plan check not started: {e}");
         }
     }

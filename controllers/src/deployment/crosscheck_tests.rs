@@ -123,8 +123,22 @@ fn a_whole_solve_that_fails_keeps_the_re_plan_and_says_so() {
 #[test]
 fn one_re_plan_in_k_is_checked_and_none_when_k_is_zero() {
     let check = CrossCheck::new(4, dir("due"), Metrics::default());
-    let due: Vec<bool> = (0..8).map(|_| check.due()).collect();
+    let due: Vec<bool> = (0..8)
+        .map(|_| {
+            let due = check.due();
+            if due {
+                check.finished();
+            }
+            due
+        })
+        .collect();
     assert_eq!(due, [false, false, false, true, false, false, false, true]);
+    // While a check runs, no other starts: the next one in K after it finished does.
+    let one = CrossCheck::new(1, dir("one"), Metrics::default());
+    assert!(one.due());
+    assert!(!one.due() && !one.due(), "a second check while the first runs");
+    one.finished();
+    assert!(one.due());
     let never = CrossCheck::new(0, dir("never"), Metrics::default());
     assert!((0..100).all(|_| !never.due()));
 }
