@@ -161,6 +161,13 @@ pub enum Command {
         /// of the files. Offline only.
         #[arg(long, value_name = "FILE", conflicts_with = "live")]
         cloud: Option<PathBuf>,
+        /// When replicas stay unplaced, also search the optimum with an integer program (the
+        /// most replicas for the highest priority tier, then the next, ...; then fallback
+        /// order, capacity type and price) within a budget, and keep the plan it guides when
+        /// that places more. The output says which produced the plan and whether the optimum
+        /// was proven.
+        #[arg(long)]
+        exact: bool,
         /// The control cluster (with --live).
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -261,11 +268,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "--kubeconfig and --context choose the control cluster of --live: add --live, or leave them out"
             )
         }
-        Command::Plan { files, output, live: false, cloud, rejections, .. } => {
-            commands::plan(&files, output, cloud.as_deref(), rejections)
+        Command::Plan { files, output, live: false, cloud, rejections, exact, .. } => {
+            commands::plan(&files, output, cloud.as_deref(), rejections, exact)
         }
-        Command::Plan { files, output, live: true, cluster, rejections, .. } => {
-            commands::plan_live(&files, output, &cluster, rejections)
+        Command::Plan { files, output, live: true, cluster, rejections, exact, .. } => {
+            commands::plan_live(&files, output, &cluster, rejections, exact)
         }
         Command::Explain { files, target, namespace, output, live, cluster } => {
             let live = live.then_some(&cluster);

@@ -107,6 +107,13 @@ struct OfflinePlan<'a, P: Serialize> {
 #[derive(Serialize)]
 struct SummarisedPlan<'a> {
     deployments: Vec<SummarisedDeployment<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exact: Option<&'a flotilla_placement::ExactReport>,
+}
+
+/// The solve's options: the defaults, with the exact mode when `exact`.
+fn solve_options(exact: bool) -> SolveOptions {
+    SolveOptions { exact: exact.then(flotilla_placement::ExactOptions::default), ..SolveOptions::default() }
 }
 
 /// Takes every deployment's rejections out of `plan` and returns them summarised, in order.
@@ -128,18 +135,25 @@ fn summarised<'a>(
             .zip(summaries)
             .map(|(plan, rejection_summary)| SummarisedDeployment { plan, rejection_summary })
             .collect(),
+        exact: plan.exact.as_ref(),
     }
 }
 
 /// `fleetctl plan` (offline); `cloud` is a simulated cloud file to preview claims against;
-/// `detail` says how much of the rejections to print.
-pub fn plan(files: &[PathBuf], output: Output, cloud: Option<&Path>, detail: Detail) -> anyhow::Result<ExitCode> {
+/// `detail` says how much of the rejections to print; `exact` turns the exact mode on.
+pub fn plan(
+    files: &[PathBuf],
+    output: Output,
+    cloud: Option<&Path>,
+    detail: Detail,
+    exact: bool,
+) -> anyhow::Result<ExitCode> {
     let Some(fleet) = load_valid(files)? else { return Ok(ExitCode::from(1)) };
     let cloud = match cloud {
         Some(path) => Some(claims::load_cloud(path, &claims::classes(&fleet.parsed.objects))?),
         None => None,
     };
-    let mut plan = solve_with_progress(&fleet.snapshot(), &SolveOptions::default());
+    let mut plan = solve_with_progress(&fleet.snapshot(), &solve_options(exact));
     let previews = claims::previews(&fleet.parsed.objects, &plan, cloud)?;
     let exit = if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) };
     match (output, detail) {
@@ -219,10 +233,17 @@ fn key_names(keys: &std::collections::BTreeSet<overlay::Key>) -> Vec<String> {
 }
 
 /// `fleetctl plan --live`; `detail` says how much of the plan's rejections `-o json|yaml`
-/// prints (the NEWLY UNPLACED section and the diff's `reasons` list every cluster).
-pub fn plan_live(files: &[PathBuf], output: Output, cluster: &ClusterArgs, detail: Detail) -> anyhow::Result<ExitCode> {
+/// prints (the NEWLY UNPLACED section and the diff's `reasons` list every cluster); `exact`
+/// turns the exact mode on.
+pub fn plan_live(
+    files: &[PathBuf],
+    output: Output,
+    cluster: &ClusterArgs,
+    detail: Detail,
+    exact: bool,
+) -> anyhow::Result<ExitCode> {
     let Some((control, live, over)) = overlaid(files, cluster)? else { return Ok(ExitCode::from(1)) };
-    let mut plan = solve_with_progress(&over.fleet.snapshot(), &SolveOptions::default());
+    let mut plan = solve_with_progress(&over.fleet.snapshot(), &solve_options(exact));
     let changes = diff::diff(&live.deployments, &plan);
     let exit = if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) };
     match output {

@@ -77,6 +77,9 @@ pub fn plan_table(plan: &Plan, detail: Detail) -> String {
     let desired: u32 = plan.deployments.iter().map(|d| d.desired).sum();
     let cost: u64 = plan.deployments.iter().map(|d| d.cost_micros_per_hour).sum();
     let _ = writeln!(out, "\n{placed} of {desired} replicas placed, ${}/h", format_price_micros(cost));
+    if let Some(report) = &plan.exact {
+        out.push_str(&exact_line(report));
+    }
     let short: Vec<&DeploymentPlan> =
         plan.deployments.iter().filter(|d| d.unplaced > 0 || !d.unmet_minimums.is_empty()).collect();
     if !short.is_empty() {
@@ -275,6 +278,30 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
     if d.unplaced > 0 {
         out.push('\n');
         out.push_str(&unplaced_section(d));
+    }
+    out
+}
+
+/// What the exact mode did: which pass produced the plan, per tier the greedy's, the
+/// optimum's and the plan's replicas, and why the optimum was not used when it was not.
+fn exact_line(report: &flotilla_placement::ExactReport) -> String {
+    use flotilla_placement::exact::Producer;
+    let by = match report.produced_by {
+        Producer::Exact => "the greedy guided by the exact optimum",
+        Producer::Greedy => "the greedy pass",
+    };
+    let proven = if report.proven { "proven optimal" } else { "not proven optimal within the budget" };
+    let tiers: Vec<String> = report
+        .tiers
+        .iter()
+        .map(|t| {
+            let optimum = t.optimum.map_or_else(|| "-".to_string(), |n| n.to_string());
+            format!("priority {}: greedy {}, optimum {optimum}, plan {}", t.priority, t.greedy, t.plan)
+        })
+        .collect();
+    let mut out = format!("exact mode: plan by {by} ({proven}); {}\n", tiers.join("; "));
+    if let Some(note) = &report.note {
+        let _ = writeln!(out, "exact mode: {note}");
     }
     out
 }

@@ -1,13 +1,16 @@
 //! Writes generated fleets as exact-solver input, one JSON document per line: the problem as
 //! the solver sees it after filtering (`flotilla_placement::problem`) and where our plan put
 //! each deployment's replicas. `scripts/solver-quality.py` reads it and compares the plan with
-//! an exact optimum. Usage: `quality_export [FLEETS] [FIRST_SEED] [--greedy] > fleets.jsonl`
-//! (`--greedy`: the plan without the improvement phase); fleet `i` has 5–15 clusters and
-//! 5–30 deployments drawn from its seed, like `gen_fleet`.
+//! an exact optimum. Usage: `quality_export [FLEETS] [FIRST_SEED] [--greedy] [--exact] [--crowded]
+//! > fleets.jsonl` (`--greedy`: the plan without the improvement phase; `--exact`: with the exact
+//! mode, `SolveOptions::exact`). Fleet `i` has 5–15
+//! clusters and 5–30 deployments drawn from its seed, like `gen_fleet`; with `--crowded` it is
+//! a crowded fleet (`flotilla_placement::crowded`) of 4–9 clusters and 8–27 deployments.
 
 use std::collections::HashMap;
 use std::io::Write as _;
 
+use flotilla_placement::crowded::generate_crowded;
 use flotilla_placement::generate::{GenSpec, generate};
 use flotilla_placement::{SolveOptions, problem, solve};
 
@@ -15,17 +18,26 @@ fn main() -> std::io::Result<()> {
     let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let fleets = args.first().copied().unwrap_or(120);
     let first = args.get(1).copied().unwrap_or(1);
-    let options = if std::env::args().any(|a| a == "--greedy") {
+    let mut options = if std::env::args().any(|a| a == "--greedy") {
         SolveOptions { max_improvement: 0, ..SolveOptions::default() }
     } else {
         SolveOptions::default()
     };
+    if std::env::args().any(|a| a == "--exact") {
+        options.exact = Some(flotilla_placement::ExactOptions::default());
+    }
+    let crowded = std::env::args().any(|a| a == "--crowded");
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for seed in first..first + fleets {
         // Sizes from the seed, spread over the whole range.
         let mix = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-        let spec = GenSpec { clusters: 5 + (mix % 11) as usize, deployments: 5 + ((mix / 11) % 26) as usize, seed };
-        let snap = generate(&spec);
+        let (spec, snap) = if crowded {
+            let spec = GenSpec { clusters: 4 + (mix % 6) as usize, deployments: 8 + ((mix / 6) % 20) as usize, seed };
+            (spec, generate_crowded(&spec))
+        } else {
+            let spec = GenSpec { clusters: 5 + (mix % 11) as usize, deployments: 5 + ((mix / 11) % 26) as usize, seed };
+            (spec, generate(&spec))
+        };
         let p = problem::problem(&snap);
         let started = std::time::Instant::now();
         let plan = solve(&snap, &options);
@@ -52,10 +64,11 @@ fn main() -> std::io::Result<()> {
             })
             .collect();
         let doc = serde_json::json!({
-            "spec": {"clusters": spec.clusters, "deployments": spec.deployments, "seed": spec.seed},
+            "spec": {"clusters": spec.clusters, "deployments": spec.deployments, "seed": spec.seed, "crowded": crowded},
             "problem": p,
             "placed": placed,
             "solveMicros": solve_micros,
+            "exact": plan.exact,
         });
         writeln!(out, "{doc}")?;
     }

@@ -68,15 +68,15 @@ pub fn with_current(snapshot: &FleetSnapshot, plan: &Plan) -> FleetSnapshot {
 
 /// SplitMix64: tiny, fast, and good enough to draw fleets from.
 #[derive(Clone, Debug)]
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn stream(seed: u64, stream: u64, index: u64) -> Self {
+    pub(crate) fn stream(seed: u64, stream: u64, index: u64) -> Self {
         let mut r = Rng(seed ^ stream.wrapping_mul(0xA076_1D64_78BD_642F));
         r.0 ^= r.next().wrapping_add(index.wrapping_mul(0xE703_7ED1_A0B4_28DB));
         r
     }
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -84,14 +84,14 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u32, hi: u32) -> u32 {
+    pub(crate) fn range(&mut self, lo: u32, hi: u32) -> u32 {
         lo + (self.next() % u64::from(hi - lo + 1)) as u32
     }
     /// True with `percent` % probability.
-    fn chance(&mut self, percent: u32) -> bool {
+    pub(crate) fn chance(&mut self, percent: u32) -> bool {
         self.next() % 100 < u64::from(percent)
     }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    pub(crate) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[(self.next() % items.len() as u64) as usize]
     }
 }
@@ -108,9 +108,9 @@ const AMD_DRIVER: &str = "gpu.amd.com";
 
 /// name, driver, product, architecture, compute capability (gfx version on AMD), memory
 /// bandwidth GB/s, memory, NVLink, devices per node, $/node-hour reserved / on-demand / spot.
-type ClassRow = (Str, Str, Str, Str, Str, i64, Str, bool, u32, [Str; 3]);
-type Str = &'static str;
-const CLASSES: [ClassRow; 6] = [
+pub(crate) type ClassRow = (Str, Str, Str, Str, Str, i64, Str, bool, u32, [Str; 3]);
+pub(crate) type Str = &'static str;
+pub(crate) const CLASSES: [ClassRow; 6] = [
     (H200, NV, "NVIDIA H200", "Hopper", "9.0.0", 4800, "141Gi", true, 8, ["60.50", "84.80", "38.00"]),
     (H100, NV, "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", 3350, "80Gi", true, 8, ["62.00", "98.32", "39.00"]),
     (A100, NV, "NVIDIA A100-SXM4-80GB", "Ampere", "8.0.0", 2039, "80Gi", true, 8, ["27.00", "40.97", "15.10"]),
@@ -120,7 +120,7 @@ const CLASSES: [ClassRow; 6] = [
 ];
 
 /// Four classes always, plus L4 and MI300X on some seeds.
-fn classes(seed: u64) -> Vec<(&'static str, InferenceClass)> {
+pub(crate) fn classes(seed: u64) -> Vec<(&'static str, InferenceClass)> {
     let mut rng = Rng::stream(seed, 1, 0);
     let (with_l4, with_mi300x) = (rng.chance(70), rng.chance(50));
     CLASSES
@@ -298,7 +298,7 @@ fn taint(key: &str, value: Option<&str>, effect: TaintEffect) -> ClusterTaint {
 }
 
 /// Observed status: Ready with some devices already allocated, or not Ready.
-fn cluster_status(ready: bool, pools: &[NodePool], rng: &mut Rng) -> InferenceClusterStatus {
+pub(crate) fn cluster_status(ready: bool, pools: &[NodePool], rng: &mut Rng) -> InferenceClusterStatus {
     let time = Time(k8s_openapi::jiff::Timestamp::from_second(1_767_225_600).unwrap_or_default());
     let (status, reason, message) = if ready {
         ("True", "AsExpected", "member API server reachable; capacity observed")
@@ -355,7 +355,7 @@ const AMD_192: &str = r#"device.capacity["gpu.amd.com"].memory.compareTo(quantit
 const NVIDIA_H: &str = r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H")"#;
 const HOPPER_OR_AMPERE: &str = r#"device.attributes["gpu.nvidia.com"].architecture in ["Hopper", "Ampere"]"#;
 
-fn alt(class: Option<&str>, selectors: &[&str]) -> DeviceAlternative {
+pub(crate) fn alt(class: Option<&str>, selectors: &[&str]) -> DeviceAlternative {
     DeviceAlternative {
         class: class.map(Into::into),
         selectors: selectors.iter().map(|s| CelExpression((*s).into())).collect(),
@@ -370,7 +370,7 @@ fn limits(mut a: DeviceAlternative, min: Option<i32>, max: Option<i32>) -> Devic
     a
 }
 
-fn topology(type_: TopologyType, devices: u32, nodes: Option<u32>, roles: Vec<TopologyRole>) -> Topology {
+pub(crate) fn topology(type_: TopologyType, devices: u32, nodes: Option<u32>, roles: Vec<TopologyRole>) -> Topology {
     Topology { type_, devices_per_replica: devices, nodes_per_replica: nodes, roles }
 }
 
@@ -544,7 +544,7 @@ fn selector(labels: &[(&str, &str)], exprs: &[(&str, &str, &[&str])]) -> LabelSe
     }
 }
 
-fn sov_policy(jurisdictions: &[&str], allowed: &[&str], denied: &[&str]) -> Sovereignty {
+pub(crate) fn sov_policy(jurisdictions: &[&str], allowed: &[&str], denied: &[&str]) -> Sovereignty {
     Sovereignty {
         allowed_jurisdictions: jurisdictions.iter().map(|c| JurisdictionCode((*c).into())).collect(),
         allowed_regions: strings(allowed),

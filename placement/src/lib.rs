@@ -3,6 +3,7 @@
 //! rejected. No I/O, no clock, no global state: the same snapshot gives the same plan.
 
 pub mod claim;
+pub mod crowded;
 pub mod devices;
 pub mod filters;
 pub mod generate;
@@ -14,4 +15,4 @@ mod solve;
 
 pub use plan::{Assignment, DeploymentPlan, InvalidSpec, Move, Plan, Preemption, Reason, Rejection};
 pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, cache_key};
-pub use solve::{ReplanStats, Replanner, SolveOptions, problem, solve};
+pub use solve::{ExactOptions, ExactReport, ReplanStats, Replanner, SolveOptions, exact, problem, solve};

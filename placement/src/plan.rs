@@ -111,6 +111,9 @@ impl std::fmt::Display for Reason {
 pub struct Plan {
     /// One entry per deployment.
     pub deployments: Vec<DeploymentPlan>,
+    /// What the exact mode did, when it was asked for (`SolveOptions::exact`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exact: Option<crate::solve::exact::ExactReport>,
 }
 
 impl Plan {
@@ -363,7 +366,10 @@ mod tests {
 
     #[test]
     fn an_entry_is_found_sorted_or_not_and_a_missing_one_is_not() {
-        let mut plan = Plan { deployments: vec![entry("ml", "z"), entry("a", "b"), entry("ml", "a"), entry("b", "a")] };
+        let mut plan = Plan {
+            deployments: vec![entry("ml", "z"), entry("a", "b"), entry("ml", "a"), entry("b", "a")],
+            ..Plan::default()
+        };
         for sorted in [false, true] {
             for (ns, name) in [("ml", "z"), ("a", "b"), ("ml", "a"), ("b", "a")] {
                 let got = plan.get(ns, name).map(|d| (d.namespace.as_str(), d.name.as_str()));

@@ -131,7 +131,8 @@ impl Ctx<'_, '_> {
             }
         }
         *self.free.raw_mut() = room;
-        let options = SolveOptions { explain: ph.explain.clone(), max_evaluations: u64::MAX, max_improvement: 0 };
+        let options =
+            SolveOptions { explain: ph.explain.clone(), max_evaluations: u64::MAX, max_improvement: 0, exact: None };
         let before = *self.evaluations;
         let solved = self.solve_tiers(&ph.order[below..], &options);
         ph.work += *self.evaluations - before;

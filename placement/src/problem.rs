@@ -126,6 +126,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
             domains: &domains,
             cache: None,
             open: None,
+            guide: None,
         };
         if ctx.matcher.invalid_selector(&d.spec.devices.alternatives).is_some() {
             continue;

@@ -243,7 +243,7 @@ impl Replanner {
         match outcome {
             Outcome::Traced(t) => {
                 let Traced { trace, stats, greedy_saved } = *t;
-                self.plan = Plan { deployments: plans };
+                self.plan = Plan { deployments: plans, ..Plan::default() };
                 self.greedy_saved = greedy_saved;
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };

@@ -32,11 +32,14 @@ pub struct SolveOptions {
     /// improvement phase may spend after the greedy pass; 0 turns it off. Counted, not timed:
     /// a solve that runs out stops at the same point every time.
     pub max_improvement: u64,
+    /// After the greedy pass, look for the optimum with an integer program and let it guide a
+    /// second pass (`exact.rs`); `None` (the default): the greedy plan.
+    pub exact: Option<ExactOptions>,
 }
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 1_000_000 }
+        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 1_000_000, exact: None }
     }
 }
 
@@ -79,11 +82,118 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     let mut spare = Vec::new();
     let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
     let mut solved = ctx.solve_tiers(&order, options);
-    let mut plan = Plan { deployments: std::mem::take(&mut solved.plans) };
+    let mut plan = Plan { deployments: std::mem::take(&mut solved.plans), ..Plan::default() };
     if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
         ctx.improve(&order, &mut plan.deployments, solved, options, None);
     }
+    if let Some(exact) = &options.exact {
+        plan = exact_pass(snapshot, options, exact, &order, &fixed, plan);
+    }
     plan
+}
+
+/// The greedy's `plan` or, when the exact optimum places more in the tier order and the greedy
+/// guided by it (a second pass on the same snapshot) does too, that pass's plan; with a report.
+fn exact_pass(
+    snapshot: &FleetSnapshot,
+    options: &SolveOptions,
+    exact: &ExactOptions,
+    order: &[&DeploymentView],
+    fixed: &Fixed,
+    mut plan: Plan,
+) -> Plan {
+    let key = |ns: &str, name: &str| format!("{ns}/{name}");
+    let tiers_of = |plan: &Plan| -> std::collections::BTreeMap<i32, u32> {
+        let mut out = std::collections::BTreeMap::new();
+        for (d, p) in order.iter().zip(&plan.deployments) {
+            *out.entry(d.priority()).or_default() += p.desired - p.unplaced.min(p.desired);
+        }
+        out
+    };
+    let greedy = tiers_of(&plan);
+    let report =
+        |produced_by, proven, note: Option<String>, optimum: &std::collections::BTreeMap<i32, u32>, planned| {
+            let tiers = greedy
+                .iter()
+                .rev()
+                .map(|(&priority, &g)| exact::TierCount {
+                    priority,
+                    greedy: g,
+                    optimum: optimum.get(&priority).copied(),
+                    plan: planned_of(planned, priority, g),
+                })
+                .collect();
+            exact::ExactReport { produced_by, proven, note, tiers }
+        };
+    if plan.deployments.iter().all(|p| p.unplaced == 0) {
+        plan.exact = Some(report(exact::Producer::Greedy, true, Some("every replica is placed".into()), &greedy, None));
+        return plan;
+    }
+    let problem = problem::problem(snapshot);
+    let plans: std::collections::HashMap<String, &DeploymentPlan> =
+        plan.deployments.iter().map(|p| (key(&p.namespace, &p.name), p)).collect();
+    let mut pool_ix: std::collections::HashMap<(&str, &str), Vec<usize>> = std::collections::HashMap::new();
+    for (i, q) in problem.pools.iter().enumerate() {
+        pool_ix.entry((q.cluster.as_str(), q.pool.as_str())).or_default().push(i);
+    }
+    // Deployments whose greedy counts the model keeps: spread (judged replica by replica in
+    // placing order) and stickiness (replicas that run stay where they run).
+    let kept: std::collections::HashSet<String> = snapshot
+        .deployments
+        .iter()
+        .filter(|d| d.spec.placement.spread.is_some() || d.current.iter().any(|c| c.desired > 0))
+        .map(|d| key(&d.namespace, &d.name))
+        .collect();
+    let solved = match exact::optimum(&problem, &plans, &pool_ix, &|n| kept.contains(n), exact) {
+        Ok(s) => s,
+        Err(note) => {
+            plan.exact = Some(report(exact::Producer::Greedy, false, Some(note), &Default::default(), None));
+            return plan;
+        }
+    };
+    let better = |a: &std::collections::BTreeMap<i32, u32>, b: &std::collections::BTreeMap<i32, u32>| {
+        // Highest tier first: the first tier where they differ decides.
+        a.iter().rev().zip(b.iter().rev()).find(|(x, y)| x.1 != y.1).is_some_and(|(x, y)| x.1 > y.1)
+    };
+    if !better(&solved.tiers, &greedy) {
+        let note = if solved.proven { "the greedy plan is optimal" } else { "no better plan found within the budget" };
+        plan.exact = Some(report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None));
+        return plan;
+    }
+    // The guide by (cluster, pool, alternative): pool indexes of the problem are the
+    // snapshot's pools in order.
+    let flat: Vec<(usize, usize)> =
+        snapshot.clusters.iter().enumerate().flat_map(|(ci, c)| (0..c.pools.len()).map(move |pi| (ci, pi))).collect();
+    let guide: Guide = solved
+        .guide
+        .iter()
+        .map(|(name, per)| {
+            (name.clone(), per.iter().map(|(&(q, rank), &n)| ((flat[q].0, flat[q].1, rank), n)).collect())
+        })
+        .collect();
+    let mut free = Free::new(initial_free(snapshot));
+    let mut matcher = DeviceMatcher::new(&snapshot.classes);
+    let (mut evaluations, mut statics, mut spare) = (0u64, StaticMemo::default(), Vec::new());
+    let mut ctx = fixed.ctx(snapshot, &mut free, &mut matcher, &mut statics, &mut evaluations, &mut spare);
+    ctx.guide = Some(&guide);
+    let mut solved_again = ctx.solve_tiers(order, options);
+    let mut guided = Plan { deployments: std::mem::take(&mut solved_again.plans), ..Plan::default() };
+    if options.max_improvement > 0 && guided.deployments.iter().any(|p| p.unplaced > 0) {
+        ctx.improve(order, &mut guided.deployments, solved_again, options, None);
+    }
+    let placed = tiers_of(&guided);
+    if better(&placed, &greedy) {
+        guided.exact = Some(report(exact::Producer::Exact, solved.proven, None, &solved.tiers, Some(&placed)));
+        return guided;
+    }
+    let note = "the greedy's own checks refused replicas the optimum placed; the greedy plan is kept";
+    plan.exact = Some(report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None));
+    plan
+}
+
+/// A tier's replicas in the plan: `planned`'s when it is another plan's, else the greedy's `g`.
+fn planned_of(planned: Option<&std::collections::BTreeMap<i32, u32>>, priority: i32, g: u32) -> u32 {
+    planned.and_then(|p| p.get(&priority).copied()).unwrap_or(g)
 }
 
 /// Every pool's free devices per node, as the snapshot reports them.
@@ -148,6 +258,7 @@ impl Fixed {
             domains: &self.domains,
             cache: None,
             open: None,
+            guide: None,
         }
     }
 }
@@ -183,6 +294,7 @@ impl<'s> Ctx<'_, 's> {
             domains: self.domains,
             cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
             open,
+            guide: self.guide,
         }
     }
 
@@ -210,7 +322,9 @@ impl<'s> Ctx<'_, 's> {
                 let before = *self.evaluations;
                 pending.push(if *self.evaluations > options.max_evaluations {
                     Pending::Exhausted
-                } else if d.current.iter().any(|p| p.desired > 0) {
+                } else if d.current.iter().any(|p| p.desired > 0) || self.guide.is_some() {
+                    // (with the exact mode's guide, every deployment's guided replicas are placed
+                    // in this first step too, before any of the tier places more)
                     self.with(d, &options.explain, open.as_deref()).keep(d).map_or(Pending::Fresh, Pending::Kept)
                 } else {
                     Pending::Fresh
@@ -382,7 +496,13 @@ struct Ctx<'a, 's> {
     /// deployment of the tier kept what it runs. Spread judges which domains can still take a
     /// replica on it, as it will when the tier places the rest.
     open: Option<&'a [Vec<Vec<u32>>]>,
+    /// The exact mode's guide: replicas per (cluster, pool, alternative) each deployment
+    /// (`namespace/name`) places first (`exact.rs`).
+    guide: Option<&'a Guide>,
 }
+
+/// Per deployment (`namespace/name`): replicas per (cluster, pool, alternative rank).
+type Guide = std::collections::HashMap<String, std::collections::BTreeMap<(usize, usize, u32), u32>>;
 
 /// What blocked the last attempt on a cluster, for the rejection report.
 type Blocks = PerCluster<(Reason, String)>;
@@ -449,6 +569,10 @@ impl Ctx<'_, '_> {
         let candidates = self.candidates(d, &shape, &policy.capacity_types_or_default(), max_cost);
         let mut state = self.placing(d, candidates, max_cost);
         self.keep_current(&mut state, &shape, d);
+        if let Some(want) = self.guide.and_then(|g| g.get(&format!("{}/{}", d.namespace, d.name))) {
+            let spread = policy.spread.as_ref().map(|s| (s.by, s.max_skew.max(1) as u32));
+            self.guided(&mut state, want, &shape, spread, d);
+        }
         // Fully placed by what it keeps (most deployments of a re-plan): the second step only
         // reports where its replicas are, so only those candidates are kept until then.
         if state.remaining == 0 && !self.explain {
@@ -644,6 +768,37 @@ impl Ctx<'_, '_> {
         }
     }
 
+    /// Places the exact mode's guided replicas (`want`, per cluster, pool and alternative rank;
+    /// those kept count), one per candidate in turn so spread can hold; every rule is checked as
+    /// for any replica, and one refused is left to the fill.
+    fn guided(
+        &mut self,
+        state: &mut Placing,
+        want: &std::collections::BTreeMap<(usize, usize, u32), u32>,
+        shape: &ReplicaShape,
+        spread: Option<(flotilla_apis::deployment::SpreadDomain, u32)>,
+        d: &DeploymentView,
+    ) {
+        let targets: Vec<(usize, u32)> = (0..state.candidates.len())
+            .filter(|&i| !state.candidates[i].sticky_only)
+            .filter_map(|i| {
+                let c = &state.candidates[i];
+                want.get(&(c.cluster, c.pool, c.rank)).map(|&n| (i, n))
+            })
+            .collect();
+        loop {
+            let mut progress = false;
+            for &(i, n) in &targets {
+                if state.remaining > 0 && state.candidates[i].placed < n && self.place(state, &[i], shape, spread, d) {
+                    progress = true;
+                }
+            }
+            if !progress || state.remaining == 0 {
+                break;
+            }
+        }
+    }
+
     /// Candidates ordered for a proportional split: least placed relative to free slots first.
     fn proportional_order(&self, state: &Placing, ids: &[usize]) -> Vec<usize> {
         let mut ids = ids.to_vec();
@@ -661,6 +816,8 @@ impl Ctx<'_, '_> {
 
 #[path = "ceiling.rs"]
 mod ceiling;
+#[path = "exact.rs"]
+pub mod exact;
 #[path = "free.rs"]
 mod free;
 #[path = "held.rs"]
@@ -677,6 +834,7 @@ mod refusal;
 mod replan;
 #[path = "scan.rs"]
 mod scan;
+pub use exact::{ExactOptions, ExactReport};
 use free::Free;
 use place::Placing;
 pub use replan::{ReplanStats, Replanner};

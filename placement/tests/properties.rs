@@ -91,11 +91,21 @@ struct Checker<'s> {
     engine: SelectorEngine,
     selectors: HashMap<String, Selector>,
     devices: HashMap<String, CelValue>,
+    /// Whole tiers packed before "nothing placeable left behind" is judged: the exact mode's
+    /// plans, where a tier's replicas go to whichever deployments place the most, not first
+    /// come (the greedy's: each deployment judged on what the tier before it left).
+    whole_tiers: bool,
 }
 
 impl<'s> Checker<'s> {
     fn new(snap: &'s FleetSnapshot) -> Self {
-        Self { snap, engine: SelectorEngine::new(), selectors: HashMap::new(), devices: HashMap::new() }
+        Self {
+            snap,
+            engine: SelectorEngine::new(),
+            selectors: HashMap::new(),
+            devices: HashMap::new(),
+            whole_tiers: false,
+        }
     }
 
     /// Whether the class satisfies every selector of the expression list (fresh evaluation).
@@ -199,6 +209,12 @@ impl<'s> Checker<'s> {
             for &(d, dp) in tier {
                 self.pack(d, dp, Part::Kept, &cluster_ix, &mut free)
                     .map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+            }
+            if self.whole_tiers {
+                for &(d, dp) in tier {
+                    self.pack(d, dp, Part::Rest, &cluster_ix, &mut free)
+                        .map_err(|e| format!("{}/{}: {e}", d.namespace, d.name))?;
+                }
             }
             for &(d, dp) in tier {
                 self.check_one(d, dp, &cluster_ix, &mut free, seen)
@@ -353,7 +369,9 @@ impl<'s> Checker<'s> {
             seen.fallback_placed += u64::from(a.fallback_rank > 1) * u64::from(a.replicas);
             seen.multi_pod_placed += u64::from(pods.len() > 1) * u64::from(a.replicas);
         }
-        self.pack(d, dp, Part::Rest, cluster_ix, free)?;
+        if !self.whole_tiers {
+            self.pack(d, dp, Part::Rest, cluster_ix, free)?;
+        }
         // A cordon or an untolerated NoSchedule taint keeps what runs, but admits nothing new.
         let mut on_cluster: BTreeMap<usize, u32> = BTreeMap::new();
         for a in &dp.assignments {
@@ -1050,4 +1068,32 @@ fn the_checker_counts_only_domains_the_deployment_can_use_for_spread() {
     check(&capped, &plan).unwrap();
     let err = check(&fleet(serde_json::json!({"class": "h200"})), &plan).unwrap_err();
     assert!(err.contains("spread"), "{err}");
+}
+
+/// The exact mode's plans on crowded fleets (`flotilla_placement::crowded`, the sizes of
+/// `quality_export --crowded`) pass the independent checker like any plan, "nothing placeable
+/// left behind" judged on whole tiers where the exact mode produced the plan.
+#[test]
+fn exact_mode_plans_on_crowded_fleets_pass_the_checker() {
+    // A smaller budget than the default keeps this debug-built test short; the plans are
+    // checked the same (FLOTILLA_EXACT_NODES=20000 for the default's).
+    let max_nodes = std::env::var("FLOTILLA_EXACT_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    let exact = flotilla_placement::ExactOptions { max_nodes, ..flotilla_placement::ExactOptions::default() };
+    let options = SolveOptions { exact: Some(exact), ..SolveOptions::default() };
+    for seed in std::env::var("FLOTILLA_EXACT_SEEDS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect::<Vec<u64>>())
+        .unwrap_or_else(|| (1..=6).collect())
+    {
+        let mix = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        let spec = GenSpec { clusters: 4 + (mix % 6) as usize, deployments: 8 + ((mix / 6) % 20) as usize, seed };
+        let snap = flotilla_placement::crowded::generate_crowded(&spec);
+        let plan = solve(&snap, &options);
+        let mut checker = Checker::new(&snap);
+        checker.whole_tiers =
+            plan.exact.as_ref().is_some_and(|r| r.produced_by == flotilla_placement::exact::Producer::Exact);
+        if let Err(e) = checker.check(&plan, &mut Seen::default()) {
+            panic!("{spec:?}: {e}\n{:#?}", plan.exact);
+        }
+    }
 }

@@ -783,7 +783,7 @@ mod plan_cache_tests {
             assignments: vec![assignment(replicas)],
             ..Default::default()
         };
-        let plan = Plan { deployments: vec![entry("d1", 2), entry("d2", 2)] };
+        let plan = Plan { deployments: vec![entry("d1", 2), entry("d2", 2)], ..Plan::default() };
         let inputs = [&fresh, &d2].iter().map(|d| input_of(d)).collect();
         let solved = Solved::new(plan, inputs);
         assert!(solved.holds([&fresh, &d2]), "nothing changed");

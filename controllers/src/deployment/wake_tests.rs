@@ -18,6 +18,7 @@ fn plan(items: &[(&str, u32)]) -> Arc<Plan> {
                 ..Default::default()
             })
             .collect(),
+        ..Plan::default()
     })
 }
 
