@@ -290,7 +290,11 @@ fn exact_line(report: &flotilla_placement::ExactReport) -> String {
         Producer::Exact => "the greedy guided by the exact optimum",
         Producer::Greedy => "the greedy pass",
     };
-    let proven = if report.proven { "proven optimal" } else { "not proven optimal within the budget" };
+    let proven = match (report.proven, report.time_limit_reached) {
+        (true, _) => "proven optimal",
+        (false, false) => "not proven optimal within the node budget",
+        (false, true) => "not proven optimal: the time limit was reached, another run may differ",
+    };
     let tiers: Vec<String> = report
         .tiers
         .iter()

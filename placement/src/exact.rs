@@ -13,8 +13,9 @@
 //! divide each other and the free count, single nodes otherwise; pods of a multi-node replica
 //! at most one per node and replica). Deployments it does not reason about keep their greedy
 //! counts as constants: those that spread (the greedy's spread rule depends on the order
-//! replicas are placed in) and those that run somewhere (stickiness). No clock: the budget is
-//! in branch-and-bound nodes, so the same snapshot gives the same plan.
+//! replicas are placed in) and those that run somewhere (stickiness). The budget is in
+//! branch-and-bound nodes, so the same snapshot gives the same plan, with a wall-clock limit
+//! under it as a safety net (`ExactOptions::max_time`; the report says when it was reached).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -31,11 +32,15 @@ pub struct ExactOptions {
     pub max_nodes: u64,
     /// Largest model (integer variables) tried; a larger fleet keeps the greedy plan.
     pub max_variables: usize,
+    /// Wall-clock time for all the steps together: a safety net under the node budget (a node
+    /// of a large program may take long). When it is reached the plan is the best found so far
+    /// and may differ from run to run; the report says so. `None`: nodes only, deterministic.
+    pub max_time: Option<std::time::Duration>,
 }
 
 impl Default for ExactOptions {
     fn default() -> Self {
-        Self { max_nodes: 20_000, max_variables: 20_000 }
+        Self { max_nodes: 20_000, max_variables: 20_000, max_time: Some(std::time::Duration::from_secs(10)) }
     }
 }
 
@@ -47,6 +52,10 @@ pub struct ExactReport {
     pub produced_by: Producer,
     /// Whether every step was proven optimal within the node budget.
     pub proven: bool,
+    /// The time limit (`ExactOptions::max_time`) stopped a step: the plan is the best found by
+    /// then, and another run may find another.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub time_limit_reached: bool,
     /// Why the exact mode's answer was not used, when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -86,8 +95,21 @@ pub(super) type Guide = HashMap<String, BTreeMap<(usize, u32), u32>>;
 pub(super) struct Solved {
     pub(super) guide: Guide,
     pub(super) proven: bool,
+    pub(super) timed_out: bool,
     /// Per priority tier: the optimum's replicas.
     pub(super) tiers: BTreeMap<i32, u32>,
+}
+
+/// Why there is no optimum to guide a pass, and whether the time limit is the cause.
+pub(super) struct Unsolved {
+    pub(super) note: String,
+    pub(super) timed_out: bool,
+}
+
+impl From<String> for Unsolved {
+    fn from(note: String) -> Self {
+        Self { note, timed_out: false }
+    }
 }
 
 /// Node groups of a pool: (free devices per node, nodes), a group summed only where that is
@@ -246,17 +268,47 @@ impl<'p> Model<'p> {
     }
 }
 
-/// Solves `built` within `max_nodes`, warm-started from `warm` (values of some or all of its
-/// variables). The value of every variable of `built.all`, and whether it is proven optimal.
-fn run(built: &Built, max_nodes: u64, warm: Vec<(Variable, f64)>) -> Result<(Vec<f64>, bool), String> {
+/// What bounds one step: its nodes, and the deadline of all the steps.
+#[derive(Clone, Copy)]
+struct Budget {
+    max_nodes: u64,
+    deadline: Option<std::time::Instant>,
+}
+
+/// One step's answer: every variable's value, proven optimal, stopped by the time limit.
+struct Step {
+    values: Vec<f64>,
+    proven: bool,
+    timed_out: bool,
+}
+
+/// Solves `built` within `budget`, warm-started from `warm` (values of some or all of its
+/// variables).
+fn run(built: &Built, budget: Budget, warm: Vec<(Variable, f64)>) -> Result<Step, Unsolved> {
     let mut options = microlp::SolveOptions::default();
-    options.node_limit = Some(max_nodes);
+    options.node_limit = Some(budget.max_nodes);
     options.warm_start = Some(warm);
-    let outcome = built.mip.solve_with(options).map_err(|e| format!("the integer program failed: {e}"))?;
+    if let Some(deadline) = budget.deadline {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(Unsolved { note: "the time limit ran out before this step".into(), timed_out: true });
+        }
+        options.time_limit = Some(left);
+    }
+    let outcome =
+        built.mip.solve_with(options).map_err(|e| Unsolved::from(format!("the integer program failed: {e}")))?;
     let proven = outcome.is_optimal();
-    let solution =
-        outcome.into_solution().map_err(|_| format!("no solution within {max_nodes} branch-and-bound nodes"))?;
-    Ok((built.all.iter().map(|&v| solution.var_value(v)).collect(), proven))
+    let timed_out = outcome.termination_reason() == microlp::TerminationReason::TimeLimit;
+    let max_nodes = budget.max_nodes;
+    let solution = outcome.into_solution().map_err(|_| {
+        let note = if timed_out {
+            "no solution before the time limit".to_string()
+        } else {
+            format!("no solution within {max_nodes} branch-and-bound nodes")
+        };
+        Unsolved { note, timed_out }
+    })?;
+    Ok(Step { values: built.all.iter().map(|&v| solution.var_value(v)).collect(), proven, timed_out })
 }
 
 /// Replicas per option from a solution's values.
@@ -273,7 +325,7 @@ pub(super) fn optimum(
     pool_ix: &HashMap<(&str, &str), Vec<usize>>,
     keep: &dyn Fn(&str) -> bool,
     options: &ExactOptions,
-) -> Result<Solved, String> {
+) -> Result<Solved, Unsolved> {
     // The greedy's counts per option: the warm start, and the constants of kept deployments.
     let mut greedy: Vec<Vec<u32>> = Vec::with_capacity(p.deployments.len());
     for d in &p.deployments {
@@ -281,16 +333,16 @@ pub(super) fn optimum(
         for a in plans.get(&d.name).map(|dp| dp.assignments.as_slice()).unwrap_or_default() {
             let pools = pool_ix.get(&(a.cluster.as_str(), a.pool.as_str())).map(Vec::as_slice).unwrap_or_default();
             let [q] = pools else {
-                return Err(format!(
+                return Err(Unsolved::from(format!(
                     "{}: replicas on {}/{}, which the model cannot tell apart from a CapacityClaim's reserved nodes",
                     d.name, a.cluster, a.pool
-                ));
+                )));
             };
             let Some(k) = d.options.iter().position(|o| o.pool == *q && o.rank == a.fallback_rank) else {
-                return Err(format!(
+                return Err(Unsolved::from(format!(
                     "{}: replicas kept on {}/{} (alternative {}), where no new replica may go",
                     d.name, a.cluster, a.pool, a.fallback_rank
-                ));
+                )));
             };
             per[k] += a.replicas;
         }
@@ -300,10 +352,10 @@ pub(super) fn optimum(
         p.deployments.iter().zip(&greedy).map(|(d, g)| keep(&d.name).then(|| g.clone())).collect();
     let model = Model::new(p, fixed);
     if model.variables > options.max_variables {
-        return Err(format!(
+        return Err(Unsolved::from(format!(
             "the model would have {} integer variables, more than the {} allowed",
             model.variables, options.max_variables
-        ));
+        )));
     }
     let mut tiers: Vec<i32> = p.deployments.iter().map(|d| d.priority).collect();
     tiers.sort_unstable_by(|a, b| b.cmp(a));
@@ -313,6 +365,9 @@ pub(super) fn optimum(
     };
     let mut at_least: Vec<(i32, f64)> = Vec::new();
     let mut proven = true;
+    let mut timed_out = false;
+    let budget =
+        Budget { max_nodes: options.max_nodes, deadline: options.max_time.map(|t| std::time::Instant::now() + t) };
     let mut start: Option<Vec<f64>> = None;
     let mut best = greedy.clone();
     for &t in &tiers {
@@ -328,8 +383,10 @@ pub(super) fn optimum(
                 .flat_map(|(xs, g)| xs.iter().copied().zip(g.iter().map(|&n| f64::from(n))))
                 .collect(),
         };
-        let (values, ok) = run(&built, options.max_nodes, warm)?;
-        proven &= ok;
+        let step = run(&built, budget, warm)?;
+        proven &= step.proven;
+        timed_out |= step.timed_out;
+        let values = step.values;
         best = counts(&built, &values);
         // Never below what the greedy placed in this tier (its plan is a solution too).
         at_least.push((t, f64::from(tier_sum(&best, t).max(tier_sum(&greedy, t)))));
@@ -345,11 +402,12 @@ pub(super) fn optimum(
         &at_least,
     );
     let warm = start.map(|values| built.all.iter().copied().zip(values).collect()).unwrap_or_default();
-    if let Ok((values, ok)) = run(&built, options.max_nodes, warm) {
-        let c = counts(&built, &values);
+    if let Ok(step) = run(&built, budget, warm) {
+        let c = counts(&built, &step.values);
+        timed_out |= step.timed_out;
         if tiers.iter().all(|&t| tier_sum(&c, t) >= tier_sum(&best, t)) {
             best = c;
-            proven &= ok;
+            proven &= step.proven;
         }
     }
     let mut guide = Guide::new();
@@ -362,7 +420,7 @@ pub(super) fn optimum(
         guide.insert(d.name.clone(), per);
     }
     let tiers = tiers.iter().map(|&t| (t, tier_sum(&best, t))).collect();
-    Ok(Solved { guide, proven, tiers })
+    Ok(Solved { guide, proven, timed_out, tiers })
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ fn exact_pass(
                     plan: planned_of(planned, priority, g),
                 })
                 .collect();
-            exact::ExactReport { produced_by, proven, note, tiers }
+            exact::ExactReport { produced_by, proven, time_limit_reached: false, note, tiers }
         };
     if plan.deployments.iter().all(|p| p.unplaced == 0) {
         plan.exact = Some(report(exact::Producer::Greedy, true, Some("every replica is placed".into()), &greedy, None));
@@ -146,8 +146,9 @@ fn exact_pass(
         .collect();
     let solved = match exact::optimum(&problem, &plans, &pool_ix, &|n| kept.contains(n), exact) {
         Ok(s) => s,
-        Err(note) => {
-            plan.exact = Some(report(exact::Producer::Greedy, false, Some(note), &Default::default(), None));
+        Err(exact::Unsolved { note, timed_out }) => {
+            let r = report(exact::Producer::Greedy, false, Some(note), &Default::default(), None);
+            plan.exact = Some(exact::ExactReport { time_limit_reached: timed_out, ..r });
             return plan;
         }
     };
@@ -157,7 +158,8 @@ fn exact_pass(
     };
     if !better(&solved.tiers, &greedy) {
         let note = if solved.proven { "the greedy plan is optimal" } else { "no better plan found within the budget" };
-        plan.exact = Some(report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None));
+        let r = report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None);
+        plan.exact = Some(exact::ExactReport { time_limit_reached: solved.timed_out, ..r });
         return plan;
     }
     // The guide by (cluster, pool, alternative): pool indexes of the problem are the
@@ -183,11 +185,13 @@ fn exact_pass(
     }
     let placed = tiers_of(&guided);
     if better(&placed, &greedy) {
-        guided.exact = Some(report(exact::Producer::Exact, solved.proven, None, &solved.tiers, Some(&placed)));
+        let r = report(exact::Producer::Exact, solved.proven, None, &solved.tiers, Some(&placed));
+        guided.exact = Some(exact::ExactReport { time_limit_reached: solved.timed_out, ..r });
         return guided;
     }
     let note = "the greedy's own checks refused replicas the optimum placed; the greedy plan is kept";
-    plan.exact = Some(report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None));
+    let r = report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None);
+    plan.exact = Some(exact::ExactReport { time_limit_reached: solved.timed_out, ..r });
     plan
 }
 

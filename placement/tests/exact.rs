@@ -76,8 +76,9 @@ fn crowded_pair() -> FleetSnapshot {
     FleetSnapshot { classes: [a100()].into_iter().collect(), clusters: vec![cluster(2)], deployments }
 }
 
+/// The exact mode with its node budget only (no time limit): deterministic, whatever the load.
 fn exact() -> SolveOptions {
-    SolveOptions { exact: Some(ExactOptions::default()), ..SolveOptions::default() }
+    SolveOptions { exact: Some(ExactOptions { max_time: None, ..ExactOptions::default() }), ..SolveOptions::default() }
 }
 
 fn placed(plan: &Plan) -> u32 {
@@ -145,6 +146,18 @@ fn too_large_a_model_keeps_the_greedy_plan_and_says_why() {
     assert_eq!(report.produced_by, Producer::Greedy);
     let note = report.note.as_deref().unwrap_or_default();
     assert!(note.contains("integer variables") && note.contains("more than the 3 allowed"), "{note}");
+}
+
+#[test]
+fn a_time_limit_already_spent_keeps_the_greedy_plan_and_says_why() {
+    let snap = crowded_pair();
+    let spent = ExactOptions { max_time: Some(std::time::Duration::ZERO), ..ExactOptions::default() };
+    let plan = solve(&snap, &SolveOptions { exact: Some(spent), ..SolveOptions::default() });
+    assert_eq!(placed(&plan), 2, "the greedy plan stands");
+    let report = plan.exact.as_ref().unwrap();
+    assert_eq!(report.produced_by, Producer::Greedy);
+    assert_eq!(report.note.as_deref(), Some("the time limit ran out before this step"), "{report:#?}");
+    assert!(report.time_limit_reached && !report.proven, "{report:#?}");
 }
 
 #[test]

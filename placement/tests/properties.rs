@@ -1078,7 +1078,8 @@ fn exact_mode_plans_on_crowded_fleets_pass_the_checker() {
     // A smaller budget than the default keeps this debug-built test short; the plans are
     // checked the same (FLOTILLA_EXACT_NODES=20000 for the default's).
     let max_nodes = std::env::var("FLOTILLA_EXACT_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
-    let exact = flotilla_placement::ExactOptions { max_nodes, ..flotilla_placement::ExactOptions::default() };
+    let exact =
+        flotilla_placement::ExactOptions { max_nodes, max_time: None, ..flotilla_placement::ExactOptions::default() };
     let options = SolveOptions { exact: Some(exact), ..SolveOptions::default() };
     for seed in std::env::var("FLOTILLA_EXACT_SEEDS")
         .ok()
