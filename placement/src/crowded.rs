@@ -18,17 +18,12 @@ use flotilla_apis::{
     CapacityType, FleetObject, InferenceCluster, InferenceClusterSpec, ModelDeployment, ModelDeploymentSpec,
 };
 
-use crate::generate::{CLASSES, GenSpec, Rng, alt, classes, cluster_status, sov_policy, topology};
+use crate::generate::{CLASSES, GenSpec, Rng, alt, cluster_status, objects_of, sov_policy, topology};
 use crate::snapshot::FleetSnapshot;
 
 /// The crowded fleet's objects: classes, then clusters, then deployments.
 pub fn generate_crowded_objects(spec: &GenSpec) -> Vec<FleetObject> {
-    let classes = classes(spec.seed);
-    let names: Vec<&'static str> = classes.iter().map(|c| c.0).collect();
-    let mut out: Vec<FleetObject> = classes.into_iter().map(|(_, c)| FleetObject::Class(c)).collect();
-    out.extend((0..spec.clusters).map(|i| FleetObject::Cluster(cluster(spec.seed, i, &names))));
-    out.extend((0..spec.deployments).map(|i| FleetObject::Deployment(deployment(spec.seed, i, &names))));
-    out
+    objects_of(spec, cluster, deployment)
 }
 
 /// The crowded fleet's snapshot, as the solver sees it.
@@ -145,7 +140,7 @@ fn shape(rng: &mut Rng, classes: &[&str]) -> (&'static str, Topology, Vec<&'stat
     (name, topo, picked, replicas)
 }
 
-fn deployment(seed: u64, index: usize, classes: &[&str]) -> ModelDeployment {
+fn deployment(seed: u64, index: usize, classes: &[&'static str]) -> ModelDeployment {
     let mut rng = Rng::stream(seed, 13, index as u64);
     let (shape_name, topology, picked, (lo, hi)) = shape(&mut rng, classes);
     let replicas = rng.range(lo, hi);

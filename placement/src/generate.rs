@@ -41,6 +41,19 @@ pub struct GenSpec {
 
 /// The fleet's objects: classes, then clusters, then deployments.
 pub fn generate_objects(spec: &GenSpec) -> Vec<FleetObject> {
+    objects_of(spec, cluster, deployment)
+}
+
+/// Draws cluster `i` (or deployment `i`) of a seed from the classes the seed has.
+pub(crate) type Draw<T> = fn(u64, usize, &[&'static str]) -> T;
+
+/// The classes of `spec`'s seed, then its clusters and deployments drawn by `cluster` and
+/// `deployment`.
+pub(crate) fn objects_of(
+    spec: &GenSpec,
+    cluster: Draw<InferenceCluster>,
+    deployment: Draw<ModelDeployment>,
+) -> Vec<FleetObject> {
     let classes = classes(spec.seed);
     let names: Vec<&'static str> = classes.iter().map(|c| c.0).collect();
     let mut out: Vec<FleetObject> = classes.into_iter().map(|(_, c)| FleetObject::Class(c)).collect();
@@ -120,7 +133,7 @@ pub(crate) const CLASSES: [ClassRow; 6] = [
 ];
 
 /// Four classes always, plus L4 and MI300X on some seeds.
-pub(crate) fn classes(seed: u64) -> Vec<(&'static str, InferenceClass)> {
+fn classes(seed: u64) -> Vec<(&'static str, InferenceClass)> {
     let mut rng = Rng::stream(seed, 1, 0);
     let (with_l4, with_mi300x) = (rng.chance(70), rng.chance(50));
     CLASSES
@@ -441,7 +454,7 @@ fn model(rng: &mut Rng, classes: &[&str]) -> Model {
     }
 }
 
-fn deployment(seed: u64, index: usize, classes: &[&str]) -> ModelDeployment {
+fn deployment(seed: u64, index: usize, classes: &[&'static str]) -> ModelDeployment {
     let mut rng = Rng::stream(seed, 3, index as u64);
     let (model_name, repo, topology, alternatives, (lo, hi), dollars_per_device) = model(&mut rng, classes);
     let replicas = if rng.chance(3) { 0 } else { rng.range(lo, hi) };
