@@ -10,7 +10,6 @@
 //! ModelCache kinds (Jobs, volume claims, Secrets) are not cached: a pass lists them only where
 //! some may be ([`kinds_to_list`]: the last listing there found some, or the ModelCache
 //! reconciler has been there since), so a fleet without caches sends its members no LIST.
-//! The first pass runs at start-up, once the control cluster's stores are synced ([`run`]).
 //! Decide ([`orphans`], pure): those whose owner (`<namespace>.<name>`) no ModelDeployment or
 //! ModelCache is any more, older than a grace period, at most a bounded number per pass; and
 //! ([`gate`], pure) whether that is more than a bounded share of the member's objects of this
@@ -319,6 +318,23 @@ pub async fn delete(client: &Client, doomed: &[Found]) -> Result<usize, kube::Er
     Ok(n)
 }
 
+/// What the member's staging watches hold of the ModelCache kinds (Jobs, volume claims,
+/// Secrets) in every one of `namespaces`, as `Found`s; `None` when a namespace has none started
+/// by the ModelCache reconciler, or one not synced or failing (then the pass lists).
+async fn staged(member: &Handle, namespaces: &BTreeSet<String>, t: Timeouts, install: &str) -> Option<Vec<Found>> {
+    let now = Timestamp::now();
+    let kind = |k: &str| KINDS.iter().position(|x| x.2 == k);
+    let (job, pvc, secret) = (kind("Job")?, kind("PersistentVolumeClaim")?, kind("Secret")?);
+    let mut out = Vec::new();
+    for ns in namespaces {
+        let st = member.objects.staging.if_started(ns, t.observe).await?;
+        out.extend(st.jobs.state().iter().filter_map(|o| found(job, &o.metadata, now, install)));
+        out.extend(st.pvcs.state().iter().filter_map(|o| found(pvc, &o.metadata, now, install)));
+        out.extend(st.secrets.state().iter().filter_map(|o| found(secret, &o.metadata, now, install)));
+    }
+    Some(out)
+}
+
 /// What a member's caches hold of the ModelDeployment kinds, as `Found`s.
 async fn cached(member: &Handle, t: Timeouts, install: &str) -> Vec<Found> {
     let now = Timestamp::now();
@@ -359,10 +375,22 @@ pub async fn member(member: &Handle, scope: &Scope<'_>, t: Timeouts) -> Result<S
     let possible = member.objects.cache_kinds.swap(false, Ordering::SeqCst);
     let pass = async {
         let mut found = if scope.list_all { Vec::new() } else { cached(member, t, scope.install).await };
+        // After the first pass, the ModelCache kinds come from the staging watches the ModelCache
+        // reconciler keeps where every namespace has them (synced, none failing): no LIST then.
+        let mut kinds = kinds_to_list(first, possible);
+        if !first
+            && !scope.list_all
+            && !kinds.is_empty()
+            && let Some(staged) = staged(member, scope.namespaces, t, scope.install).await
+        {
+            found.extend(staged);
+            kinds = KINDS.len()..KINDS.len();
+            // Still possible: the next pass looks again (at the watches).
+            member.objects.cache_kinds.store(true, Ordering::SeqCst);
+        }
         // A periodic pass makes a bounded number of namespace LISTs; a deletion makes them all.
         let budget = (!scope.list_all).then_some((&member.objects.sweep_cursor, MAX_NAMESPACE_LISTS));
-        let listed =
-            list(&member.client, scope.namespaces, kinds_to_list(first, possible), scope.install, budget).await?;
+        let listed = list(&member.client, scope.namespaces, kinds, scope.install, budget).await?;
         if listed.found.iter().any(|f| f.kind >= CACHED_KINDS) || (possible && !listed.complete) {
             member.objects.cache_kinds.store(true, Ordering::SeqCst);
         }
@@ -518,22 +546,15 @@ pub async fn pass(ctx: &SweepContext) {
     futures_util::stream::iter(work).buffer_unordered(MEMBERS_AT_ONCE).collect::<Vec<()>>().await;
 }
 
-/// Sweeps every `every` until `shutdown` resolves. The first pass runs as soon as the owners
-/// and the members are known (the stores synced): what was left before this controller started
-/// is found at start-up, and its one listing of each member is over before the fleet settles,
-/// not one period later in its steady state.
+/// Sweeps every `every` until `shutdown` resolves (the first pass after one period). Tried at
+/// start-up instead: in one of two `e2e_deployment` runs a member's first pass (which lists
+/// every kind once) then came again later, inside the test's quiet minute; not understood yet,
+/// so the first pass stays one period after the start.
 pub async fn run(ctx: SweepContext, every: Duration, shutdown: impl std::future::Future<Output = ()>) {
     let passes = async {
-        let synced = ctx.clusters.wait_until_ready().await.is_ok()
-            && ctx.deployments.wait_until_ready().await.is_ok()
-            && ctx.caches.wait_until_ready().await.is_ok();
-        if !synced {
-            // The reflectors are gone (shutting down): no owners to judge by.
-            return;
-        }
         loop {
-            pass(&ctx).await;
             tokio::time::sleep(every).await;
+            pass(&ctx).await;
         }
     };
     tokio::select! { () = passes => {}, () = shutdown => {} }

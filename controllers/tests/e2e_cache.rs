@@ -231,7 +231,8 @@ async fn model_cache_controller_on_real_api_servers() {
         &fleet,
         "control",
         "ctl",
-        &["--poll-seconds", "2", "--member-timeout-seconds", "8", "--tenant-namespaces", "ml"],
+        // The sweep every 4 s: the settled window below spans several of its passes too.
+        &["--poll-seconds", "2", "--member-timeout-seconds", "8", "--tenant-namespaces", "ml", "--sweep-seconds", "4"],
     );
     let caches: Api<ModelCache> = Api::namespaced(control.clone(), "ml");
     let mds: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
@@ -269,13 +270,17 @@ async fn model_cache_controller_on_real_api_servers() {
 
     // Settled: the cache is looked at again every 3 polls (6 s here), from the member's
     // watches of its staging objects — the controller sends m1 no LIST of them over two of
-    // those looks (m1's audit log, the controller's User-Agent; other clients may list).
+    // those looks (m1's audit log, the controller's User-Agent; other clients may list); nor
+    // do the deletion sweep's passes meanwhile (every 4 s), which read the same watches.
     let log = fleet.audit_log("m1").expect("audited");
     let from = harness::apiserver::audit_end(&log);
     let reconciles = || ctl.metric_sum("flotilla_controller_reconciles_total", "kind=\"ModelCache\"");
     let looked = reconciles();
+    let sweeps = || ctl.metric_sum("flotilla_controller_member_sweeps_total", "outcome=\"Swept\"");
+    let swept = sweeps();
     tokio::time::sleep(Duration::from_secs(14)).await;
     assert!(reconciles() >= looked + 1.0, "the settled cache was looked at again meanwhile");
+    assert!(sweeps() >= swept + 2.0, "the sweep passed over the members meanwhile");
     let lists: Vec<(String, f64)> = harness::apiserver::audited(&log, flotilla_controllers::USER_AGENT, from)
         .into_iter()
         .filter(|(k, _)| {

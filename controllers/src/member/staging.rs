@@ -167,6 +167,13 @@ impl StagingWatches {
         Self { client, namespaces: Default::default() }
     }
 
+    /// The namespace's staging caches when the ModelCache reconciler already started them and
+    /// they are synced within `wait` with no watch failing; never starts any (the sweep asks).
+    pub async fn if_started(&self, ns: &str, wait: Duration) -> Option<Arc<StagingNs>> {
+        let cache = self.namespaces.lock().await.get(ns).cloned()?;
+        (cache.ready(wait).await && cache.failed().is_none()).then_some(cache)
+    }
+
     /// The namespace's staging caches, started if needed, when they are synced within `wait`
     /// and no watch of them is failing; `None`: read the member instead.
     pub async fn synced(&self, ns: &str, wait: Duration) -> Option<Arc<StagingNs>> {
