@@ -148,7 +148,10 @@ struct Model<'p> {
 struct Built {
     mip: microlp::Problem,
     x: Vec<Vec<Variable>>,
+    /// Every variable, in the order a step's values come in.
     all: Vec<Variable>,
+    /// Per deployment, where its option variables `x` sit in `all`.
+    x_at: Vec<std::ops::Range<usize>>,
 }
 
 impl<'p> Model<'p> {
@@ -177,6 +180,7 @@ impl<'p> Model<'p> {
         let p = self.p;
         let mut mip = microlp::Problem::new(OptimizationDirection::Maximize);
         let mut x: Vec<Vec<Variable>> = Vec::with_capacity(p.deployments.len());
+        let mut x_at = Vec::with_capacity(p.deployments.len());
         let mut all = Vec::new();
         // Per (pool, group): (devices per pod, pods variable).
         let mut used: HashMap<(usize, usize), Vec<(f64, Variable)>> = HashMap::new();
@@ -194,6 +198,7 @@ impl<'p> Model<'p> {
                     None => mip.add_integer_var(objective(d, k), (0, most)),
                 })
                 .collect();
+            x_at.push(all.len()..all.len() + xs.len());
             all.extend(xs.iter().copied());
             if !xs.is_empty() {
                 mip.add_constraint(
@@ -264,7 +269,7 @@ impl<'p> Model<'p> {
                 mip.add_constraint(terms, ComparisonOp::Ge, least - 0.5);
             }
         }
-        Built { mip, x, all }
+        Built { mip, x, all, x_at }
     }
 }
 
@@ -313,8 +318,7 @@ fn run(built: &Built, budget: Budget, warm: Vec<(Variable, f64)>) -> Result<Step
 
 /// Replicas per option from a solution's values.
 fn counts(built: &Built, values: &[f64]) -> Vec<Vec<u32>> {
-    let ix: HashMap<usize, usize> = built.all.iter().enumerate().map(|(i, v)| (v.idx(), i)).collect();
-    built.x.iter().map(|xs| xs.iter().map(|v| values[ix[&v.idx()]].round().max(0.0) as u32).collect()).collect()
+    built.x_at.iter().map(|at| values[at.clone()].iter().map(|v| v.round().max(0.0) as u32).collect()).collect()
 }
 
 /// The optimum for `p`, given the greedy `plans` (by `namespace/name`) and which deployments

@@ -111,22 +111,29 @@ fn exact_pass(
         out
     };
     let greedy = tiers_of(&plan);
-    let report =
-        |produced_by, proven, note: Option<String>, optimum: &std::collections::BTreeMap<i32, u32>, planned| {
-            let tiers = greedy
-                .iter()
-                .rev()
-                .map(|(&priority, &g)| exact::TierCount {
-                    priority,
-                    greedy: g,
-                    optimum: optimum.get(&priority).copied(),
-                    plan: planned_of(planned, priority, g),
-                })
-                .collect();
-            exact::ExactReport { produced_by, proven, time_limit_reached: false, note, tiers }
-        };
+    // What the exact mode did: which pass gave the plan, per tier the greedy's, the optimum's
+    // and the plan's replicas (`planned`: another plan's, else the greedy's).
+    let report = |produced_by,
+                  proven,
+                  timed_out,
+                  note: Option<String>,
+                  optimum: &std::collections::BTreeMap<i32, u32>,
+                  planned: Option<&std::collections::BTreeMap<i32, u32>>| {
+        let tiers = greedy
+            .iter()
+            .rev()
+            .map(|(&priority, &g)| exact::TierCount {
+                priority,
+                greedy: g,
+                optimum: optimum.get(&priority).copied(),
+                plan: planned.and_then(|p| p.get(&priority).copied()).unwrap_or(g),
+            })
+            .collect();
+        Some(exact::ExactReport { produced_by, proven, time_limit_reached: timed_out, note, tiers })
+    };
     if plan.deployments.iter().all(|p| p.unplaced == 0) {
-        plan.exact = Some(report(exact::Producer::Greedy, true, Some("every replica is placed".into()), &greedy, None));
+        plan.exact =
+            report(exact::Producer::Greedy, true, false, Some("every replica is placed".into()), &greedy, None);
         return plan;
     }
     let problem = problem::problem(snapshot);
@@ -147,8 +154,7 @@ fn exact_pass(
     let solved = match exact::optimum(&problem, &plans, &pool_ix, &|n| kept.contains(n), exact) {
         Ok(s) => s,
         Err(exact::Unsolved { note, timed_out }) => {
-            let r = report(exact::Producer::Greedy, false, Some(note), &Default::default(), None);
-            plan.exact = Some(exact::ExactReport { time_limit_reached: timed_out, ..r });
+            plan.exact = report(exact::Producer::Greedy, false, timed_out, Some(note), &Default::default(), None);
             return plan;
         }
     };
@@ -158,8 +164,8 @@ fn exact_pass(
     };
     if !better(&solved.tiers, &greedy) {
         let note = if solved.proven { "the greedy plan is optimal" } else { "no better plan found within the budget" };
-        let r = report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None);
-        plan.exact = Some(exact::ExactReport { time_limit_reached: solved.timed_out, ..r });
+        plan.exact =
+            report(exact::Producer::Greedy, solved.proven, solved.timed_out, Some(note.into()), &solved.tiers, None);
         return plan;
     }
     // The guide by (cluster, pool, alternative): pool indexes of the problem are the
@@ -185,19 +191,14 @@ fn exact_pass(
     }
     let placed = tiers_of(&guided);
     if better(&placed, &greedy) {
-        let r = report(exact::Producer::Exact, solved.proven, None, &solved.tiers, Some(&placed));
-        guided.exact = Some(exact::ExactReport { time_limit_reached: solved.timed_out, ..r });
+        guided.exact =
+            report(exact::Producer::Exact, solved.proven, solved.timed_out, None, &solved.tiers, Some(&placed));
         return guided;
     }
     let note = "the greedy's own checks refused replicas the optimum placed; the greedy plan is kept";
-    let r = report(exact::Producer::Greedy, solved.proven, Some(note.into()), &solved.tiers, None);
-    plan.exact = Some(exact::ExactReport { time_limit_reached: solved.timed_out, ..r });
+    plan.exact =
+        report(exact::Producer::Greedy, solved.proven, solved.timed_out, Some(note.into()), &solved.tiers, None);
     plan
-}
-
-/// A tier's replicas in the plan: `planned`'s when it is another plan's, else the greedy's `g`.
-fn planned_of(planned: Option<&std::collections::BTreeMap<i32, u32>>, priority: i32, g: u32) -> u32 {
-    planned.and_then(|p| p.get(&priority).copied()).unwrap_or(g)
 }
 
 /// Every pool's free devices per node, as the snapshot reports them.
