@@ -11,14 +11,11 @@ use std::collections::BTreeMap;
 use flotilla_apis::cluster::{ClusterCredentials, ClusterProvider, NodePool, SimCluster};
 use flotilla_apis::common::{JurisdictionCode, SecretRef};
 use flotilla_apis::deployment::{
-    DeviceAlternative, DeviceRequest, Engine, ModelSource, PlacementPolicy, Spread, SpreadDomain, Topology,
-    TopologyType,
+    DeviceAlternative, ModelSource, PlacementPolicy, Spread, SpreadDomain, Topology, TopologyType,
 };
-use flotilla_apis::{
-    CapacityType, FleetObject, InferenceCluster, InferenceClusterSpec, ModelDeployment, ModelDeploymentSpec,
-};
+use flotilla_apis::{CapacityType, FleetObject, InferenceCluster, InferenceClusterSpec, ModelDeployment};
 
-use crate::generate::{CLASSES, GenSpec, Rng, alt, cluster_status, objects_of, sov_policy, topology};
+use crate::generate::{CLASSES, GenSpec, Rng, alt, cluster_status, model_deployment, objects_of, sov_policy, topology};
 use crate::snapshot::FleetSnapshot;
 
 /// The crowded fleet's objects: classes, then clusters, then deployments.
@@ -168,25 +165,14 @@ fn deployment(seed: u64, index: usize, classes: &[&'static str]) -> ModelDeploym
         p.max_cost_per_hour = Some(format!("{}.{:02}", cents / 100, cents % 100));
     }
     p.priority = Some(*rng.pick(&[500, 100, 0]));
-    let spec = ModelDeploymentSpec {
-        model: ModelSource {
-            name: format!("{shape_name}-model-{index}"),
-            aliases: vec![],
-            source: format!("hf://example/{shape_name}"),
-            cache_ref: None,
-        },
-        replicas: replicas as i32,
-        engine: Engine { image: "vllm/vllm-openai:v0.11.0".into(), args: vec![], env: vec![], port: Some(8000) },
-        topology,
-        devices: DeviceRequest { alternatives },
-        placement: p,
-        routing: None,
-        disruption_budget: None,
-        autoscaling: None,
+    let model = ModelSource {
+        name: format!("{shape_name}-model-{index}"),
+        aliases: vec![],
+        source: format!("hf://example/{shape_name}"),
+        cache_ref: None,
     };
-    let mut d = ModelDeployment::new(&format!("{shape_name}-{index:04}"), spec);
-    d.metadata.namespace = Some(["team-a", "team-b"][index % 2].into());
-    d
+    let namespace = ["team-a", "team-b"][index % 2];
+    model_deployment((namespace, &format!("{shape_name}-{index:04}")), model, replicas, topology, alternatives, p)
 }
 
 #[cfg(test)]

@@ -518,24 +518,33 @@ fn deployment(seed: u64, index: usize, classes: &[&'static str]) -> ModelDeploym
         _ => vec![],
     };
     let namespace = *rng.pick(&["ml", "search", "assistants", "research"]);
+    let short = model_name.split('-').take(3).collect::<Vec<_>>().join("-").replace('.', "-");
+    let model =
+        ModelSource { name: model_name.into(), aliases: vec![], source: format!("hf://{repo}"), cache_ref: None };
+    model_deployment((namespace, &format!("{short}-{index:05}")), model, replicas, topology, alternatives, p)
+}
+
+/// A ModelDeployment `namespace/name` served by vLLM, with everything the generators draw.
+pub(crate) fn model_deployment(
+    (namespace, name): (&str, &str),
+    model: ModelSource,
+    replicas: u32,
+    topology: Topology,
+    alternatives: Vec<DeviceAlternative>,
+    placement: PlacementPolicy,
+) -> ModelDeployment {
     let spec = ModelDeploymentSpec {
-        model: ModelSource {
-            name: model_name.into(),
-            aliases: vec![],
-            source: format!("hf://{repo}"),
-            cache_ref: None,
-        },
+        model,
         replicas: replicas as i32,
         engine: Engine { image: "vllm/vllm-openai:v0.11.0".into(), args: vec![], env: vec![], port: Some(8000) },
         topology,
         devices: DeviceRequest { alternatives },
-        placement: p,
+        placement,
         routing: None,
         disruption_budget: None,
         autoscaling: None,
     };
-    let short = model_name.split('-').take(3).collect::<Vec<_>>().join("-").replace('.', "-");
-    let mut d = ModelDeployment::new(&format!("{short}-{index:05}"), spec);
+    let mut d = ModelDeployment::new(name, spec);
     d.metadata.namespace = Some(namespace.into());
     d
 }
