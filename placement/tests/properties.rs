@@ -1081,6 +1081,7 @@ fn exact_mode_plans_on_crowded_fleets_pass_the_checker() {
     let exact =
         flotilla_placement::ExactOptions { max_nodes, max_time: None, ..flotilla_placement::ExactOptions::default() };
     let options = SolveOptions { exact: Some(exact), ..SolveOptions::default() };
+    let mut by_exact = 0;
     for seed in std::env::var("FLOTILLA_EXACT_SEEDS")
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect::<Vec<u64>>())
@@ -1093,8 +1094,11 @@ fn exact_mode_plans_on_crowded_fleets_pass_the_checker() {
         let mut checker = Checker::new(&snap);
         checker.whole_tiers =
             plan.exact.as_ref().is_some_and(|r| r.produced_by == flotilla_placement::exact::Producer::Exact);
+        by_exact += usize::from(checker.whole_tiers);
         if let Err(e) = checker.check(&plan, &mut Seen::default()) {
             panic!("{spec:?}: {e}\n{:#?}", plan.exact);
         }
     }
+    // Some of the plans checked are the exact mode's, not only the greedy's it fell back to.
+    assert!(by_exact > 0, "no crowded fleet here took the exact mode's plan: the checker saw only greedy ones");
 }
