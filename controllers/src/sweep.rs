@@ -53,6 +53,8 @@ pub const ALWAYS: usize = 10;
 /// At most this many namespace LISTs per member per periodic pass, where the member refuses
 /// cluster-wide ones (namespaced RBAC): the next pass continues where this one stopped.
 pub const MAX_NAMESPACE_LISTS: usize = 32;
+/// How long a pass waits for a tenant namespace's staging watches to show they are synced.
+const STAGED_WAIT: Duration = Duration::from_millis(100);
 /// At most this many members swept at the same time.
 pub const MEMBERS_AT_ONCE: usize = 16;
 
@@ -320,14 +322,16 @@ pub async fn delete(client: &Client, doomed: &[Found]) -> Result<usize, kube::Er
 
 /// What the member's staging watches hold of the ModelCache kinds (Jobs, volume claims,
 /// Secrets) in every one of `namespaces`, as `Found`s; `None` when a namespace has none started
-/// by the ModelCache reconciler, or one not synced or failing (then the pass lists).
-async fn staged(member: &Handle, namespaces: &BTreeSet<String>, t: Timeouts, install: &str) -> Option<Vec<Found>> {
+/// by the ModelCache reconciler, or one not synced or failing (then the pass lists). The watches
+/// answer at once or not at all: the pass does not wait on them (its member timeout is for the
+/// LISTs that follow).
+async fn staged(member: &Handle, namespaces: &BTreeSet<String>, install: &str) -> Option<Vec<Found>> {
     let now = Timestamp::now();
     let kind = |k: &str| KINDS.iter().position(|x| x.2 == k);
     let (job, pvc, secret) = (kind("Job")?, kind("PersistentVolumeClaim")?, kind("Secret")?);
     let mut out = Vec::new();
     for ns in namespaces {
-        let st = member.objects.staging.if_started(ns, t.observe).await?;
+        let st = member.objects.staging.if_started(ns, STAGED_WAIT).await?;
         out.extend(st.jobs.state().iter().filter_map(|o| found(job, &o.metadata, now, install)));
         out.extend(st.pvcs.state().iter().filter_map(|o| found(pvc, &o.metadata, now, install)));
         out.extend(st.secrets.state().iter().filter_map(|o| found(secret, &o.metadata, now, install)));
@@ -381,7 +385,7 @@ pub async fn member(member: &Handle, scope: &Scope<'_>, t: Timeouts) -> Result<S
         if !first
             && !scope.list_all
             && !kinds.is_empty()
-            && let Some(staged) = staged(member, scope.namespaces, t, scope.install).await
+            && let Some(staged) = staged(member, scope.namespaces, scope.install).await
         {
             found.extend(staged);
             kinds = KINDS.len()..KINDS.len();
