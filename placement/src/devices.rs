@@ -217,6 +217,11 @@ impl ReplicaShape {
             free[b] -= pod;
             return true;
         }
+        self.take_nodes(free).is_some()
+    }
+
+    /// [`Self::take_in`], saying which node each pod (in `pods` order) went to.
+    pub fn take_nodes(&self, free: &mut [u32]) -> Option<Vec<usize>> {
         // Nodes taken so far (a few pods per replica); given back when a pod does not fit.
         let mut used: Vec<usize> = Vec::with_capacity(self.pods.len());
         for &pod in &self.pods {
@@ -230,12 +235,12 @@ impl ReplicaShape {
                 for (&i, &p) in used.iter().zip(&self.pods) {
                     free[i] += p;
                 }
-                return false;
+                return None;
             };
             free[b] -= pod;
             used.push(b);
         }
-        true
+        Some(used)
     }
 
     /// Whether one more replica fits in `free` (no allocation for single-pod replicas).

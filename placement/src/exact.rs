@@ -113,26 +113,54 @@ impl From<String> for Unsolved {
 }
 
 /// Node groups of a pool: (free devices per node, nodes), a group summed only where that is
-/// exact (every pod size divides the next and the free count), else split into single nodes.
-fn groups(free_per_node: &[u32], sizes: &[u32]) -> Vec<(u32, u32)> {
-    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
-    for &f in free_per_node.iter().filter(|&&f| f > 0) {
-        *counts.entry(f).or_default() += 1;
+/// exact (every pod size divides the next and the free count), else split into single nodes;
+/// and per node, its group (none for a node with nothing free).
+fn groups(free_per_node: &[u32], sizes: &[u32]) -> (Vec<(u32, u32)>, Vec<Option<usize>>) {
+    let mut nodes: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, &f) in free_per_node.iter().enumerate().filter(|(_, f)| **f > 0) {
+        nodes.entry(f).or_default().push(i);
     }
     let mut chain: Vec<u32> = sizes.to_vec();
     chain.sort_unstable();
     chain.dedup();
     let divisible = chain.windows(2).all(|w| w[1] % w[0] == 0);
-    let mut out = Vec::new();
-    for (free, n) in counts {
-        let exact = n == 1 || (divisible && chain.iter().filter(|&&s| s <= free).all(|s| free % s == 0));
+    let (mut out, mut of) = (Vec::new(), vec![None; free_per_node.len()]);
+    for (free, on) in nodes {
+        let exact = on.len() == 1 || (divisible && chain.iter().filter(|&&s| s <= free).all(|s| free % s == 0));
+        for &i in &on {
+            of[i] = Some(out.len());
+            if !exact {
+                out.push((free, 1));
+            }
+        }
         if exact {
-            out.push((free, n));
-        } else {
-            out.extend(std::iter::repeat_n((free, 1), n as usize));
+            out.push((free, on.len() as u32));
         }
     }
-    out
+    (out, of)
+}
+
+/// Pods per (deployment, option, pod size, node group) of a solution: its `z` variables.
+type Pods = HashMap<(usize, usize, u32, usize), u32>;
+
+/// Per (pool, node group): (deployment, devices per pod, its pods variable there).
+type Used = HashMap<(usize, usize), Vec<(usize, f64, Variable)>>;
+
+/// A program's variables as they are added: every one, and each with its warm-start value.
+#[derive(Default)]
+struct Vars {
+    all: Vec<Variable>,
+    warm: Vec<(Variable, f64)>,
+}
+
+impl Vars {
+    /// An integer variable with objective coefficient `obj`, `bounds`, and warm value `at`.
+    fn add(&mut self, mip: &mut microlp::Problem, obj: f64, bounds: (i32, i32), at: f64) -> Variable {
+        let v = mip.add_integer_var(obj, bounds);
+        self.all.push(v);
+        self.warm.push((v, at));
+        v
+    }
 }
 
 /// The model: variables per (deployment, option), and what each step needs to rebuild it.
@@ -140,7 +168,11 @@ struct Model<'p> {
     p: &'p Problem,
     /// Per deployment: fixed counts per option (`Some`) or free.
     fixed: Vec<Option<Vec<u32>>>,
+    /// Per deployment: the greedy's counts per option (what a spreading deployment may keep).
+    greedy: Vec<Vec<u32>>,
     groups: Vec<Vec<(u32, u32)>>,
+    /// Per pool, per node: its group.
+    node_group: Vec<Vec<Option<usize>>>,
     variables: usize,
 }
 
@@ -152,14 +184,29 @@ struct Built {
     all: Vec<Variable>,
     /// Per deployment, where its option variables `x` sit in `all`.
     x_at: Vec<std::ops::Range<usize>>,
+    /// Where each pods variable sits in `all`, by (deployment, option, pod size, node group).
+    z_at: Vec<((usize, usize, u32, usize), usize)>,
+    /// A value for every variable, from `Model::build`'s `start`.
+    warm: Option<Vec<(Variable, f64)>>,
+}
+
+/// The spread domains of a deployment's options (by `ProblemDeployment::spread`'s kind), when
+/// the model reasons about its spread: free, spreading, over two domains or more.
+fn spread_domains(p: &Problem, d: &ProblemDeployment) -> Option<BTreeMap<usize, Vec<usize>>> {
+    let (kind, _) = d.spread?;
+    let mut by: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (k, o) in d.options.iter().enumerate() {
+        by.entry(p.pools[o.pool].domains[kind]).or_default().push(k);
+    }
+    (by.len() > 1).then_some(by)
 }
 
 impl<'p> Model<'p> {
-    fn new(p: &'p Problem, fixed: Vec<Option<Vec<u32>>>) -> Self {
+    fn new(p: &'p Problem, fixed: Vec<Option<Vec<u32>>>, greedy: Vec<Vec<u32>>) -> Self {
         let sizes: Vec<u32> = p.deployments.iter().flat_map(|d| d.pods.iter().copied()).collect();
-        let groups: Vec<Vec<(u32, u32)>> = p.pools.iter().map(|q| groups(&q.free_per_node, &sizes)).collect();
+        let (groups, node_group): (Vec<_>, Vec<_>) = p.pools.iter().map(|q| groups(&q.free_per_node, &sizes)).unzip();
         let mut variables = 0;
-        for d in &p.deployments {
+        for (di, d) in p.deployments.iter().enumerate() {
             let distinct = {
                 let mut s = d.pods.clone();
                 s.sort_unstable();
@@ -170,36 +217,111 @@ impl<'p> Model<'p> {
                 variables +=
                     1 + distinct.iter().map(|&s| groups[o.pool].iter().filter(|g| g.0 >= s).count()).sum::<usize>();
             }
+            if fixed[di].is_none()
+                && let Some(by) = spread_domains(p, d)
+            {
+                // Kept or not; per pool full; per capped alternative at its maximum; per price
+                // over the ceiling; per domain open.
+                let pools: std::collections::BTreeSet<usize> = d.options.iter().map(|o| o.pool).collect();
+                let prices: std::collections::BTreeSet<u64> = d.options.iter().map(|o| o.price_micros).collect();
+                variables += 1
+                    + pools.len()
+                    + d.alternatives.iter().filter(|a| a.1.is_some()).count()
+                    + if d.max_cost_micros.is_some() { prices.len() } else { 0 }
+                    + by.len();
+            }
         }
-        Self { p, fixed, groups, variables }
+        Self { p, fixed, greedy, groups, node_group, variables }
+    }
+
+    /// Whether the model reasons about deployment `di`'s spread (it is free and spreads over
+    /// two domains or more).
+    fn spreads(&self, di: usize) -> bool {
+        self.fixed[di].is_none() && spread_domains(self.p, &self.p.deployments[di]).is_some()
+    }
+
+    /// Pods per (deployment, option, pod size, node group) for replica `counts` per option,
+    /// packed pool by pool, largest pods first (multi-pod replicas first among equals), best
+    /// fit; `None` when they do not fit so.
+    fn pods_of(&self, counts: &[Vec<u32>]) -> Option<Pods> {
+        let shapes: Vec<crate::devices::ReplicaShape> = self
+            .p
+            .deployments
+            .iter()
+            .map(|d| crate::devices::ReplicaShape { pods: d.pods.clone(), distinct_nodes: d.distinct_nodes })
+            .collect();
+        let mut on: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.p.pools.len()];
+        for (di, d) in self.p.deployments.iter().enumerate() {
+            for (k, o) in d.options.iter().enumerate() {
+                on[o.pool].extend(std::iter::repeat_n((di, k), counts[di][k] as usize));
+            }
+        }
+        let mut out = Pods::new();
+        for (pool, mut replicas) in on.into_iter().enumerate() {
+            replicas.sort_by_key(|&(di, _)| std::cmp::Reverse((shapes[di].largest_pod(), shapes[di].pods.len())));
+            let mut free = self.p.pools[pool].free_per_node.clone();
+            for (di, k) in replicas {
+                let nodes = shapes[di].take_nodes(&mut free)?;
+                for (&node, &s) in nodes.iter().zip(&shapes[di].pods) {
+                    *out.entry((di, k, s, self.node_group[pool][node]?)).or_default() += 1;
+                }
+            }
+        }
+        Some(out)
     }
 
     /// The program with objective coefficients per (deployment, option) from `objective`, and
-    /// `at_least` (per tier: the sum of its replicas) as constraints.
-    fn build(&self, objective: impl Fn(&ProblemDeployment, usize) -> f64, at_least: &[(i32, f64)]) -> Built {
+    /// `at_least` (per tier: the sum of its replicas) as constraints. With `start` (the greedy's
+    /// pods, `pods_of`), the built program carries the greedy's solution as a complete warm
+    /// start: counts per option and their pods (`pods_of`). With `hold`, the deployments whose
+    /// spread the model reasons about keep the greedy's counts instead (a smaller program whose
+    /// answer is a complete warm start of the full one).
+    fn build(
+        &self,
+        objective: impl Fn(&ProblemDeployment, usize) -> f64,
+        at_least: &[(i32, f64)],
+        start: Option<(&[Vec<u32>], &Pods)>,
+        hold: bool,
+    ) -> Built {
         let p = self.p;
         let mut mip = microlp::Problem::new(OptimizationDirection::Maximize);
         let mut x: Vec<Vec<Variable>> = Vec::with_capacity(p.deployments.len());
         let mut x_at = Vec::with_capacity(p.deployments.len());
-        let mut all = Vec::new();
-        // Per (pool, group): (devices per pod, pods variable).
-        let mut used: HashMap<(usize, usize), Vec<(f64, Variable)>> = HashMap::new();
+        let mut vars = Vars::default();
+        let mut used = Used::new();
+        let mut z_at = Vec::new();
+        // Per deployment whose spread the model reasons about: whether it keeps the greedy's
+        // counts (then its spread is the greedy's, already checked).
+        let mut keeps: Vec<Option<Variable>> = vec![None; p.deployments.len()];
         for (di, d) in p.deployments.iter().enumerate() {
             let most = d.replicas.min(i32::MAX as u32) as i32;
-            let xs: Vec<Variable> = d
-                .options
-                .iter()
-                .enumerate()
-                .map(|(k, _)| match &self.fixed[di] {
-                    Some(counts) => {
-                        let v = counts[k].min(i32::MAX as u32) as i32;
-                        mip.add_integer_var(objective(d, k), (v, v))
+            let greedy = &self.greedy[di];
+            let xs: Vec<Variable> = (0..d.options.len())
+                .map(|k| {
+                    let g = f64::from(start.map_or(greedy[k], |(c, _)| c[di][k]));
+                    let held = (hold && self.spreads(di)).then_some(greedy.as_slice());
+                    match self.fixed[di].as_deref().or(held) {
+                        Some(counts) => {
+                            let v = counts[k].min(i32::MAX as u32) as i32;
+                            vars.add(&mut mip, objective(d, k), (v, v), g)
+                        }
+                        None => vars.add(&mut mip, objective(d, k), (0, most), g),
                     }
-                    None => mip.add_integer_var(objective(d, k), (0, most)),
                 })
                 .collect();
-            x_at.push(all.len()..all.len() + xs.len());
-            all.extend(xs.iter().copied());
+            x_at.push(vars.all.len() - xs.len()..vars.all.len());
+            if self.spreads(di) && !hold {
+                // x = greedy when kept: x + M·keep <= g + M and x - M·keep >= g - M.
+                let kept = start.is_none_or(|(c, _)| c[di] == *greedy);
+                let keep = vars.add(&mut mip, 0.0, (0, 1), f64::from(u8::from(kept)));
+                let m = f64::from(d.replicas);
+                for (k, &v) in xs.iter().enumerate() {
+                    let g = f64::from(greedy[k]);
+                    mip.add_constraint([(v, 1.0), (keep, m)], ComparisonOp::Le, g + m);
+                    mip.add_constraint([(v, 1.0), (keep, -m)], ComparisonOp::Ge, g - m);
+                }
+                keeps[di] = Some(keep);
+            }
             if !xs.is_empty() {
                 mip.add_constraint(
                     xs.iter().map(|&v| (v, 1.0)).collect::<Vec<_>>(),
@@ -234,15 +356,16 @@ impl<'p> Model<'p> {
                         if free < s {
                             continue;
                         }
-                        let z = mip.add_integer_var(0.0, (0, most.saturating_mul(t as i32)));
-                        all.push(z);
+                        let at = start.map_or(0, |(_, pods)| pods.get(&(di, k, s, gi)).copied().unwrap_or(0));
+                        let z = vars.add(&mut mip, 0.0, (0, most.saturating_mul(t as i32)), f64::from(at));
+                        z_at.push(((di, k, s, gi), vars.all.len() - 1));
                         if d.distinct_nodes {
                             // At most one pod of a replica per node: n nodes hold at most n pods
                             // per replica.
                             mip.add_constraint([(z, 1.0), (xs[k], -f64::from(n))], ComparisonOp::Le, 0.0);
                         }
                         zs.push((z, 1.0));
-                        used.entry((o.pool, gi)).or_default().push((f64::from(s), z));
+                        used.entry((o.pool, gi)).or_default().push((di, f64::from(s), z));
                     }
                     zs.push((xs[k], -f64::from(t)));
                     mip.add_constraint(zs, ComparisonOp::Eq, 0.0);
@@ -254,8 +377,13 @@ impl<'p> Model<'p> {
         keys.sort_unstable();
         for key in keys {
             let (free, n) = self.groups[key.0][key.1];
-            let terms: Vec<(Variable, f64)> = used[key].iter().map(|&(s, z)| (z, s)).collect();
+            let terms: Vec<(Variable, f64)> = used[key].iter().map(|&(_, s, z)| (z, s)).collect();
             mip.add_constraint(terms, ComparisonOp::Le, f64::from(free) * f64::from(n));
+        }
+        for (di, d) in p.deployments.iter().enumerate() {
+            if let Some(keep) = keeps[di] {
+                self.spread(&mut mip, &mut vars, &used, (di, d), &x[di], keep);
+            }
         }
         for &(tier, least) in at_least {
             let terms: Vec<(Variable, f64)> = p
@@ -269,7 +397,109 @@ impl<'p> Model<'p> {
                 mip.add_constraint(terms, ComparisonOp::Ge, least - 0.5);
             }
         }
-        Built { mip, x, all, x_at }
+        let warm = start.map(|_| vars.warm);
+        Built { mip, x, all: vars.all, x_at, z_at, warm }
+    }
+
+    /// Spread of deployment `di` as the greedy keeps it, unless it keeps the greedy's counts
+    /// (`keep`): no domain more than maxSkew above another that is open, and a domain may be
+    /// closed only while every option in it has a reason to take no further replica: its pool
+    /// full once the deployments solved up to this one are placed (no node group with room for
+    /// a pod of a one-pod replica; fewer free devices in all than a replica needs), its
+    /// alternative at `maxReplicas`, or one more replica at its price over the ceiling. Each
+    /// reason is a 0/1 variable that may be 1 only when the reason holds.
+    fn spread(
+        &self,
+        mip: &mut microlp::Problem,
+        vars: &mut Vars,
+        used: &Used,
+        (di, d): (usize, &ProblemDeployment),
+        xs: &[Variable],
+        keep: Variable,
+    ) {
+        let Some(by) = spread_domains(self.p, d) else { return };
+        let Some((_, skew)) = d.spread else { return };
+        let m = f64::from(d.replicas);
+        let smallest = d.pods.iter().copied().min().unwrap_or(1);
+        let total: u32 = d.pods.iter().sum();
+        let mut full: BTreeMap<usize, Variable> = BTreeMap::new();
+        for pool in d.options.iter().map(|o| o.pool).collect::<std::collections::BTreeSet<_>>() {
+            let f = vars.add(mip, 0.0, (0, 1), 0.0);
+            full.insert(pool, f);
+            // What the deployments solved up to this one use of a group, and its devices.
+            let use_of = |gi: usize| -> (Vec<(Variable, f64)>, f64) {
+                let (free, n) = self.groups[pool][gi];
+                let terms = used.get(&(pool, gi)).map_or(Vec::new(), |u| {
+                    u.iter().filter(|&&(dj, _, _)| dj <= di).map(|&(_, s, z)| (z, -s)).collect()
+                });
+                (terms, f64::from(free) * f64::from(n))
+            };
+            let room: Vec<usize> =
+                (0..self.groups[pool].len()).filter(|&gi| self.groups[pool][gi].0 >= smallest).collect();
+            if d.pods.len() == 1 {
+                // Full: every group has at most pod - 1 devices left, -used + devices·full <= pod - 1.
+                for gi in room {
+                    let (mut terms, devices) = use_of(gi);
+                    terms.push((f, devices));
+                    mip.add_constraint(terms, ComparisonOp::Le, f64::from(smallest) - 1.0);
+                }
+            } else if !room.is_empty() {
+                // Full: the groups a pod fits in have fewer devices left than a replica needs.
+                let (mut terms, mut devices) = (Vec::new(), 0.0);
+                for gi in room {
+                    let (t, dv) = use_of(gi);
+                    terms.extend(t);
+                    devices += dv;
+                }
+                terms.push((f, devices));
+                mip.add_constraint(terms, ComparisonOp::Le, f64::from(total) - 1.0);
+            }
+        }
+        let mut at_max: BTreeMap<u32, Variable> = BTreeMap::new();
+        for (r, (_, most)) in d.alternatives.iter().enumerate() {
+            let Some(most) = most else { continue };
+            let rank = r as u32 + 1;
+            let a = vars.add(mip, 0.0, (0, 1), 0.0);
+            let mut terms: Vec<(Variable, f64)> =
+                d.options.iter().zip(xs).filter(|(o, _)| o.rank == rank).map(|(_, &v)| (v, 1.0)).collect();
+            terms.push((a, -f64::from(*most)));
+            mip.add_constraint(terms, ComparisonOp::Ge, 0.0);
+            at_max.insert(rank, a);
+        }
+        let mut broke: BTreeMap<u64, Variable> = BTreeMap::new();
+        if let Some(max) = d.max_cost_micros {
+            for price in d.options.iter().map(|o| o.price_micros).collect::<std::collections::BTreeSet<_>>() {
+                // Spent + price > max: spent >= (max + 1 micro - price)·broke, in dollars.
+                let b = vars.add(mip, 0.0, (0, 1), 0.0);
+                let mut terms: Vec<(Variable, f64)> =
+                    d.options.iter().zip(xs).map(|(o, &v)| (v, o.price_micros as f64 / 1e6)).collect();
+                terms.push((b, -((max as f64 + 1.0 - price as f64) / 1e6)));
+                mip.add_constraint(terms, ComparisonOp::Ge, 0.0);
+                broke.insert(price, b);
+            }
+        }
+        let count = |ks: &[usize], sign: f64| -> Vec<(Variable, f64)> { ks.iter().map(|&k| (xs[k], sign)).collect() };
+        for (dom, ks) in &by {
+            let open = vars.add(mip, 0.0, (0, 1), 1.0);
+            for &k in ks {
+                let o = &d.options[k];
+                let mut why = vec![(open, 1.0), (full[&o.pool], 1.0)];
+                why.extend(at_max.get(&o.rank).map(|&a| (a, 1.0)));
+                why.extend(broke.get(&o.price_micros).map(|&b| (b, 1.0)));
+                mip.add_constraint(why, ComparisonOp::Ge, 1.0);
+            }
+            // Open and not kept: every other domain within maxSkew of this one.
+            for (other, oks) in &by {
+                if other == dom {
+                    continue;
+                }
+                let mut terms = count(oks, 1.0);
+                terms.extend(count(ks, -1.0));
+                terms.push((open, m));
+                terms.push((keep, -m));
+                mip.add_constraint(terms, ComparisonOp::Le, f64::from(skew) + m);
+            }
+        }
     }
 }
 
@@ -354,7 +584,7 @@ pub(super) fn optimum(
     }
     let fixed: Vec<Option<Vec<u32>>> =
         p.deployments.iter().zip(&greedy).map(|(d, g)| keep(&d.name).then(|| g.clone())).collect();
-    let model = Model::new(p, fixed);
+    let model = Model::new(p, fixed, greedy.clone());
     if model.variables > options.max_variables {
         return Err(Unsolved::from(format!(
             "the model would have {} integer variables, more than the {} allowed",
@@ -364,38 +594,25 @@ pub(super) fn optimum(
     let mut tiers: Vec<i32> = p.deployments.iter().map(|d| d.priority).collect();
     tiers.sort_unstable_by(|a, b| b.cmp(a));
     tiers.dedup();
-    let tier_sum = |c: &[Vec<u32>], t: i32| -> u32 {
-        p.deployments.iter().zip(c).filter(|(d, _)| d.priority == t).map(|(_, xs)| xs.iter().sum::<u32>()).sum()
-    };
-    let mut at_least: Vec<(i32, f64)> = Vec::new();
-    let mut proven = true;
-    let mut timed_out = false;
     let budget =
         Budget { max_nodes: options.max_nodes, deadline: options.max_time.map(|t| std::time::Instant::now() + t) };
-    let mut start: Option<Vec<f64>> = None;
-    let mut best = greedy.clone();
-    for &t in &tiers {
-        let built = model.build(|d, _| if d.priority == t { 1.0 } else { 0.0 }, &at_least);
-        // The first step starts from the greedy's counts (the pods' split left to the solver),
-        // each next one from the step before.
-        let warm: Vec<(Variable, f64)> = match &start {
-            Some(values) => built.all.iter().copied().zip(values.iter().copied()).collect(),
-            None => built
-                .x
-                .iter()
-                .zip(&greedy)
-                .flat_map(|(xs, g)| xs.iter().copied().zip(g.iter().map(|&n| f64::from(n))))
-                .collect(),
-        };
-        let step = run(&built, budget, warm)?;
-        proven &= step.proven;
-        timed_out |= step.timed_out;
-        let values = step.values;
-        best = counts(&built, &values);
-        // Never below what the greedy placed in this tier (its plan is a solution too).
-        at_least.push((t, f64::from(tier_sum(&best, t).max(tier_sum(&greedy, t)))));
-        start = Some(values);
+    // Two rounds: spreading deployments at the greedy's counts (a smaller search), then free,
+    // warm-started from the first round's answer (so never below it); the second's failure
+    // (the time limit) leaves the first's answer, unproven.
+    let spreading = (0..p.deployments.len()).any(|di| model.spreads(di));
+    let pods = model.pods_of(&greedy);
+    let mut lex = model.lexicographic(&tiers, budget, true, &greedy, pods.as_ref())?;
+    if spreading {
+        match model.lexicographic(&tiers, budget, false, &lex.counts, lex.pods.as_ref()) {
+            Ok(free) => lex = free,
+            Err(e) => {
+                lex.proven = false;
+                lex.timed_out |= e.timed_out;
+            }
+        }
     }
+    let tier_sum = |c: &[Vec<u32>], t: i32| model.tier_sum(c, t);
+    let Lexicographic { counts: mut best, pods, at_least, mut proven, mut timed_out, values, hold } = lex;
     // Preferences, every tier fixed: earlier alternatives, preferred capacity types, then price.
     let max_price = p.deployments.iter().flat_map(|d| &d.options).map(|o| o.price_micros).max().unwrap_or(1).max(1);
     let built = model.build(
@@ -404,8 +621,13 @@ pub(super) fn optimum(
             -(f64::from(o.rank - 1) * 4.0 + f64::from(o.capacity_type_rank) + o.price_micros as f64 / max_price as f64)
         },
         &at_least,
+        if values.is_none() { pods.as_ref().map(|q| (best.as_slice(), q)) } else { None },
+        hold,
     );
-    let warm = start.map(|values| built.all.iter().copied().zip(values).collect()).unwrap_or_default();
+    let warm = match (values, &built.warm) {
+        (Some(v), _) => built.all.iter().copied().zip(v).collect(),
+        (None, w) => w.clone().unwrap_or_default(),
+    };
     if let Ok(step) = run(&built, budget, warm) {
         let c = counts(&built, &step.values);
         timed_out |= step.timed_out;
@@ -427,6 +649,101 @@ pub(super) fn optimum(
     Ok(Solved { guide, proven, timed_out, tiers })
 }
 
+/// One lexicographic round's answer.
+struct Lexicographic {
+    /// Replicas per deployment and option.
+    counts: Vec<Vec<u32>>,
+    /// Their pods over node groups.
+    pods: Option<Pods>,
+    /// Every variable's value (of a program built with `hold`), unless `counts` are `from`'s.
+    values: Option<Vec<f64>>,
+    hold: bool,
+    /// Per tier, the replicas it keeps.
+    at_least: Vec<(i32, f64)>,
+    proven: bool,
+    timed_out: bool,
+}
+
+impl Model<'_> {
+    /// Replicas of tier `t` in `c`.
+    fn tier_sum(&self, c: &[Vec<u32>], t: i32) -> u32 {
+        self.p.deployments.iter().zip(c).filter(|(d, _)| d.priority == t).map(|(_, xs)| xs.iter().sum::<u32>()).sum()
+    }
+
+    /// The most replicas for each tier in turn (`tiers`, highest first), each fixed before the
+    /// next, starting from `from` (counts per option, with their pods when they pack); `hold` as
+    /// in [`Model::build`]. A tier never gets less than `from` gives it while every higher tier
+    /// has what `from` gives it (`from` is a solution too).
+    fn lexicographic(
+        &self,
+        tiers: &[i32],
+        budget: Budget,
+        hold: bool,
+        from: &[Vec<u32>],
+        pods: Option<&Pods>,
+    ) -> Result<Lexicographic, Unsolved> {
+        let mut at_least: Vec<(i32, f64)> = Vec::new();
+        let (mut proven, mut timed_out, mut same) = (true, false, true);
+        let mut values: Option<Vec<f64>> = None;
+        let mut out = (from.to_vec(), pods.cloned());
+        for &t in tiers {
+            // The tier's replicas, and the next two tiers' at weights that sum to less than one
+            // replica of the tier above them (so the tier comes first, and the answer is a good
+            // start for the next steps).
+            let below: u32 = self.p.deployments.iter().filter(|d| d.priority < t).map(|d| d.replicas).sum();
+            let eps = 1.0 / (f64::from(below) + 1.0);
+            let at = tiers.iter().position(|&u| u == t).unwrap_or(0);
+            let objective = |d: &ProblemDeployment, _| match tiers.iter().position(|&u| u == d.priority) {
+                Some(j) if j == at => 1.0,
+                Some(j) if j == at + 1 => eps,
+                Some(j) if j == at + 2 => eps * eps,
+                _ => 0.0,
+            };
+            let built =
+                self.build(objective, &at_least, if values.is_none() { pods.map(|q| (from, q)) } else { None }, hold);
+            // The first step starts from `from` (only its counts when its pods do not pack as the
+            // model's groups count them: the solver completes or drops them), each next one
+            // from the step before.
+            let warm: Vec<(Variable, f64)> = match (&values, &built.warm) {
+                (Some(v), _) => built.all.iter().copied().zip(v.iter().copied()).collect(),
+                (None, Some(w)) => w.clone(),
+                (None, None) => built
+                    .x
+                    .iter()
+                    .zip(from)
+                    .flat_map(|(xs, g)| xs.iter().copied().zip(g.iter().map(|&n| f64::from(n))))
+                    .collect(),
+            };
+            let step = run(&built, budget, warm)?;
+            proven &= step.proven;
+            timed_out |= step.timed_out;
+            let counts = counts(&built, &step.values);
+            let found: Pods = built
+                .z_at
+                .iter()
+                .map(|&(key, at)| (key, step.values[at]))
+                .filter(|&(_, v)| v > 0.5)
+                .map(|(key, v)| (key, v.round() as u32))
+                .collect();
+            let (got, had) = (self.tier_sum(&counts, t), self.tier_sum(from, t));
+            if same && got < had {
+                // The search fell short of `from` within its budget: `from` is the better answer
+                // so far, and the next step starts from it again.
+                at_least.push((t, f64::from(had)));
+                out = (from.to_vec(), pods.cloned());
+                values = None;
+                continue;
+            }
+            at_least.push((t, f64::from(got)));
+            same &= got == had;
+            out = (counts, Some(found));
+            values = Some(step.values);
+        }
+        let (counts, pods) = out;
+        Ok(Lexicographic { counts, pods, values, hold, at_least, proven, timed_out })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::groups;
@@ -434,10 +751,10 @@ mod tests {
     #[test]
     fn node_groups_sum_only_where_exact() {
         // 8-device nodes with pods of 1, 2, 4, 8: equal free counts summed.
-        assert_eq!(groups(&[8, 8, 8, 0], &[1, 2, 8]), vec![(8, 3)]);
+        assert_eq!(groups(&[8, 8, 8, 0], &[1, 2, 8]), (vec![(8, 3)], vec![Some(0), Some(0), Some(0), None]));
         // 6 free is not a multiple of 4: single nodes.
-        assert_eq!(groups(&[6, 6, 8], &[4, 8]), vec![(6, 1), (6, 1), (8, 1)]);
+        assert_eq!(groups(&[6, 6, 8], &[4, 8]), (vec![(6, 1), (6, 1), (8, 1)], vec![Some(0), Some(1), Some(2)]));
         // Sizes 3 and 2 do not divide each other: single nodes.
-        assert_eq!(groups(&[6, 6], &[2, 3]), vec![(6, 1), (6, 1)]);
+        assert_eq!(groups(&[6, 8, 6], &[2, 3]), (vec![(6, 1), (6, 1), (8, 1)], vec![Some(0), Some(2), Some(1)]));
     }
 }

@@ -143,12 +143,12 @@ fn exact_pass(
     for (i, q) in problem.pools.iter().enumerate() {
         pool_ix.entry((q.cluster.as_str(), q.pool.as_str())).or_default().push(i);
     }
-    // Deployments whose greedy counts the model keeps: spread (judged replica by replica in
-    // placing order) and stickiness (replicas that run stay where they run).
+    // Deployments whose greedy counts the model keeps: those that run somewhere (replicas that
+    // run stay where they run).
     let kept: std::collections::HashSet<String> = snapshot
         .deployments
         .iter()
-        .filter(|d| d.spec.placement.spread.is_some() || d.current.iter().any(|c| c.desired > 0))
+        .filter(|d| d.current.iter().any(|c| c.desired > 0))
         .map(|d| key(&d.namespace, &d.name))
         .collect();
     let solved = match exact::optimum(&problem, &plans, &pool_ix, &|n| kept.contains(n), exact) {
