@@ -46,6 +46,7 @@ pub fn router(state: Arc<SimState>) -> axum::Router {
         .route("/sim/stats", get(stats))
         .route("/sim/model", post(crate::models::set_model))
         .merge(crate::streams::routes())
+        .merge(crate::lora::routes())
         .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
         .with_state(state)
 }
@@ -64,7 +65,8 @@ async fn api_key(State(s): State<Arc<SimState>>, req: Request, next: axum::middl
     next.run(req).await
 }
 
-fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
+/// An OpenAI-shaped error body, its `code` also in the `x-sim-error` header.
+pub(crate) fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
     let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
     (status, [("x-sim-error", code.to_string())], Json(body)).into_response()
 }
@@ -146,7 +148,8 @@ async fn read_json(s: &SimState, req: Request) -> Result<(Value, String, Vec<(St
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, "BadRequestError", "invalid_json", e.to_string()))?;
     let model = v["model"].as_str().unwrap_or_default().to_string();
-    if !s.config.models.contains(&model) {
+    // A loaded adapter is served like a base model; one that is not is unknown, as in vLLM.
+    if !s.config.models.contains(&model) && !s.loras.count_request(&model) {
         s.record(&path, &model, String::new(), headers);
         let msg = format!("The model `{model}` does not exist.");
         return Err(error(StatusCode::NOT_FOUND, "NotFoundError", "model_not_found", msg));
@@ -226,16 +229,22 @@ async fn infer(s: Arc<SimState>, req: Request, kind: Kind) -> Response {
     if requested > u64::from(s.config.max_model_len) {
         return context_error(&model, requested);
     }
+    // Past `read_json`, a model that is not a base model is a loaded adapter.
+    let adapter = !s.config.models.contains(&model);
+    let waiting = adapter.then(|| crate::lora::Active::waiting(&s, &model));
     let Some(slot) = Inflight::start(&s).await else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "shutting_down", "engine stopping".into());
     };
+    let slot = slot.on_adapter(waiting);
     let lookup = lock(&s.cache).lookup_insert(&words);
     s.prefix_queries.fetch_add(lookup.queried_tokens, std::sync::atomic::Ordering::Relaxed);
     s.prefix_hits.fetch_add(lookup.hit_tokens, std::sync::atomic::Ordering::Relaxed);
-    let ttft = match fault {
-        Some(Fault::SlowFirstToken(ms)) => Duration::from_millis(ms),
-        _ => Duration::from_millis(s.config.ttft_ms + s.config.prefill_ms_per_block * lookup.missed_blocks),
-    };
+    let adapter_ttft = if adapter { Duration::from_millis(s.config.lora.lora_ttft_ms) } else { Duration::ZERO };
+    let ttft = adapter_ttft
+        + match fault {
+            Some(Fault::SlowFirstToken(ms)) => Duration::from_millis(ms),
+            _ => Duration::from_millis(s.config.ttft_ms + s.config.prefill_ms_per_block * lookup.missed_blocks),
+        };
     let seq = s.request_count() as u64;
     let answer = Answer {
         id: format!("chatcmpl-{:016x}", fnv(s.config.seed ^ seq, prompt.as_bytes())),
@@ -302,15 +311,22 @@ async fn embeddings(s: Arc<SimState>, req: Request) -> Response {
         .into_response()
 }
 
+/// The base models, then the loaded adapters as vLLM lists them: `root` their path, `parent`
+/// their base model.
 async fn models(State(s): State<Arc<SimState>>) -> Json<Value> {
     s.count_probe();
-    let data: Vec<Value> = s
+    let card = |id: &str, root: &str, parent: Option<&str>, max_model_len: Option<u32>| {
+        json!({"id": id, "object": "model", "created": 0, "owned_by": "vllm", "root": root, "parent": parent,
+            "max_model_len": max_model_len})
+    };
+    let mut data: Vec<Value> = s
         .config
         .models
         .iter()
         .filter(|m| !s.model_down(m) && !s.config.unlisted.contains(m))
-        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "vllm", "max_model_len": s.config.max_model_len}))
+        .map(|m| card(m, m, None, Some(s.config.max_model_len)))
         .collect();
+    data.extend(s.loaded_loras().iter().map(|l| card(&l.name, &l.path, Some(&l.base), None)));
     Json(json!({"object": "list", "data": data}))
 }
 
@@ -338,6 +354,6 @@ async fn stats(State(s): State<Arc<SimState>>) -> Json<Value> {
     let paths: Vec<Value> = s.requests().iter().map(|r| json!({"path": r.path, "model": r.model})).collect();
     Json(json!({
         "requests": s.request_count(), "completed": s.completed(), "cancelled": s.cancelled(),
-        "running": s.running(), "log": paths,
+        "running": s.running(), "log": paths, "loras": s.lora_stats(),
     }))
 }

@@ -1,5 +1,6 @@
-//! The simulator's knobs: command-line flags (also built in code by tests) and the failure
-//! modes it can inject, parsed from strings such as `rate-limit:2` or `cut:3`.
+//! The simulator's knobs: command-line flags (also built in code by tests), the failure modes
+//! it can inject, parsed from strings such as `rate-limit:2` or `cut:3`, and the LoRA adapter
+//! flags ([`LoraArgs`]), checked against the served models by [`SimConfig::validate`].
 
 use std::str::FromStr;
 
@@ -86,6 +87,9 @@ pub struct SimConfig {
     /// Per-model stream faults, prefill refusal and non-deterministic regeneration.
     #[command(flatten)]
     pub streams: crate::streams::StreamArgs,
+    /// LoRA adapters: loaded at start, their limit, load time, extra TTFT and load failures.
+    #[command(flatten)]
+    pub lora: LoraArgs,
 }
 
 impl Default for SimConfig {
@@ -112,7 +116,132 @@ impl Default for SimConfig {
             unlisted: Vec::new(),
             api_key: None,
             streams: crate::streams::StreamArgs::default(),
+            lora: LoraArgs::default(),
         }
+    }
+}
+
+impl SimConfig {
+    /// Checks what the flags cannot check one by one: every `--lora` adapter names a served base
+    /// model, has a name of its own (neither a base model's nor another adapter's), and they
+    /// fit in `--max-loras`. [`crate::spawn`] and the binary call it; [`crate::SimState::new`]
+    /// does not.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |m: String| Err(SimError::BadLora(m));
+        for (i, l) in self.lora.loras.iter().enumerate() {
+            if !self.models.contains(&l.base) {
+                let served = self.models.join(", ");
+                return bad(format!(
+                    "--lora {}={}: the base model `{}` is not served here (--model: {served})",
+                    l.name, l.base, l.base
+                ));
+            }
+            if self.models.contains(&l.name) {
+                return bad(format!("--lora {}={}: `{}` is a base model's name", l.name, l.base, l.name));
+            }
+            if self.lora.loras[..i].iter().any(|o| o.name == l.name) {
+                return bad(format!("--lora {}: the adapter is given twice", l.name));
+            }
+        }
+        let (n, max) = (self.lora.loras.len(), self.lora.max_loras);
+        if n > max {
+            return bad(format!("{n} --lora adapters but --max-loras {max}: raise --max-loras or load fewer"));
+        }
+        Ok(())
+    }
+}
+
+/// The LoRA adapter flags (flattened into [`SimConfig`]; see [`crate::lora`]).
+#[derive(clap::Args, Clone, Debug)]
+pub struct LoraArgs {
+    /// `NAME=BASE`: a LoRA adapter loaded at start on base model BASE (one of --model), served
+    /// to requests with `"model": "NAME"` (repeatable).
+    #[arg(long = "lora", value_name = "NAME=BASE")]
+    pub loras: Vec<StaticLora>,
+    /// Adapters loaded at once; a load beyond it gets a 400 until one is unloaded. 0 turns
+    /// adapters off, as vLLM without `--enable-lora` (no adapter endpoints, no LoRA metric).
+    #[arg(long, default_value_t = 4)]
+    pub max_loras: usize,
+    /// Time a `POST /v1/load_lora_adapter` takes before it answers, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub lora_load_ms: u64,
+    /// Extra time to first token of a request to an adapter, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub lora_ttft_ms: u64,
+    /// `NAME[=error|not-found]`: every load of adapter NAME fails, with a 500 (`error`, the
+    /// default) or vLLM's 404 for an adapter path with no adapter (`not-found`) (repeatable).
+    /// At runtime: `POST /sim/loras {"lora_name", "fail_load", "count"}`.
+    #[arg(long = "lora-load-fail", value_name = "NAME[=error|not-found]")]
+    pub lora_load_fail: Vec<LoraLoadFail>,
+}
+
+impl Default for LoraArgs {
+    fn default() -> Self {
+        LoraArgs { loras: Vec::new(), max_loras: 4, lora_load_ms: 0, lora_ttft_ms: 0, lora_load_fail: Vec::new() }
+    }
+}
+
+/// `NAME=BASE` (`--lora`): an adapter loaded at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticLora {
+    /// The adapter's name: the `model` its requests give.
+    pub name: String,
+    /// The base model it is attached to.
+    pub base: String,
+}
+
+impl FromStr for StaticLora {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        match s.split_once('=') {
+            Some((name, base)) if !name.is_empty() && !base.is_empty() => {
+                Ok(StaticLora { name: name.to_string(), base: base.to_string() })
+            }
+            _ => Err(SimError::BadLora(format!("--lora `{s}`: expected NAME=BASE, e.g. `sql-lora=sim-model`"))),
+        }
+    }
+}
+
+/// How an injected adapter load fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadFailure {
+    /// 500 `InternalServerError` (`Loading lora PATH failed`), as a broken adapter gives.
+    Error,
+    /// 404 `NotFoundError` (`Loading lora NAME failed: No adapter found for PATH`).
+    NotFound,
+}
+
+impl FromStr for LoadFailure {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        match s {
+            "error" => Ok(LoadFailure::Error),
+            "not-found" => Ok(LoadFailure::NotFound),
+            _ => Err(SimError::BadLora(format!("load failure `{s}`: expected `error` or `not-found`"))),
+        }
+    }
+}
+
+/// `NAME[=error|not-found]` (`--lora-load-fail`): loads of adapter NAME fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoraLoadFail {
+    /// The adapter.
+    pub name: String,
+    /// How its loads fail.
+    pub failure: LoadFailure,
+}
+
+impl FromStr for LoraLoadFail {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        let (name, failure) = match s.split_once('=') {
+            Some((name, kind)) => (name, kind.parse()?),
+            None => (s, LoadFailure::Error),
+        };
+        if name.is_empty() {
+            return Err(SimError::BadLora(format!("--lora-load-fail `{s}`: expected NAME[=error|not-found]")));
+        }
+        Ok(LoraLoadFail { name: name.to_string(), failure })
     }
 }
 
@@ -195,5 +324,47 @@ mod tests {
         assert_eq!("stall".parse::<Fault>().unwrap(), Fault::Stall(2));
         assert!("explode".parse::<Fault>().is_err());
         assert!("cut:x".parse::<Fault>().is_err());
+    }
+
+    #[test]
+    fn lora_flags_parse_and_are_checked_against_the_models() {
+        let c = SimConfig::try_parse_from([
+            "sim",
+            "--model",
+            "base",
+            "--lora",
+            "sql=base",
+            "--max-loras",
+            "2",
+            "--lora-load-fail",
+            "broken",
+            "--lora-load-fail",
+            "gone=not-found",
+        ])
+        .unwrap();
+        assert_eq!(c.lora.loras, vec![StaticLora { name: "sql".into(), base: "base".into() }]);
+        assert_eq!(c.lora.lora_load_fail[0], LoraLoadFail { name: "broken".into(), failure: LoadFailure::Error });
+        assert_eq!(c.lora.lora_load_fail[1].failure, LoadFailure::NotFound);
+        assert!(c.validate().is_ok());
+        for bad in ["sql", "=base", "sql="] {
+            assert!(bad.parse::<StaticLora>().is_err(), "{bad}");
+        }
+        assert!("x=explode".parse::<LoraLoadFail>().is_err());
+
+        let with = |loras: &[&str], max: usize| SimConfig {
+            models: vec!["base".into()],
+            lora: LoraArgs {
+                loras: loras.iter().map(|l| l.parse().unwrap()).collect(),
+                max_loras: max,
+                ..Default::default()
+            },
+            ..SimConfig::default()
+        };
+        let err = with(&["sql=other"], 4).validate().unwrap_err().to_string();
+        assert!(err.contains("`other` is not served") && err.contains("--model: base"), "{err}");
+        assert!(with(&["base=base"], 4).validate().unwrap_err().to_string().contains("base model's name"));
+        assert!(with(&["a=base", "a=base"], 4).validate().unwrap_err().to_string().contains("twice"));
+        assert!(with(&["a=base", "b=base"], 1).validate().unwrap_err().to_string().contains("--max-loras 1"));
+        assert!(with(&["a=base"], 0).validate().is_err(), "0 turns adapters off");
     }
 }

@@ -109,6 +109,8 @@ pub struct Inflight {
     state: Arc<SimState>,
     _permit: OwnedSemaphorePermit,
     done: bool,
+    /// The adapter the request runs on, counted as running while the slot is held.
+    _adapter: Option<crate::lora::Active>,
 }
 
 struct Waiting(Arc<SimState>);
@@ -126,7 +128,13 @@ impl Inflight {
         let permit = state.slots.clone().acquire_owned().await.ok()?;
         drop(w);
         state.running.fetch_add(1, Ordering::Relaxed);
-        Some(Inflight { state: state.clone(), _permit: permit, done: false })
+        Some(Inflight { state: state.clone(), _permit: permit, done: false, _adapter: None })
+    }
+
+    /// The request runs on this adapter (its waiting mark, now running).
+    pub(crate) fn on_adapter(mut self, adapter: Option<crate::lora::Active>) -> Self {
+        self._adapter = adapter.map(crate::lora::Active::run);
+        self
     }
 
     /// The answer was delivered completely.

@@ -3,13 +3,15 @@
 //! planned for their model ([`streams`]: the canonical answer or the rest of a partial one, see
 //! [`canonical`], and the model's scripted stream fault), wait for a sequence slot, consult the
 //! prefix cache for their prefill time, and stream generated tokens back; counters and the
-//! request log flow out through `/metrics` and [`SimHandle`].
+//! request log flow out through `/metrics` and [`SimHandle`]. A request may name a LoRA adapter
+//! loaded on the engine instead of a base model ([`lora`]).
 
 pub mod api;
 pub mod cache;
 pub mod canonical;
 pub mod config;
 pub mod generate;
+pub mod lora;
 pub mod metrics;
 pub mod models;
 pub mod server;
@@ -28,6 +30,9 @@ pub enum SimError {
     /// A fault specification that does not parse.
     #[error("unknown fault `{0}`: see --help for the list (e.g. `error-500`, `rate-limit:2`, `cut:3`)")]
     BadFault(String),
+    /// A LoRA flag that does not parse or does not fit the served models.
+    #[error("{0}")]
+    BadLora(String),
     /// The listener could not be bound or accepted from.
     #[error("listening failed: {0}")]
     Io(#[from] std::io::Error),
@@ -67,6 +72,7 @@ pub struct SimState {
     pub(crate) ttft: Mutex<metrics::Histogram>,
     pub(crate) outages: models::Outages,
     pub(crate) streams: streams::Registry,
+    pub(crate) loras: lora::Adapters,
     /// Load reported in `/metrics` per model beyond what is really running (`set_reported_load`).
     pub(crate) reported: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
 }
@@ -76,7 +82,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SimState {
-    /// Fresh state for `config`.
+    /// Fresh state for `config`, its `--lora` adapters loaded. The configuration is taken as
+    /// given: [`spawn`] and the binary check it first ([`SimConfig::validate`]).
     pub fn new(config: SimConfig) -> Arc<Self> {
         let fault = config.fault.map(|f| (f, config.fault_count));
         Arc::new(SimState {
@@ -95,6 +102,7 @@ impl SimState {
             reported: Mutex::new(std::collections::BTreeMap::new()),
             outages: models::Outages::new(&config.model_faults, &config.model_down),
             streams: streams::Registry::new(&config.streams),
+            loras: lora::Adapters::new(&config),
             config,
         })
     }
@@ -191,8 +199,10 @@ impl Drop for SimHandle {
     }
 }
 
-/// Start a simulator on `config.listen` (use port 0 for a free one).
+/// Start a simulator on `config.listen` (use port 0 for a free one), once the configuration
+/// passes [`SimConfig::validate`].
 pub async fn spawn(config: SimConfig) -> Result<SimHandle, SimError> {
+    config.validate()?;
     let listener = tokio::net::TcpListener::bind(&config.listen).await?;
     let addr = listener.local_addr()?;
     let state = SimState::new(config);

@@ -8,6 +8,7 @@ use flotilla_enginesim::{SimConfig, SimState, server};
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let config = SimConfig::parse();
+    config.validate()?;
     let listener = tokio::net::TcpListener::bind(&config.listen).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");

@@ -1,5 +1,6 @@
 //! `/metrics` for the simulator: the engine's counters rendered in the Prometheus text format
-//! under vLLM's metric names, so the gateway scrapes it exactly as it would scrape vLLM.
+//! under vLLM's metric names, so the gateway scrapes it exactly as it would scrape vLLM (LoRA
+//! adapters' `vllm:lora_requests_info` comes from [`crate::lora`]).
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -79,6 +80,8 @@ pub fn render(state: &SimState) -> String {
     }
     let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {}", h.count);
     let _ = writeln!(out, "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}", h.sum, h.count);
+    drop(h);
+    crate::lora::render_metric(state, &mut out);
     out
 }
 

@@ -34,6 +34,14 @@ pub async fn post(s: &Arc<SimState>, path: &str, body: &Value) -> Response<Body>
     api::router(s.clone()).oneshot(req).await.unwrap()
 }
 
+pub async fn get(s: &Arc<SimState>, path: &str) -> Response<Body> {
+    api::router(s.clone()).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap()
+}
+
+pub async fn text_of(r: Response<Body>) -> String {
+    String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
 pub async fn json_of(r: Response<Body>) -> Value {
     serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap()
 }
