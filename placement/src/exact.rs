@@ -11,9 +11,10 @@
 //! What the model encodes: replicas per deployment, `maxReplicas` per alternative,
 //! `maxCostPerHour`, devices per node (nodes with the same free count summed where pod sizes
 //! divide each other and the free count, single nodes otherwise; pods of a multi-node replica
-//! at most one per node and replica). Deployments it does not reason about keep their greedy
-//! counts as constants: those that spread (the greedy's spread rule depends on the order
-//! replicas are placed in) and those that run somewhere (stickiness). The budget is in
+//! at most one per node and replica), spread as the greedy keeps it (`Model::spread`).
+//! Deployments that run somewhere keep their greedy counts as constants (stickiness). Two
+//! rounds (spreading deployments held at the greedy's counts, then free), each step
+//! warm-started from a complete solution (`Model::lexicographic`). The budget is in
 //! branch-and-bound nodes, so the same snapshot gives the same plan, with a wall-clock limit
 //! under it as a safety net (`ExactOptions::max_time`; the report says when it was reached).
 
@@ -665,6 +666,79 @@ struct Lexicographic {
 }
 
 impl Model<'_> {
+    /// Adds to `values` (a solution of `built`) replicas of the deployments below tier `t`
+    /// wherever they still fit as the program counts room, in solve order, each on its first
+    /// option (by alternative, capacity type, price) that takes one within its limits. Only
+    /// deployments the program places freely and that do not spread are filled, so every
+    /// constraint still holds: the answer stays a solution, with at least its objective.
+    fn fill(&self, built: &Built, values: &mut [f64], t: i32) {
+        let z_of: HashMap<(usize, usize, u32, usize), usize> = built.z_at.iter().copied().collect();
+        let mut used: HashMap<(usize, usize), u32> = HashMap::new();
+        for &((di, k, s, gi), at) in &built.z_at {
+            let pool = self.p.deployments[di].options[k].pool;
+            *used.entry((pool, gi)).or_default() += s * values[at].round().max(0.0) as u32;
+        }
+        for (di, d) in self.p.deployments.iter().enumerate() {
+            if d.priority >= t || self.fixed[di].is_some() || d.spread.is_some() {
+                continue;
+            }
+            let at = built.x_at[di].clone();
+            let mut xs: Vec<u32> = values[at.clone()].iter().map(|v| v.round().max(0.0) as u32).collect();
+            let mut order: Vec<usize> = (0..d.options.len()).collect();
+            order.sort_by_key(|&k| {
+                let o = &d.options[k];
+                (o.rank, o.capacity_type_rank, o.price_micros, k)
+            });
+            'replica: while xs.iter().sum::<u32>() < d.replicas {
+                for &k in &order {
+                    let o = &d.options[k];
+                    let per_rank: u32 =
+                        d.options.iter().zip(&xs).filter(|(q, _)| q.rank == o.rank).map(|(_, n)| n).sum();
+                    let spent: u64 = d.options.iter().zip(&xs).map(|(q, &n)| q.price_micros * u64::from(n)).sum();
+                    if d.alternatives[(o.rank - 1) as usize].1.is_some_and(|m| per_rank >= m)
+                        || d.max_cost_micros.is_some_and(|m| spent + o.price_micros > m)
+                    {
+                        continue;
+                    }
+                    // Each pod to the group with the least room that takes it (at most one pod of
+                    // a replica per node where pods need distinct nodes).
+                    let mut took: Vec<(usize, u32)> = Vec::new();
+                    let fits = d.pods.iter().all(|&s| {
+                        let best = self.groups[o.pool]
+                            .iter()
+                            .enumerate()
+                            .filter(|&(gi, &(free, n))| {
+                                let left = free * n
+                                    - used.get(&(o.pool, gi)).copied().unwrap_or(0)
+                                    - took.iter().filter(|(g, _)| *g == gi).map(|(_, s)| s).sum::<u32>();
+                                let pods = z_of.get(&(di, k, s, gi)).map_or(0, |&i| values[i].round() as u32)
+                                    + took.iter().filter(|(g, q)| *g == gi && *q == s).count() as u32;
+                                free >= s && left >= s && (!d.distinct_nodes || pods < n * (xs[k] + 1))
+                            })
+                            .min_by_key(|&(gi, &(free, n))| {
+                                (free * n - used.get(&(o.pool, gi)).copied().unwrap_or(0), gi)
+                            })
+                            .map(|(gi, _)| gi);
+                        best.map(|gi| took.push((gi, s))).is_some()
+                    });
+                    if !fits {
+                        continue;
+                    }
+                    for (gi, s) in took {
+                        *used.entry((o.pool, gi)).or_default() += s;
+                        if let Some(&i) = z_of.get(&(di, k, s, gi)) {
+                            values[i] = values[i].round() + 1.0;
+                        }
+                    }
+                    xs[k] += 1;
+                    values[at.start + k] = f64::from(xs[k]);
+                    continue 'replica;
+                }
+                break;
+            }
+        }
+    }
+
     /// Replicas of tier `t` in `c`.
     fn tier_sum(&self, c: &[Vec<u32>], t: i32) -> u32 {
         self.p.deployments.iter().zip(c).filter(|(d, _)| d.priority == t).map(|(_, xs)| xs.iter().sum::<u32>()).sum()
@@ -687,11 +761,13 @@ impl Model<'_> {
         let mut values: Option<Vec<f64>> = None;
         let mut out = (from.to_vec(), pods.cloned());
         for &t in tiers {
-            // The tier's replicas, and the next two tiers' at weights that sum to less than one
-            // replica of the tier above them (so the tier comes first, and the answer is a good
-            // start for the next steps).
+            // The tier's replicas; in the first round (`hold`) also the next two tiers' at
+            // weights that sum to less than one replica of the tier above them (the tier comes
+            // first, and the answer is a good start for the next steps). The second round counts
+            // the tier alone: on the crowded fleets its search reaches the tier's optimum more
+            // often so (the fill below gives the lower tiers their start).
             let below: u32 = self.p.deployments.iter().filter(|d| d.priority < t).map(|d| d.replicas).sum();
-            let eps = 1.0 / (f64::from(below) + 1.0);
+            let eps = if hold { 1.0 / (f64::from(below) + 1.0) } else { 0.0 };
             let at = tiers.iter().position(|&u| u == t).unwrap_or(0);
             let objective = |d: &ProblemDeployment, _| match tiers.iter().position(|&u| u == d.priority) {
                 Some(j) if j == at => 1.0,
@@ -714,9 +790,12 @@ impl Model<'_> {
                     .flat_map(|(xs, g)| xs.iter().copied().zip(g.iter().map(|&n| f64::from(n))))
                     .collect(),
             };
-            let step = run(&built, budget, warm)?;
+            let mut step = run(&built, budget, warm)?;
             proven &= step.proven;
             timed_out |= step.timed_out;
+            // The step maximised this tier; the lower ones get what still fits (a better start
+            // for their own steps than what the search left them).
+            self.fill(&built, &mut step.values, t);
             let counts = counts(&built, &step.values);
             let found: Pods = built
                 .z_at
