@@ -31,7 +31,8 @@ use crate::plan::DeploymentPlan;
 pub struct ExactOptions {
     /// Branch-and-bound nodes per step (one step per priority tier, and one for preferences).
     pub max_nodes: u64,
-    /// Largest model (integer variables) tried; a larger fleet keeps the greedy plan.
+    /// Largest model (integer variables) tried, per independent part of the fleet; a larger
+    /// part keeps the greedy's counts.
     pub max_variables: usize,
     /// Wall-clock time for all the steps together: a safety net under the node budget (a node
     /// of a large program may take long). When it is reached the plan is the best found so far
@@ -57,7 +58,8 @@ pub struct ExactReport {
     /// then, and another run may find another.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub time_limit_reached: bool,
-    /// Why the exact mode's answer was not used, when it was not.
+    /// Why the exact mode's answer was not used, when it was not; or which independent parts
+    /// of the fleet it does not cover, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// Per priority tier, highest first: replicas the greedy placed, and the plan placed.
@@ -99,6 +101,9 @@ pub(super) struct Solved {
     pub(super) timed_out: bool,
     /// Per priority tier: the optimum's replicas.
     pub(super) tiers: BTreeMap<i32, u32>,
+    /// What of the fleet the optimum does not cover (independent parts that kept the greedy's
+    /// counts, and why).
+    pub(super) note: Option<String>,
 }
 
 /// Why there is no optimum to guide a pass, and whether the time limit is the cause.
@@ -585,6 +590,110 @@ pub(super) fn optimum(
     }
     let fixed: Vec<Option<Vec<u32>>> =
         p.deployments.iter().zip(&greedy).map(|(d, g)| keep(&d.name).then(|| g.clone())).collect();
+    let deadline = options.max_time.map(|t| std::time::Instant::now() + t);
+    let parts = parts(p);
+    if parts.len() == 1 {
+        return optimum_of(p, greedy, fixed, options, deadline);
+    }
+    // Independent parts (no deployment has options in two), each its own program within the
+    // same budget per step and the same deadline; a part without an answer keeps the greedy's
+    // counts (no guide: the guided pass places its deployments as the greedy did).
+    let mut out = Solved { guide: Guide::new(), proven: true, timed_out: false, tiers: BTreeMap::new(), note: None };
+    let (mut failed, mut first): (usize, Option<String>) = (0, None);
+    for (pools, deps) in &parts {
+        let at: HashMap<usize, usize> = pools.iter().enumerate().map(|(i, &q)| (q, i)).collect();
+        let sub = Problem {
+            pools: pools.iter().map(|&q| p.pools[q].clone()).collect(),
+            deployments: deps
+                .iter()
+                .map(|&di| {
+                    let mut d = p.deployments[di].clone();
+                    d.options.iter_mut().for_each(|o| o.pool = at[&o.pool]);
+                    d
+                })
+                .collect(),
+        };
+        let g: Vec<Vec<u32>> = deps.iter().map(|&di| greedy[di].clone()).collect();
+        let f: Vec<Option<Vec<u32>>> = deps.iter().map(|&di| fixed[di].clone()).collect();
+        match optimum_of(&sub, g.clone(), f, options, deadline) {
+            Ok(solved) => {
+                for (name, per) in solved.guide {
+                    out.guide.insert(name, per.into_iter().map(|((q, rank), n)| ((pools[q], rank), n)).collect());
+                }
+                out.proven &= solved.proven;
+                out.timed_out |= solved.timed_out;
+                for (t, n) in solved.tiers {
+                    *out.tiers.entry(t).or_default() += n;
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                out.proven = false;
+                out.timed_out |= e.timed_out;
+                first.get_or_insert(e.note);
+                for (d, g) in sub.deployments.iter().zip(&g) {
+                    *out.tiers.entry(d.priority).or_default() += g.iter().sum::<u32>();
+                }
+            }
+        }
+    }
+    if failed == parts.len() {
+        return Err(Unsolved { note: first.unwrap_or_default(), timed_out: out.timed_out });
+    }
+    if let Some(why) = first {
+        out.note = Some(format!(
+            "{failed} of {} independent parts of the fleet kept the greedy's counts; the first: {why}",
+            parts.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// The fleet's independent parts: (pools, deployments), indexes into `p`, each set ascending,
+/// no deployment with options in two parts; deployments without options are in none. Parts in
+/// the order of their first pool.
+fn parts(p: &Problem) -> Vec<(Vec<usize>, Vec<usize>)> {
+    let mut parent: Vec<usize> = (0..p.pools.len()).collect();
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    for d in &p.deployments {
+        let mut qs = d.options.iter().map(|o| o.pool);
+        if let Some(first) = qs.next() {
+            for q in qs {
+                let (a, b) = (root(&mut parent, first), root(&mut parent, q));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    let mut by_root: BTreeMap<usize, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
+    let used: std::collections::BTreeSet<usize> =
+        p.deployments.iter().flat_map(|d| d.options.iter().map(|o| o.pool)).collect();
+    for q in used {
+        let r = root(&mut parent, q);
+        by_root.entry(r).or_default().0.push(q);
+    }
+    for (di, d) in p.deployments.iter().enumerate() {
+        if let Some(o) = d.options.first() {
+            let r = root(&mut parent, o.pool);
+            by_root.entry(r).or_default().1.push(di);
+        }
+    }
+    by_root.into_values().collect()
+}
+
+/// The optimum of one independent part (or the whole fleet), from the greedy's counts.
+fn optimum_of(
+    p: &Problem,
+    greedy: Vec<Vec<u32>>,
+    fixed: Vec<Option<Vec<u32>>>,
+    options: &ExactOptions,
+    deadline: Option<std::time::Instant>,
+) -> Result<Solved, Unsolved> {
     let model = Model::new(p, fixed, greedy.clone());
     if model.variables > options.max_variables {
         return Err(Unsolved::from(format!(
@@ -595,8 +704,7 @@ pub(super) fn optimum(
     let mut tiers: Vec<i32> = p.deployments.iter().map(|d| d.priority).collect();
     tiers.sort_unstable_by(|a, b| b.cmp(a));
     tiers.dedup();
-    let budget =
-        Budget { max_nodes: options.max_nodes, deadline: options.max_time.map(|t| std::time::Instant::now() + t) };
+    let budget = Budget { max_nodes: options.max_nodes, deadline };
     // Two rounds: spreading deployments at the greedy's counts (a smaller search), then free,
     // warm-started from the first round's answer (so never below it); the second's failure
     // (the time limit) leaves the first's answer, unproven.
@@ -647,7 +755,7 @@ pub(super) fn optimum(
         guide.insert(d.name.clone(), per);
     }
     let tiers = tiers.iter().map(|&t| (t, tier_sum(&best, t))).collect();
-    Ok(Solved { guide, proven, timed_out, tiers })
+    Ok(Solved { guide, proven, timed_out, tiers, note: None })
 }
 
 /// One lexicographic round's answer.

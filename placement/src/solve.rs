@@ -164,8 +164,8 @@ fn exact_pass(
     };
     if !better(&solved.tiers, &greedy) {
         let note = if solved.proven { "the greedy plan is optimal" } else { "no better plan found within the budget" };
-        plan.exact =
-            report(exact::Producer::Greedy, solved.proven, solved.timed_out, Some(note.into()), &solved.tiers, None);
+        let note = solved.note.as_ref().map_or(note.to_string(), |n| format!("{note} ({n})"));
+        plan.exact = report(exact::Producer::Greedy, solved.proven, solved.timed_out, Some(note), &solved.tiers, None);
         return plan;
     }
     // The guide by (cluster, pool, alternative): pool indexes of the problem are the
@@ -192,7 +192,7 @@ fn exact_pass(
     let placed = tiers_of(&guided);
     if better(&placed, &greedy) {
         guided.exact =
-            report(exact::Producer::Exact, solved.proven, solved.timed_out, None, &solved.tiers, Some(&placed));
+            report(exact::Producer::Exact, solved.proven, solved.timed_out, solved.note, &solved.tiers, Some(&placed));
         return guided;
     }
     let note = "the greedy's own checks refused replicas the optimum placed; the greedy plan is kept";

@@ -180,6 +180,49 @@ fn too_large_a_model_keeps_the_greedy_plan_and_says_why() {
 }
 
 #[test]
+fn independent_parts_are_solved_apart_and_one_too_large_keeps_only_its_own_greedy_counts() {
+    // Part one: the crowded pair (cluster k1, class a100: 18 integer variables). Part two: the
+    // same shape twice as large on its own cluster and class (k2, h100: 34 variables). No
+    // deployment can use both, so each is its own program; with room for 20 variables the
+    // first gets its optimum and the second keeps the greedy's counts, and the report says so.
+    let mut snap = crowded_pair();
+    let (_, a100) = a100();
+    snap.classes.insert("h100".into(), a100);
+    let mut k2 = cluster(4);
+    k2.name = "k2".into();
+    k2.pools[0].name = "h100".into();
+    k2.pools[0].class = "h100".into();
+    snap.clusters.push(k2);
+    let mut more = vec![deployment("b-big", 1, 4, 8)];
+    more.extend((0..16).map(|i| deployment(&format!("b-small-{i:02}"), 2 + i, 1, 2)));
+    for d in &mut more {
+        d.spec.devices.alternatives[0].class = Some("h100".into());
+    }
+    snap.deployments.extend(more);
+    let greedy = solve(&snap, &SolveOptions::default());
+    assert_eq!((placed_of(&greedy, "big"), placed_of(&greedy, "b-big")), (2, 4), "the greedy keeps first-come TP8s");
+    let options =
+        SolveOptions { exact: Some(ExactOptions { max_variables: 20, ..ExactOptions::default() }), ..exact() };
+    let plan = solve(&snap, &options);
+    let report = plan.exact.as_ref().unwrap();
+    assert_eq!(report.produced_by, Producer::Exact, "{report:#?}");
+    let note = report.note.as_deref().unwrap_or_default();
+    assert!(note.contains("1 of 2 independent parts") && note.contains("more than the 20 allowed"), "{note}");
+    assert!(!report.proven, "a part without an answer is not proven: {report:#?}");
+    // Part one traded its large replicas for the small ones; part two is exactly the greedy's.
+    assert_eq!(placed_of(&plan, "big"), 0);
+    assert_eq!((0..8).map(|i| placed_of(&plan, &format!("small-{i}"))).sum::<u32>(), 8);
+    for d in plan.deployments.iter().filter(|d| d.name.starts_with("b-")) {
+        let before = greedy.deployments.iter().find(|g| g.name == d.name).unwrap();
+        assert_eq!(d.assignments, before.assignments, "{} moved in the part that kept the greedy's counts", d.name);
+    }
+    // Without the size limit both parts are solved: the second trades as the first did.
+    let plan = solve(&snap, &exact());
+    assert_eq!((placed_of(&plan, "big"), placed_of(&plan, "b-big")), (0, 0), "{:#?}", plan.exact);
+    assert!(plan.exact.as_ref().unwrap().note.is_none());
+}
+
+#[test]
 fn a_time_limit_already_spent_keeps_the_greedy_plan_and_says_why() {
     let snap = crowded_pair();
     let spent = ExactOptions { max_time: Some(std::time::Duration::ZERO), ..ExactOptions::default() };
