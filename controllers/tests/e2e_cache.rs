@@ -10,12 +10,16 @@
 //! is `Failed` with that reason and keeps replicas out; a second deployment of the same cache,
 //! and scaling out, create no second Job; deleting the cache waits (`InUse`) while deployments
 //! mount it, then removes its volume claims and Jobs; a settled cache is never rewritten; a
-//! cluster that stops matching the selector leaves status and is cleaned. What a tenant's cache
+//! cluster that stops matching the selector leaves status and is cleaned; the sweep removes this
+//! installation's orphaned staging objects and never another installation's
+//! (`e2e_cache/foreign.rs`). What a tenant's cache
 //! may reach (credentials, the node's role, deletion beside unreachable members) is in
 //! `e2e_cache/trust.rs`. Run by `scripts/test-e2e.sh`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "e2e_cache/foreign.rs"]
+mod foreign;
 mod harness;
 #[path = "e2e_cache/trust.rs"]
 mod trust;
@@ -232,7 +236,18 @@ async fn model_cache_controller_on_real_api_servers() {
         "control",
         "ctl",
         // The sweep every 4 s: the settled window below spans several of its passes too.
-        &["--poll-seconds", "2", "--member-timeout-seconds", "8", "--tenant-namespaces", "ml", "--sweep-seconds", "4"],
+        &[
+            "--poll-seconds",
+            "2",
+            "--member-timeout-seconds",
+            "8",
+            "--tenant-namespaces",
+            "ml",
+            "--sweep-seconds",
+            "4",
+            "--sweep-grace-seconds",
+            "2",
+        ],
     );
     let caches: Api<ModelCache> = Api::namespaced(control.clone(), "ml");
     let mds: Api<ModelDeployment> = Api::namespaced(control.clone(), "ml");
@@ -288,6 +303,7 @@ async fn model_cache_controller_on_real_api_servers() {
         })
         .collect();
     assert!(lists.is_empty(), "a settled cache is re-checked without listing the member: {lists:?}");
+    foreign::another_installations_staging_objects_survive_the_sweep(&control, &members["m1"]).await;
 
     let premium_version = caches.get("premium").await.unwrap().resource_version();
 
