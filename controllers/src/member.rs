@@ -157,6 +157,22 @@ impl Default for MemberClients {
     }
 }
 
+/// The member's handle once `built` is done: the cached member when one built from the same
+/// source got there first (a build that finished while this one ran: the handle everyone else
+/// already holds, with its watches and what the sweep noted, stays the only one), else `built`,
+/// cached in place of an older one.
+fn adopt(cache: &mut HashMap<String, Member>, name: String, built: Member) -> Handle {
+    if let Some(m) = cache.get(&name) {
+        if m.source_version == built.source_version {
+            return Handle { client: m.client.clone(), objects: m.objects.clone() };
+        }
+        tracing::info!(cluster = %name, "member credentials changed: member clients and watches started again");
+    }
+    let handle = Handle { client: built.client.clone(), objects: built.objects.clone() };
+    cache.insert(name, built);
+    handle
+}
+
 /// What a liveness result means for the log, given the member's previous one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reachability {
@@ -235,20 +251,17 @@ impl MemberClients {
         }
         let (client, watch_client) = source::clients(&fetched, &name, &self.building, t).await?;
         let objects = Arc::new(MemberObjects::new(watch_client.clone()));
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.contains_key(&name) {
-                tracing::info!(cluster = %name, "member credentials changed: member clients and watches started again");
-            }
-            let m = Member {
-                source_version: version,
-                client: client.clone(),
-                watch_client,
-                objects: objects.clone(),
-                watch: None,
-            };
-            cache.insert(name, m);
+        let m = Member {
+            source_version: version,
+            client: client.clone(),
+            watch_client,
+            objects: objects.clone(),
+            watch: None,
+        };
+        match self.cache.lock() {
+            Ok(mut cache) => Ok(adopt(&mut cache, name, m)),
+            Err(_) => Ok(Handle { client, objects }),
         }
-        Ok(Handle { client, objects })
     }
 
     /// Whether the last liveness check of member `cluster` failed (the InferenceCluster
@@ -431,6 +444,27 @@ mod retain_tests {
             objects: Arc::new(MemberObjects::new(client.clone())),
             watch: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_build_that_finished_second_from_the_same_source_adopts_the_first() {
+        crate::install_crypto();
+        let client = Client::try_from(Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let mut cache = HashMap::new();
+        let first = adopt(&mut cache, "eu1".into(), member(&client));
+        // Two callers missed the cache together and both built: the second to finish gets the
+        // first's objects (its watches, and the sweep's "swept once"), which stay cached.
+        first.objects.swept_once.store(true, std::sync::atomic::Ordering::Relaxed);
+        let second = adopt(&mut cache, "eu1".into(), member(&client));
+        assert!(Arc::ptr_eq(&first.objects, &second.objects), "one member, one set of objects");
+        assert!(Arc::ptr_eq(&cache["eu1"].objects, &first.objects));
+        assert!(second.objects.swept_once.load(std::sync::atomic::Ordering::Relaxed));
+        // New credentials (another source version): built again, in place of the old.
+        let mut rotated = member(&client);
+        rotated.source_version = "2".into();
+        let third = adopt(&mut cache, "eu1".into(), rotated);
+        assert!(!Arc::ptr_eq(&third.objects, &first.objects));
+        assert!(Arc::ptr_eq(&cache["eu1"].objects, &third.objects));
     }
 
     #[tokio::test]
