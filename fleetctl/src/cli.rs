@@ -200,6 +200,9 @@ pub enum Command {
         /// Explain over the live fleet of the control cluster.
         #[arg(long)]
         live: bool,
+        /// Explain the plan the exact mode gives (as `fleetctl plan --exact`).
+        #[arg(long)]
+        exact: bool,
         /// The control cluster (with --live).
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -274,9 +277,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Plan { files, output, live: true, cluster, rejections, exact, .. } => {
             commands::plan_live(&files, output, &cluster, rejections, exact)
         }
-        Command::Explain { files, target, namespace, output, live, cluster } => {
+        Command::Explain { files, target, namespace, output, live, exact, cluster } => {
             let live = live.then_some(&cluster);
-            commands::explain(&files, &target, namespace.as_deref(), output, live)
+            commands::explain(&files, &target, namespace.as_deref(), output, live, exact)
         }
         Command::Get { kind, name, namespace, all_namespaces, output, cluster } => {
             let scope = if all_namespaces { crate::get::Scope::All } else { crate::get::Scope::Namespace(namespace) };

@@ -311,6 +311,7 @@ pub fn explain(
     namespace: Option<&str>,
     output: Output,
     live: Option<&ClusterArgs>,
+    exact: bool,
 ) -> anyhow::Result<ExitCode> {
     let (ns, name) = parse_target(target, namespace)?;
     let (snapshot, ns, source) = match live {
@@ -332,7 +333,7 @@ pub fn explain(
             (over.fleet.snapshot(), ns, format!("the live fleet at {}", control.server))
         }
     };
-    explain_in(&snapshot, &ns, &name, &source, output)
+    explain_in(&snapshot, &ns, &name, &source, output, exact)
 }
 
 fn explain_in(
@@ -341,6 +342,7 @@ fn explain_in(
     name: &str,
     source: &str,
     output: Output,
+    exact: bool,
 ) -> anyhow::Result<ExitCode> {
     if !snapshot.deployments.iter().any(|d| d.namespace == ns && d.name == name) {
         let known: Vec<String> = snapshot.deployments.iter().map(|d| format!("{}/{}", d.namespace, d.name)).collect();
@@ -349,11 +351,19 @@ fn explain_in(
             if known.is_empty() { "none".to_string() } else { known.join(", ") }
         );
     }
-    let options = SolveOptions { explain: Some((ns.to_string(), name.to_string())), ..Default::default() };
+    let options = SolveOptions { explain: Some((ns.to_string(), name.to_string())), ..solve_options(exact) };
     let plan = solve_with_progress(snapshot, &options);
     let Some(d) = plan.get(ns, name) else { anyhow::bail!("the solver returned no plan for {ns}/{name}") };
     match output {
-        Output::Table => std::io::stdout().write_all(render::explain_text(d).as_bytes())?,
+        Output::Table => {
+            let mut text = render::explain_text(d);
+            // Which pass's plan this explains, with the exact mode.
+            if let Some(report) = &plan.exact {
+                text.push('\n');
+                text.push_str(&render::exact_line(report));
+            }
+            std::io::stdout().write_all(text.as_bytes())?;
+        }
         _ => print_structured(d, output)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -284,7 +284,7 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
 
 /// What the exact mode did: which pass produced the plan, per tier the greedy's, the
 /// optimum's and the plan's replicas, and why the optimum was not used when it was not.
-fn exact_line(report: &flotilla_placement::ExactReport) -> String {
+pub fn exact_line(report: &flotilla_placement::ExactReport) -> String {
     use flotilla_placement::exact::Producer;
     let by = match report.produced_by {
         Producer::Exact => "the greedy guided by the exact optimum",

@@ -49,6 +49,56 @@ fn explain_of_the_sovereign_deployment() {
 }
 
 #[test]
+fn explain_with_exact_explains_the_exact_modes_plan() {
+    // A crowded fleet where the exact mode places three more replicas in tier 0 than the greedy.
+    let dir = tempdir();
+    let file = dir.join("crowded.yaml");
+    let spec = flotilla_placement::generate::GenSpec { clusters: 6, deployments: 20, seed: 3 };
+    let mut text = String::new();
+    for object in flotilla_placement::crowded::generate_crowded_objects(&spec) {
+        let json = match &object {
+            flotilla_apis::FleetObject::Class(o) => serde_json::to_string(o),
+            flotilla_apis::FleetObject::Cluster(o) => serde_json::to_string(o),
+            flotilla_apis::FleetObject::Deployment(o) => serde_json::to_string(o),
+            flotilla_apis::FleetObject::Cache(o) => serde_json::to_string(o),
+            flotilla_apis::FleetObject::Claim(o) => serde_json::to_string(o),
+        };
+        text.push_str(&format!("---\n{}\n", json.unwrap()));
+    }
+    std::fs::write(&file, text).unwrap();
+    let path = file.to_str().unwrap();
+    let placed = |args: &[&str]| -> std::collections::BTreeMap<String, u64> {
+        let out = fleetctl(&[&["plan", "-f", path, "-o", "json"], args].concat());
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        plan["deployments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let n = d["assignments"].as_array().unwrap().iter().map(|a| a["replicas"].as_u64().unwrap()).sum();
+                (format!("{}/{}", d["namespace"].as_str().unwrap(), d["name"].as_str().unwrap()), n)
+            })
+            .collect()
+    };
+    let (greedy, exact) = (placed(&[]), placed(&["--exact"]));
+    let (name, &n) = exact.iter().find(|(k, n)| greedy[*k] < **n).expect("a deployment the exact mode places more of");
+    // Explained with --exact: the exact mode's count per cluster, and the line saying so; without
+    // it, the greedy's.
+    let with = fleetctl(&["explain", "-f", path, name, "--exact", "-o", "json"]);
+    assert_eq!(with.status.code(), Some(0), "{}", String::from_utf8_lossy(&with.stderr));
+    let explained: serde_json::Value = serde_json::from_slice(&with.stdout).unwrap();
+    let per_cluster = |v: &serde_json::Value| -> u64 {
+        v["explanation"].as_array().unwrap().iter().map(|c| c["placed"].as_u64().unwrap_or(0)).sum()
+    };
+    assert_eq!(per_cluster(&explained), n, "{explained:#}");
+    let without = fleetctl(&["explain", "-f", path, name, "-o", "json"]);
+    let explained: serde_json::Value = serde_json::from_slice(&without.stdout).unwrap();
+    assert_eq!(per_cluster(&explained), greedy[name]);
+    let table = stdout(&fleetctl(&["explain", "-f", path, name, "--exact"]));
+    assert!(table.contains("exact mode: plan by the greedy guided by the exact optimum"), "{table}");
+}
+
+#[test]
 fn unplaced_replicas_exit_2_with_reasons_per_cluster() {
     let dir = tempdir();
     copy_dir(&repo().join("examples/fleet"), &dir);
