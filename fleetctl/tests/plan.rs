@@ -50,10 +50,11 @@ fn explain_of_the_sovereign_deployment() {
 
 #[test]
 fn explain_with_exact_explains_the_exact_modes_plan() {
-    // A crowded fleet where the exact mode places three more replicas in tier 0 than the greedy.
+    // A crowded fleet where the exact mode places more replicas than the greedy (and fast: the
+    // exact mode's 10 s limit is far even in a debug build under load).
     let dir = tempdir();
     let file = dir.join("crowded.yaml");
-    let spec = flotilla_placement::generate::GenSpec { clusters: 6, deployments: 20, seed: 3 };
+    let spec = flotilla_placement::generate::GenSpec { clusters: 4, deployments: 10, seed: 3 };
     let mut text = String::new();
     for object in flotilla_placement::crowded::generate_crowded_objects(&spec) {
         let json = match &object {
