@@ -816,15 +816,15 @@ impl Model<'_> {
                             .iter()
                             .enumerate()
                             .filter(|&(gi, &(free, n))| {
-                                let left = free * n
-                                    - used.get(&(o.pool, gi)).copied().unwrap_or(0)
-                                    - took.iter().filter(|(g, _)| *g == gi).map(|(_, s)| s).sum::<u32>();
+                                let left = (free * n)
+                                    .saturating_sub(used.get(&(o.pool, gi)).copied().unwrap_or(0))
+                                    .saturating_sub(took.iter().filter(|(g, _)| *g == gi).map(|(_, s)| s).sum::<u32>());
                                 let pods = z_of.get(&(di, k, s, gi)).map_or(0, |&i| values[i].round() as u32)
                                     + took.iter().filter(|(g, q)| *g == gi && *q == s).count() as u32;
                                 free >= s && left >= s && (!d.distinct_nodes || pods < n * (xs[k] + 1))
                             })
                             .min_by_key(|&(gi, &(free, n))| {
-                                (free * n - used.get(&(o.pool, gi)).copied().unwrap_or(0), gi)
+                                ((free * n).saturating_sub(used.get(&(o.pool, gi)).copied().unwrap_or(0)), gi)
                             })
                             .map(|(gi, _)| gi);
                         best.map(|gi| took.push((gi, s))).is_some()
