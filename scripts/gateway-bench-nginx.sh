@@ -268,13 +268,47 @@ the multi-threaded runtime 29.1k and 32.1k req/s at 38.8 and 34.7 ms CPU per 1,0
 two event loops 46.0k and 39.4k req/s at 27.2 and 25.0 ms; one event loop 38.4k and 39.2k req/s
 at 25.7 and 25.2 ms.
 
-\`perf record -g\` on the gateway during a 16-connection run (event loops): about half of its
-samples in the kernel, of which a third is scheduling (\`finish_task_switch\`, wake-ups under
-\`_raw_spin_unlock_irqrestore\`): 0.8 context switches per request (\`perf stat\`), almost all
-after \`writev\` wakes a peer (wrk or nginx) that shares the two cores. The user-space profile is
-flat: no symbol of the gateway, hyper, Tokio or mimalloc above 1.5 %. Left to try: fewer
-wake-ups per request (one write per answer), and measuring on a machine where the load
-generator does not share the proxy's cores.
+**The way in.** A flat profile hid how much a request spent getting from hyper to \`http::infer\`:
+two \`axum::middleware::from_fn\` layers (the request id and the \`--max-headers\` check), each
+cloning the boxed route it wraps and boxing a \`Next\` and a future per request, then the router's
+match, its boxed route and handler, the id formatted with \`write!\` and header names parsed from
+strings. Now one hand-written layer (\`edge::Edge\`) does both checks without boxing or cloning
+the route; the server runs \`edge::Front\`, which sends a \`POST\` to one of the three inference
+paths through that same edge straight to \`http::infer\` (everything else goes through
+\`http::app\`'s router, which keeps the edge on every route); and each cluster carries its
+request targets and \`Host\` value parsed once (\`upstream::Target\`) with static header names.
+Same-run A/B, old binary against new, \`wrk -t2 -c16\`, 5 s per run, rounds alternating, on this
+machine while another user's builds and tests ran (load average 3–12), means of the rounds:
+
+| change | CPU ms per 1,000 requests | of which user | rounds lower |
+| --- | --- | --- | --- |
+| one edge layer for the two middlewares | 29.6 → 25.7 | 17.2 → 15.5 | 6 of 6 |
+| targets and \`Host\` parsed once, static header names | 30.5 → 28.6 | 17.2 → 17.0 | 4 of 6 |
+| \`Front\`: inference \`POST\`s skip the router | 29.7 → 27.5 | 17.9 → 15.8 | 4 of 6 |
+| all three (16 connections, 5 rounds) | 33.7 → 30.4 | 19.4 → 16.5 | 4 of 5 |
+| all three (64 connections, 4 rounds) | 34.6 → 29.0 | 21.1 → 16.5 | 4 of 4 |
+| all three (16 connections, 4 rounds of 8 s, machine otherwise idle) | 31.9 → 28.9 | 19.7 → 16.0 | 4 of 4 |
+
+Throughput did not clearly follow: 27.4k → 32.0k req/s at 16 connections and 34.8k → 39.0k at
+64 in the loaded rounds, 40.0k → 39.7k in the idle ones. The host ran slower during the run
+above than during the one at commit c32e3db (the nginx hop 14.2 ms per 1,000 requests against
+11.8; the gateway from before these changes 31.9 ms in the idle A/B against 26.0 then), so the
+table's 31.2 ms is the A/B's 28.9 ms on a slower host, not a regression. Tried and not kept:
+taking a body that has already arrived without setting its timer (\`now_or_never\` before
+\`timeout\`) gained nothing (27.0 against 25.7 ms): the body reaches hyper's channel only after
+the handler's first poll, so the probe was wasted.
+
+\`perf record -g\` on the gateway during a 16-connection run: about half of its samples in the
+kernel, a third of that scheduling (\`finish_task_switch\`, wake-ups under
+\`_raw_spin_unlock_irqrestore\` after \`writev\` wakes wrk or nginx, which share the two cores).
+The system calls are already few: per request 2 \`writev\`, 2 \`recvfrom\` and 0.3 \`epoll_wait\`
+(\`strace -c\`). User space fell from 56 % to 47 % of the samples; what remains is flat: hyper's
+parser reserving room for four times \`--max-headers\` (1 %, kept so that an over-limit head gets
+the OpenAI-shaped 431), the JSON body parsed into a \`Value\` and validated (2.5 %), hyper-util's
+pooled client (checkout, a clone of the client, the dispatch channel; about 2 %), clock reads
+(1.5 %, half of them hyper's), metrics keyed by \`String\` labels under SipHash (about 1 %).
+Left to try: an upstream pool per event loop over hyper's HTTP/1 connections, and metric
+handles kept on the route instead of looked up per request.
 MD
 write_section "$OUT" gateway-nginx-bench "$SECTION" gateway-bench
 echo "wrote the gateway-nginx section of $OUT" >&2

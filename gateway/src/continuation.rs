@@ -246,6 +246,7 @@ mod tests {
             region: String::new(),
             auth: None,
             tls: None,
+            target: None,
         };
         Route {
             cluster: Arc::new(cluster),

@@ -7,31 +7,29 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, Uri, header};
-use axum::middleware::{self, Next};
+use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::config::{RoutingMode, ms};
+use crate::edge::{Edge, new_id};
 use crate::keys::{ApiKey, Limit, Refusal};
 use crate::limits::Refused;
 use crate::metrics::{Endpoint, KeyRefusal, Outcome};
-use crate::pick::{hash, prefix_key};
+use crate::pick::prefix_key;
 use crate::proxy::{self, Prepared};
 use crate::table::Model;
 use crate::{AppState, GatewayError};
 
-/// The request id of the request being served.
-#[derive(Clone, Debug)]
-pub struct RequestId(pub String);
+pub use crate::edge::RequestId;
 
-/// The gateway's router.
+/// The gateway's router. The server runs it behind `edge::Front`, which sends a `POST` to an
+/// inference API straight to [`infer`] through the same edge, as this router would.
 pub fn app(st: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route(
@@ -54,8 +52,7 @@ pub fn app(st: Arc<AppState>) -> axum::Router {
         .route("/readyz", get(readyz).fallback(|r: Request| wrong_method(r, "GET")))
         .route("/metrics", get(metrics).fallback(|r: Request| wrong_method(r, "GET")))
         .fallback(|uri: Uri| async move { GatewayError::NoRoute(uri.path().chars().take(200).collect()) })
-        .layer(middleware::from_fn_with_state(st.clone(), header_limit))
-        .layer(middleware::from_fn(request_id))
+        .layer(Edge { max_headers: st.cfg.max_headers })
         .with_state(st)
 }
 
@@ -63,40 +60,6 @@ pub fn app(st: Arc<AppState>) -> axum::Router {
 async fn wrong_method(req: Request, allow: &'static str) -> GatewayError {
     let path = req.uri().path().chars().take(200).collect();
     GatewayError::MethodNotAllowed { method: req.method().as_str().chars().take(20).collect(), path, allow }
-}
-
-fn new_id() -> String {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or_default();
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let mut id = String::with_capacity(32);
-    // Writing to a String cannot fail.
-    let _ = write!(id, "{:016x}{:016x}", hash(t, &n.to_le_bytes()), hash(n, &t.to_le_bytes()));
-    id
-}
-
-async fn request_id(mut req: Request, next: Next) -> Response {
-    let valid = |s: &&str| {
-        !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-    };
-    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).filter(valid).map(str::to_string);
-    let id = id.unwrap_or_else(new_id);
-    req.extensions_mut().insert(RequestId(id.clone()));
-    let mut resp = next.run(req).await;
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
-    resp
-}
-
-/// More than `--max-headers` header fields: 431 before any routing. (The server's parser
-/// itself stops at four times the limit with a bare 431; `--max-header-bytes` bounds the head.)
-async fn header_limit(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let count = req.headers().len();
-    if count > st.cfg.max_headers {
-        return GatewayError::TooManyHeaders { count, limit: st.cfg.max_headers }.into_response();
-    }
-    next.run(req).await
 }
 
 fn outcome(status: StatusCode) -> Outcome {
@@ -110,7 +73,7 @@ fn outcome(status: StatusCode) -> Outcome {
     }
 }
 
-async fn infer(State(st): State<Arc<AppState>>, endpoint: Endpoint, req: Request) -> Response {
+pub(crate) async fn infer(State(st): State<Arc<AppState>>, endpoint: Endpoint, req: Request) -> Response {
     let started = Instant::now();
     let (label, result) = handle(&st, endpoint, req).await;
     let resp = result.unwrap_or_else(IntoResponse::into_response);

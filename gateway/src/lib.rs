@@ -1,8 +1,8 @@
 //! The fleet gateway: one OpenAI-compatible endpoint that routes each request to a healthy cluster
-//! its model is allowed in. Requests flow `http` (validation) → `proxy` (fallback chain and attempt
-//! loop, decided by `attempts`, choosing with `pick` over `health`) → `upstream` (one attempt) →
-//! `sse` (stream relay through a `splice`; `continuation` finishes a stream that breaks on another
-//! route); the routing `table` is swapped atomically, from a file by `serve`'s reload loop or from
+//! its model is allowed in. Requests flow `edge` (request id, header count) → `http` (validation) →
+//! `proxy` (fallback chain and attempt loop, decided by `attempts`, choosing with `pick` over
+//! `health`) → `upstream` (one attempt) → `sse` (stream relay through a `splice`; `continuation`
+//! finishes a stream that breaks on another route); the routing `table` is swapped atomically, from a file by `serve`'s reload loop or from
 //! the control cluster by `feed` (built by `fleet`). API `keys` are checked in `http` and their
 //! budgets in `limits` (this process, or a Redis server shared by every replica); what the gateway
 //! sees is kept by `feedback` and written back by `feed`; `probe` brings ejected routes back
@@ -14,6 +14,7 @@ pub mod autoscale;
 pub mod breaker;
 pub mod config;
 pub mod continuation;
+pub mod edge;
 pub mod error;
 pub mod feed;
 pub mod feedback;

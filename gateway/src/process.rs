@@ -3,11 +3,13 @@
 //! starts a graceful shutdown (SIGINT or SIGTERM), and one HTTP/1 accept loop that serves an
 //! axum app until told to stop, then drains its connections for a bounded time.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -46,17 +48,20 @@ pub async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// Serves `app` on `listener` (HTTP/1, `TCP_NODELAY`, a 30 s header read timeout, so a slow
-/// client holds only its own connection) until `stop` resolves; then accepts nothing more and
-/// gives the connections in flight up to `drain` to finish. `builder` sets what else the
-/// caller bounds (header count, buffer size).
-pub async fn accept_loop(
+/// Serves `app` (an axum `Router`, or a service in front of one) on `listener` (HTTP/1,
+/// `TCP_NODELAY`, a 30 s header read timeout, so a slow client holds only its own connection)
+/// until `stop` resolves; then accepts nothing more and gives the connections in flight up to
+/// `drain` to finish. `builder` sets what else the caller bounds (header count, buffer size).
+pub async fn accept_loop<S>(
     listener: TcpListener,
-    app: Router,
+    app: S,
     mut builder: hyper::server::conn::http1::Builder,
     stop: impl Future<Output = ()>,
     drain: Duration,
-) {
+) where
+    S: tower::Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
     builder.timer(TokioTimer::new()).header_read_timeout(Some(Duration::from_secs(30)));
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);

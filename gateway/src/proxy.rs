@@ -13,7 +13,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode, header};
+use http::{HeaderName, HeaderValue, StatusCode, header};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::attempts::{Attempts, GaveUp, Reaction, RouteView, Skip, Step};
@@ -34,6 +34,8 @@ use crate::{AppState, GatewayError};
 pub const CLUSTER_HEADER: &str = "x-flotilla-cluster";
 /// Header naming the model that served (differs from the request's on fallback).
 pub const MODEL_HEADER: &str = "x-flotilla-model";
+static CLUSTER: HeaderName = HeaderName::from_static(CLUSTER_HEADER);
+static MODEL: HeaderName = HeaderName::from_static(MODEL_HEADER);
 
 /// A validated client request.
 #[derive(Debug)]
@@ -144,9 +146,9 @@ pub async fn serve(st: &Arc<AppState>, p: Prepared, permit: OwnedSemaphorePermit
             continuation::respond(stream, up)
         }
     };
-    r.headers_mut().insert(CLUSTER_HEADER, cluster);
+    r.headers_mut().insert(CLUSTER.clone(), cluster);
     if let Ok(v) = HeaderValue::from_str(&m.name) {
-        r.headers_mut().insert(MODEL_HEADER, v);
+        r.headers_mut().insert(MODEL.clone(), v);
     }
     Ok(r)
 }
@@ -202,7 +204,7 @@ fn client_error(status: StatusCode, body: Bytes, cluster: &str) -> Response {
     *r.status_mut() = status;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Ok(v) = HeaderValue::from_str(cluster) {
-        r.headers_mut().insert(CLUSTER_HEADER, v);
+        r.headers_mut().insert(CLUSTER.clone(), v);
     }
     r
 }
@@ -381,6 +383,7 @@ impl<'t> Trying<'_, 't> {
         let budget = ms(if p.stream { cfg.ttft_timeout_ms } else { cfg.request_timeout_ms });
         let out = Outgoing {
             base: &route.cluster.url,
+            target: route.cluster.target.as_ref(),
             auth: route.cluster.auth.as_ref(),
             member_route: route.member_route.as_ref(),
             path: p.endpoint.path(),

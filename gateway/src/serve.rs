@@ -87,11 +87,11 @@ async fn accept_loop(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .max_buf_size(st.cfg.max_header_bytes.max(8192))
-        // Parse room beyond the limit, so that `http::header_limit` answers an over-limit
+        // Parse room beyond the limit, so that the edge (`edge.rs`) answers an over-limit
         // request with an OpenAI-shaped 431 instead of the parser's bare one.
         .max_headers(st.cfg.max_headers.saturating_mul(4).max(st.cfg.max_headers + 1));
-    let app = crate::app(st.clone());
-    crate::process::accept_loop(listener, app, builder, until_stopped(stopped), ms(st.cfg.drain_ms)).await;
+    let front = crate::edge::Front::new(st.clone());
+    crate::process::accept_loop(listener, front, builder, until_stopped(stopped), ms(st.cfg.drain_ms)).await;
     Ok(())
 }
 

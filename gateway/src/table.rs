@@ -198,6 +198,8 @@ pub struct Cluster {
     pub auth: Option<HeaderValue>,
     /// TLS settings and client of an `https://` cluster.
     pub tls: Option<Tls>,
+    /// Its request targets, worked out from `url` once.
+    pub target: Option<crate::upstream::Target>,
 }
 
 /// A model's route to one cluster.
@@ -269,8 +271,15 @@ impl RoutingTable {
                 None => None,
             };
             let tls = cluster_tls(&url, &material).map_err(named)?;
-            let cluster =
-                Cluster { name: c.name.clone(), url, jurisdiction: c.jurisdiction, region: c.region, auth, tls };
+            let cluster = Cluster {
+                name: c.name.clone(),
+                target: crate::upstream::Target::new(&url),
+                url,
+                jurisdiction: c.jurisdiction,
+                region: c.region,
+                auth,
+                tls,
+            };
             if t.clusters.insert(c.name.clone(), Arc::new(cluster)).is_some() {
                 return Err(err(format!("cluster `{}` is listed twice", c.name)));
             }

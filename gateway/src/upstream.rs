@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, header};
+use http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client as HyperClient;
@@ -47,6 +47,44 @@ pub fn client(connect_timeout: Duration) -> Client {
     c.set_nodelay(true);
     HyperClient::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(c)
 }
+
+/// Where one cluster's requests go, worked out once when its table is loaded: the request target
+/// of each API and the `Host` header (as the client would set it), so that an attempt neither
+/// formats nor parses a URL.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// One per API, in [`Endpoint::path`](crate::metrics::Endpoint::path)'s order.
+    uris: [(&'static str, Uri); 3],
+    host: HeaderValue,
+}
+
+impl Target {
+    /// The targets under `base` (a cluster's URL without a trailing slash); `None` when it does
+    /// not parse (the attempt then parses it itself and reports the error).
+    pub fn new(base: &str) -> Option<Self> {
+        use crate::metrics::Endpoint;
+        let uri = |e: Endpoint| format!("{base}{}", e.path()).parse::<Uri>().ok().map(|u| (e.path(), u));
+        let uris = [uri(Endpoint::chat_completions)?, uri(Endpoint::completions)?, uri(Endpoint::embeddings)?];
+        let u = &uris[0].1;
+        let host = u.host()?;
+        // A port is named unless it is the scheme's default, as hyper's client writes `Host`.
+        let secure = matches!(u.scheme_str(), Some("https" | "wss"));
+        let host = match u.port() {
+            Some(p) if !matches!((p.as_u16(), secure), (443, true) | (80, false)) => {
+                HeaderValue::from_str(&format!("{host}:{}", p.as_str())).ok()?
+            }
+            _ => HeaderValue::from_str(host).ok()?,
+        };
+        Some(Target { uris, host })
+    }
+
+    fn uri(&self, path: &str) -> Option<&Uri> {
+        self.uris.iter().find(|(p, _)| *p == path).map(|(_, u)| u)
+    }
+}
+
+/// The request id header sent upstream.
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Why an attempt failed.
 #[derive(Debug)]
@@ -127,6 +165,8 @@ pub enum Success {
 pub struct Outgoing<'a> {
     /// Cluster base URL.
     pub base: &'a str,
+    /// The cluster's targets, when its table worked them out.
+    pub target: Option<&'a Target>,
     /// The cluster's upstream credential (`Authorization`), if it has one.
     pub auth: Option<&'a HeaderValue>,
     /// The route's `x-flotilla-deployment` value, which the member's routing matches on.
@@ -175,16 +215,25 @@ fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
 
 /// Send one attempt and classify the answer.
 pub async fn attempt(client: Conn<'_>, out: Outgoing<'_>) -> Result<Success, Failure> {
-    let uri = format!("{}{}", out.base, out.path);
+    let target = out.target.and_then(|t| Some((t.uri(out.path)?, &t.host)));
+    let uri = match target {
+        Some((u, _)) => u.clone(),
+        None => format!("{}{}", out.base, out.path).parse::<Uri>().map_err(|e| Failure::Connect(e.to_string()))?,
+    };
+    let accept = if out.stream { "text/event-stream" } else { "application/json" };
+    let request_id = HeaderValue::from_str(out.request_id).map_err(|e| Failure::Connect(e.to_string()))?;
     // Only these headers go upstream: the client's own `Authorization` (the gateway's key)
     // never reaches the engine; the cluster's credential does. No client header is forwarded,
     // so a client cannot name another deployment to the member's routing.
     let mut req = Request::post(uri)
         .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
-        .header(header::ACCEPT, if out.stream { "text/event-stream" } else { "application/json" })
-        .header("x-request-id", out.request_id)
+        .header(header::ACCEPT, HeaderValue::from_static(accept))
+        .header(REQUEST_ID.clone(), request_id)
         .body(Full::new(out.body))
         .map_err(|e| Failure::Connect(e.to_string()))?;
+    if let Some((_, host)) = target {
+        req.headers_mut().insert(header::HOST, host.clone());
+    }
     if let Some(auth) = out.auth {
         req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
     }
@@ -247,5 +296,28 @@ pub async fn attempt(client: Conn<'_>, out: Outgoing<'_>) -> Result<Success, Fai
         if !events.is_empty() {
             return Ok(Success::Stream { events, parser, body });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_names_each_api_and_the_host_as_the_client_would() {
+        let t = Target::new("http://10.0.0.1:8000").unwrap();
+        assert_eq!(t.uri("/v1/chat/completions").unwrap(), "http://10.0.0.1:8000/v1/chat/completions");
+        assert_eq!(t.uri("/v1/embeddings").unwrap(), "http://10.0.0.1:8000/v1/embeddings");
+        assert_eq!(t.uri("/v1/other"), None, "only the APIs the gateway serves");
+        assert_eq!(t.host, "10.0.0.1:8000");
+        let prefixed = Target::new("https://gw.example/inference").unwrap();
+        assert_eq!(prefixed.uri("/v1/completions").unwrap(), "https://gw.example/inference/v1/completions");
+        assert_eq!(prefixed.host, "gw.example");
+        // The scheme's own port is left out, another one kept, as hyper's client does.
+        assert_eq!(Target::new("http://e:80").unwrap().host, "e");
+        assert_eq!(Target::new("https://e:443").unwrap().host, "e");
+        assert_eq!(Target::new("https://e:80").unwrap().host, "e:80");
+        assert_eq!(Target::new("http://[::1]:9").unwrap().host, "[::1]:9");
+        assert!(Target::new("not a url").is_none(), "the attempt parses it and reports the error");
     }
 }
