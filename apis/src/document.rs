@@ -133,6 +133,17 @@ impl FleetObject {
             None => format!("{} {}", self.kind().as_str(), self.name()),
         }
     }
+
+    /// The object as a JSON value (what a YAML document of it holds).
+    pub fn to_json(&self) -> serde_json::Result<Json> {
+        match self {
+            Self::Class(o) => serde_json::to_value(o),
+            Self::Cluster(o) => serde_json::to_value(o),
+            Self::Deployment(o) => serde_json::to_value(o),
+            Self::Cache(o) => serde_json::to_value(o),
+            Self::Claim(o) => serde_json::to_value(o),
+        }
+    }
 }
 
 /// How bad a problem is.

@@ -57,14 +57,7 @@ fn explain_with_exact_explains_the_exact_modes_plan() {
     let spec = flotilla_placement::generate::GenSpec { clusters: 4, deployments: 10, seed: 3 };
     let mut text = String::new();
     for object in flotilla_placement::crowded::generate_crowded_objects(&spec) {
-        let json = match &object {
-            flotilla_apis::FleetObject::Class(o) => serde_json::to_string(o),
-            flotilla_apis::FleetObject::Cluster(o) => serde_json::to_string(o),
-            flotilla_apis::FleetObject::Deployment(o) => serde_json::to_string(o),
-            flotilla_apis::FleetObject::Cache(o) => serde_json::to_string(o),
-            flotilla_apis::FleetObject::Claim(o) => serde_json::to_string(o),
-        };
-        text.push_str(&format!("---\n{}\n", json.unwrap()));
+        text.push_str(&format!("---\n{}\n", object.to_json().unwrap()));
     }
     std::fs::write(&file, text).unwrap();
     let path = file.to_str().unwrap();

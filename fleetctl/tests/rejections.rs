@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use flotilla_apis::FleetObject;
 use flotilla_placement::generate::{GenSpec, generate_objects};
 use serde_json::Value;
 
@@ -23,15 +22,8 @@ fn generated_fleet(test: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let mut text = String::new();
     for object in generate_objects(&GenSpec { clusters: 40, deployments: 200, seed: 1 }) {
-        let json = match &object {
-            FleetObject::Class(o) => serde_json::to_string(o),
-            FleetObject::Cluster(o) => serde_json::to_string(o),
-            FleetObject::Deployment(o) => serde_json::to_string(o),
-            FleetObject::Cache(o) => serde_json::to_string(o),
-            FleetObject::Claim(o) => serde_json::to_string(o),
-        };
         text.push_str("---\n");
-        text.push_str(&json.unwrap());
+        text.push_str(&object.to_json().unwrap().to_string());
         text.push('\n');
     }
     let file = dir.join("fleet.yaml");

@@ -138,17 +138,8 @@ fn a_generated_fleet_with_static_clusters_sharing_regions_plans() {
         d.len()
     };
     assert!(distinct < static_regions.len(), "the fleet must have two static clusters in one region");
-    let docs: Vec<String> = objects
-        .iter()
-        .map(|o| match o {
-            FleetObject::Class(o) => serde_json::to_string(o),
-            FleetObject::Cluster(o) => serde_json::to_string(o),
-            FleetObject::Deployment(o) => serde_json::to_string(o),
-            FleetObject::Cache(o) => serde_json::to_string(o),
-            FleetObject::Claim(o) => serde_json::to_string(o),
-        })
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let docs: Vec<String> =
+        objects.iter().map(|o| o.to_json().map(|v| v.to_string())).collect::<Result<_, _>>().unwrap();
     let file = std::env::temp_dir().join(format!("fleetctl-generated-{}.yaml", std::process::id()));
     std::fs::write(&file, docs.join("\n---\n")).unwrap();
     let out = fleetctl(&["plan", "-f", file.to_str().unwrap(), "-o", "json"]);

@@ -18,7 +18,6 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use flotilla_apis::FleetObject;
 use flotilla_placement::crowded::generate_crowded_objects;
 use flotilla_placement::generate::{GenSpec, generate_objects};
 use serde_json::Value;
@@ -52,14 +51,7 @@ fn main() -> ExitCode {
     );
     let objects = if crowded { generate_crowded_objects(&spec) } else { generate_objects(&spec) };
     for object in objects {
-        let json = match &object {
-            FleetObject::Class(o) => serde_json::to_value(o),
-            FleetObject::Cluster(o) => serde_json::to_value(o),
-            FleetObject::Deployment(o) => serde_json::to_value(o),
-            FleetObject::Cache(o) => serde_json::to_value(o),
-            FleetObject::Claim(o) => serde_json::to_value(o),
-        };
-        match json {
+        match object.to_json() {
             Ok(v) => {
                 out.push_str("---\n");
                 emit(&v, 0, &mut out);

@@ -910,23 +910,13 @@ fn the_checker_catches_injected_violations() {
 /// plans exactly as the in-memory snapshot does, so `gen_fleet` reproduces benchmark inputs.
 #[test]
 fn generated_fleets_validate_and_plan_the_same_from_text() {
-    use flotilla_apis::FleetObject;
     use flotilla_apis::document::{Severity, parse_stream};
     use flotilla_apis::validate::validate_set;
     use flotilla_placement::generate::generate_objects;
 
     let spec = GenSpec { clusters: 25, deployments: 40, seed: 11 };
-    let text: Vec<String> = generate_objects(&spec)
-        .iter()
-        .map(|o| match o {
-            FleetObject::Class(o) => serde_json::to_string(o),
-            FleetObject::Cluster(o) => serde_json::to_string(o),
-            FleetObject::Deployment(o) => serde_json::to_string(o),
-            FleetObject::Cache(o) => serde_json::to_string(o),
-            FleetObject::Claim(o) => serde_json::to_string(o),
-        })
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let text: Vec<String> =
+        generate_objects(&spec).iter().map(|o| o.to_json().map(|v| v.to_string())).collect::<Result<_, _>>().unwrap();
     let parsed = parse_stream("generated.yaml", &text.join("\n---\n"));
     assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
     let errors: Vec<_> =
