@@ -179,6 +179,9 @@ struct Model<'p> {
     groups: Vec<Vec<(u32, u32)>>,
     /// Per pool, per node: its group.
     node_group: Vec<Vec<Option<usize>>>,
+    /// Per deployment whose spread the model reasons about (free, spreading over two domains
+    /// or more): its options by spread domain.
+    spread_by: Vec<Option<BTreeMap<usize, Vec<usize>>>>,
     variables: usize,
 }
 
@@ -197,7 +200,7 @@ struct Built {
 }
 
 /// The spread domains of a deployment's options (by `ProblemDeployment::spread`'s kind), when
-/// the model reasons about its spread: free, spreading, over two domains or more.
+/// it spreads over two domains or more.
 fn spread_domains(p: &Problem, d: &ProblemDeployment) -> Option<BTreeMap<usize, Vec<usize>>> {
     let (kind, _) = d.spread?;
     let mut by: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -211,6 +214,12 @@ impl<'p> Model<'p> {
     fn new(p: &'p Problem, fixed: Vec<Option<Vec<u32>>>, greedy: Vec<Vec<u32>>) -> Self {
         let sizes: Vec<u32> = p.deployments.iter().flat_map(|d| d.pods.iter().copied()).collect();
         let (groups, node_group): (Vec<_>, Vec<_>) = p.pools.iter().map(|q| groups(&q.free_per_node, &sizes)).unzip();
+        let spread_by: Vec<_> = p
+            .deployments
+            .iter()
+            .zip(&fixed)
+            .map(|(d, f)| if f.is_none() { spread_domains(p, d) } else { None })
+            .collect();
         let mut variables = 0;
         for (di, d) in p.deployments.iter().enumerate() {
             let distinct = {
@@ -223,9 +232,7 @@ impl<'p> Model<'p> {
                 variables +=
                     1 + distinct.iter().map(|&s| groups[o.pool].iter().filter(|g| g.0 >= s).count()).sum::<usize>();
             }
-            if fixed[di].is_none()
-                && let Some(by) = spread_domains(p, d)
-            {
+            if let Some(by) = &spread_by[di] {
                 // Kept or not; per pool full; per capped alternative at its maximum; per price
                 // over the ceiling; per domain open.
                 let pools: std::collections::BTreeSet<usize> = d.options.iter().map(|o| o.pool).collect();
@@ -237,13 +244,13 @@ impl<'p> Model<'p> {
                     + by.len();
             }
         }
-        Self { p, fixed, greedy, groups, node_group, variables }
+        Self { p, fixed, greedy, groups, node_group, spread_by, variables }
     }
 
     /// Whether the model reasons about deployment `di`'s spread (it is free and spreads over
     /// two domains or more).
     fn spreads(&self, di: usize) -> bool {
-        self.fixed[di].is_none() && spread_domains(self.p, &self.p.deployments[di]).is_some()
+        self.spread_by[di].is_some()
     }
 
     /// Pods per (deployment, option, pod size, node group) for replica `counts` per option,
@@ -423,7 +430,7 @@ impl<'p> Model<'p> {
         xs: &[Variable],
         keep: Variable,
     ) {
-        let Some(by) = spread_domains(self.p, d) else { return };
+        let Some(by) = &self.spread_by[di] else { return };
         let Some((_, skew)) = d.spread else { return };
         let m = f64::from(d.replicas);
         let smallest = d.pods.iter().copied().min().unwrap_or(1);
@@ -485,7 +492,7 @@ impl<'p> Model<'p> {
             }
         }
         let count = |ks: &[usize], sign: f64| -> Vec<(Variable, f64)> { ks.iter().map(|&k| (xs[k], sign)).collect() };
-        for (dom, ks) in &by {
+        for (dom, ks) in by {
             let open = vars.add(mip, 0.0, (0, 1), 1.0);
             for &k in ks {
                 let o = &d.options[k];
@@ -495,7 +502,7 @@ impl<'p> Model<'p> {
                 mip.add_constraint(why, ComparisonOp::Ge, 1.0);
             }
             // Open and not kept: every other domain within maxSkew of this one.
-            for (other, oks) in &by {
+            for (other, oks) in by {
                 if other == dom {
                     continue;
                 }
