@@ -10,7 +10,6 @@
 //! ModelCache kinds (Jobs, volume claims, Secrets) are not cached: a pass lists them only where
 //! some may be ([`kinds_to_list`]: the last listing there found some, or the ModelCache
 //! reconciler has been there since), so a fleet without caches sends its members no LIST.
-//! The first pass runs at start-up, once the control cluster's stores are synced ([`run`]).
 //! Decide ([`orphans`], pure): those whose owner (`<namespace>.<name>`) no ModelDeployment or
 //! ModelCache is any more, older than a grace period, at most a bounded number per pass; and
 //! ([`gate`], pure) whether that is more than a bounded share of the member's objects of this
@@ -551,23 +550,15 @@ pub async fn pass(ctx: &SweepContext) {
     futures_util::stream::iter(work).buffer_unordered(MEMBERS_AT_ONCE).collect::<Vec<()>>().await;
 }
 
-/// Sweeps every `every` until `shutdown` resolves. The first pass runs as soon as the owners
-/// and the members are known (the stores synced): what was left before this controller started
-/// is found at start-up, and its one listing of each member is over before the fleet settles,
-/// not one period later in its steady state. (It comes once per member: a member's handle, on
-/// which the pass notes it, is built once per source, `MemberClients::handle`.)
+/// Sweeps every `every` until `shutdown` resolves (the first pass after one period). Tried at
+/// start-up instead: in one of two `e2e_deployment` runs a member's first pass (which lists
+/// every kind once) then came again later, inside the test's quiet minute; not understood yet,
+/// so the first pass stays one period after the start.
 pub async fn run(ctx: SweepContext, every: Duration, shutdown: impl std::future::Future<Output = ()>) {
     let passes = async {
-        let synced = ctx.clusters.wait_until_ready().await.is_ok()
-            && ctx.deployments.wait_until_ready().await.is_ok()
-            && ctx.caches.wait_until_ready().await.is_ok();
-        if !synced {
-            // The reflectors are gone (shutting down): no owners to judge by.
-            return;
-        }
         loop {
-            pass(&ctx).await;
             tokio::time::sleep(every).await;
+            pass(&ctx).await;
         }
     };
     tokio::select! { () = passes => {}, () = shutdown => {} }
