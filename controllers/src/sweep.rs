@@ -472,8 +472,12 @@ pub struct SweepContext {
     pub recorder: Recorder,
 }
 
-/// Says that a pass over `ic`'s member was held: a Warning event on the InferenceCluster.
-async fn report_held(ctx: &SweepContext, ic: &InferenceCluster, s: &Swept) {
+/// The `SweepHeld` event of a held pass. Its action carries the count: kube's recorder folds
+/// events with the same reason and action on the same object into one series and keeps the
+/// first one's note, so a series must not outlive its count — the operator approves the number
+/// the note says, and a stale one (a pass that saw part of a burst of orphans, then all of it)
+/// would never be enough.
+fn held_event(s: &Swept, max_share: u32) -> Event {
     let note = format!(
         "the sweep would delete {} of the {} objects of this Flotilla installation in the member (more than {}%): \
          nothing deleted. If their ModelDeployments and ModelCaches were really deleted, approve with the annotation \
@@ -481,17 +485,22 @@ async fn report_held(ctx: &SweepContext, ic: &InferenceCluster, s: &Swept) {
          backup, or pointed at the wrong member), fix the control cluster",
         s.orphaned,
         s.found,
-        ctx.max_share,
+        max_share,
         annotations::APPROVE_SWEEP,
         s.orphaned
     );
-    let ev = Event {
+    Event {
         type_: EventType::Warning,
         reason: event::SWEEP_HELD.into(),
         note: Some(note),
-        action: "Sweep".into(),
+        action: format!("HoldSweepOf{}", s.orphaned),
         secondary: None,
-    };
+    }
+}
+
+/// Says that a pass over `ic`'s member was held: a Warning event on the InferenceCluster.
+async fn report_held(ctx: &SweepContext, ic: &InferenceCluster, s: &Swept) {
+    let ev = held_event(s, ctx.max_share);
     if let Err(e) = ctx.recorder.publish(&ev, &kube::Resource::object_ref(ic, &())).await {
         tracing::debug!(error = %brief(&e), "SweepHeld event not recorded");
     }
@@ -709,6 +718,18 @@ mod tests {
         assert!(found(0, &meta(Some("staging"), "flotilla"), now, "prod").is_none(), "another installation's");
         assert!(found(0, &meta(None, "flotilla"), now, "prod").is_none(), "a release before install labels");
         assert!(found(0, &meta(Some("prod"), "helm"), now, "prod").is_none(), "not Flotilla's");
+    }
+
+    #[test]
+    fn a_held_events_series_changes_with_its_count() {
+        let s = |orphaned| Swept { found: 15, orphaned, held: true, ..Swept::default() };
+        let (a, b) = (held_event(&s(11), 50), held_event(&s(12), 50));
+        assert!(a.note.as_deref().unwrap().contains("delete 11 of the 15") && a.note.as_deref().unwrap().contains("=11 "));
+        assert!(b.note.as_deref().unwrap().contains("delete 12 of the 15") && b.note.as_deref().unwrap().contains("=12 "));
+        // The recorder's series key: reason and action (same object, same reporter).
+        assert_eq!(a.reason, b.reason);
+        assert_ne!(a.action, b.action, "another count is another series, with its own note");
+        assert_eq!(a.action, held_event(&s(11), 50).action, "the same count repeats as one series");
     }
 
     #[test]
