@@ -107,6 +107,8 @@ pub mod condition {
     /// CapacityClaim: it holds more nodes than its pod sets need, and the disruption policy
     /// keeps them for now.
     pub const SURPLUS: &str = "Surplus";
+    /// FleetQuota: a limit binds — replicas of the namespace are unplaced because of it.
+    pub const EXHAUSTED: &str = "Exhausted";
 }
 
 /// Reasons, grouped by the kind whose conditions carry them. Each set is closed: a reason not
@@ -117,6 +119,8 @@ pub mod reason {
     // Shared by every kind.
     /// The spec failed validation; the message names the field.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// FleetQuota: the namespace's plan holds a limit exactly; the next replica it counts is refused.
+    pub const AT_LIMIT: &str = "AtLimit";
     /// All is as asked.
     pub const AS_EXPECTED: &str = "AsExpected";
     /// Deletion waits: a member that holds the object's workloads cannot be reached.
@@ -231,7 +235,8 @@ pub mod reason {
     pub const CLAIM_FALLBACK_SELECTED: &str = "FallbackSelected";
     /// No provider offering had capacity for any allowed alternative.
     pub const CAPACITY_UNAVAILABLE: &str = "CapacityUnavailable";
-    /// A provider quota stopped the request.
+    /// CapacityClaim: a provider quota stopped the request. FleetQuota: replicas of the
+    /// namespace are unplaced because a limit of this quota binds.
     pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// The named reservation does not match the request (type, zone, size or dates).
     pub const RESERVATION_MISMATCH: &str = "ReservationMismatch";

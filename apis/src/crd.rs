@@ -1,10 +1,10 @@
-//! Generation of the five CustomResourceDefinitions from the Rust types, and their YAML as
+//! Generation of the six CustomResourceDefinitions from the Rust types, and their YAML as
 //! committed under `charts/flotilla/crds/` (a test in `fleetctl` fails when the two differ).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use crate::{CapacityClaim, FleetQuota, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 
 /// Every CRD, in a fixed order.
 pub fn all() -> Vec<CustomResourceDefinition> {
@@ -14,6 +14,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ModelDeployment::crd(),
         ModelCache::crd(),
         CapacityClaim::crd(),
+        FleetQuota::crd(),
     ]
     .into_iter()
     .map(kubernetes_formats)

@@ -8,7 +8,7 @@ use std::fmt;
 use serde_json::Value as Json;
 
 use crate::constants::{API_VERSION, GROUP};
-use crate::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use crate::{CapacityClaim, FleetQuota, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 
 /// Where a document came from.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -36,7 +36,7 @@ pub struct Located<T> {
     pub value: T,
 }
 
-/// Any of the five kinds.
+/// Any of the six kinds.
 #[derive(Clone, Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum FleetObject {
@@ -50,9 +50,11 @@ pub enum FleetObject {
     Cache(ModelCache),
     /// A CapacityClaim.
     Claim(CapacityClaim),
+    /// A FleetQuota.
+    Quota(FleetQuota),
 }
 
-/// The five kinds, for dispatch before an object is typed.
+/// The six kinds, for dispatch before an object is typed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// InferenceClass.
@@ -65,12 +67,20 @@ pub enum Kind {
     ModelCache,
     /// CapacityClaim.
     CapacityClaim,
+    /// FleetQuota.
+    FleetQuota,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 5] =
-        [Self::InferenceClass, Self::InferenceCluster, Self::ModelDeployment, Self::ModelCache, Self::CapacityClaim];
+    pub const ALL: [Kind; 6] = [
+        Self::InferenceClass,
+        Self::InferenceCluster,
+        Self::ModelDeployment,
+        Self::ModelCache,
+        Self::CapacityClaim,
+        Self::FleetQuota,
+    ];
 
     /// The kind's name.
     pub fn as_str(self) -> &'static str {
@@ -80,6 +90,7 @@ impl Kind {
             Self::ModelDeployment => "ModelDeployment",
             Self::ModelCache => "ModelCache",
             Self::CapacityClaim => "CapacityClaim",
+            Self::FleetQuota => "FleetQuota",
         }
     }
 
@@ -90,7 +101,7 @@ impl Kind {
 
     /// Whether objects of the kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        matches!(self, Self::ModelDeployment | Self::ModelCache | Self::CapacityClaim)
+        matches!(self, Self::ModelDeployment | Self::ModelCache | Self::CapacityClaim | Self::FleetQuota)
     }
 }
 
@@ -103,6 +114,7 @@ impl FleetObject {
             Self::Deployment(_) => Kind::ModelDeployment,
             Self::Cache(_) => Kind::ModelCache,
             Self::Claim(_) => Kind::CapacityClaim,
+            Self::Quota(_) => Kind::FleetQuota,
         }
     }
 
@@ -113,6 +125,7 @@ impl FleetObject {
             Self::Deployment(o) => &o.metadata,
             Self::Cache(o) => &o.metadata,
             Self::Claim(o) => &o.metadata,
+            Self::Quota(o) => &o.metadata,
         }
     }
 
@@ -142,6 +155,7 @@ impl FleetObject {
             Self::Deployment(o) => serde_json::to_value(o),
             Self::Cache(o) => serde_json::to_value(o),
             Self::Claim(o) => serde_json::to_value(o),
+            Self::Quota(o) => serde_json::to_value(o),
         }
     }
 }
@@ -411,6 +425,7 @@ fn typed(kind: Kind, json: Json) -> Result<FleetObject, (String, String)> {
         Kind::ModelDeployment => FleetObject::Deployment(de(json)?),
         Kind::ModelCache => FleetObject::Cache(de(json)?),
         Kind::CapacityClaim => FleetObject::Claim(de(json)?),
+        Kind::FleetQuota => FleetObject::Quota(de(json)?),
     })
 }
 

@@ -1,4 +1,4 @@
-//! Flotilla's API, group `flotilla.dev`, version `v1alpha1`: the five custom resources, their
+//! Flotilla's API, group `flotilla.dev`, version `v1alpha1`: the six custom resources, their
 //! status conditions and reasons, spec validation (the CRD schema's own rules plus what a
 //! schema cannot check), and generation of the CRD YAML. No I/O and no async runtime: every
 //! other crate reads the fleet through these types.
@@ -26,6 +26,7 @@ pub mod fnv;
 pub mod names;
 pub mod node_devices;
 pub mod quantity;
+pub mod quota;
 pub mod reasons;
 pub mod schema_check;
 pub mod selector;
@@ -40,3 +41,4 @@ pub use cluster::{InferenceCluster, InferenceClusterSpec, InferenceClusterStatus
 pub use common::{CapacityType, Conditions};
 pub use deployment::{ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus};
 pub use document::{FleetObject, Located, SourceLocation};
+pub use quota::{FleetQuota, FleetQuotaSpec, FleetQuotaStatus};

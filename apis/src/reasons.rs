@@ -20,6 +20,8 @@ pub const MODEL_DEPLOYMENT: &str = "ModelDeployment";
 pub const MODEL_CACHE: &str = "ModelCache";
 /// `CapacityClaim`.
 pub const CAPACITY_CLAIM: &str = "CapacityClaim";
+/// `FleetQuota`.
+pub const FLEET_QUOTA: &str = "FleetQuota";
 
 /// Who writes a kind's status, in this release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +66,13 @@ pub const KINDS: &[KindDoc] = &[
                  step changed it, and releases the capacity through the `flotilla.dev/capacity-release` \
                  finalizer. `Fulfilled` and `Ready` carry the same status and reason. See \
                  [providers.md](providers.md).",
+    },
+    KindDoc {
+        kind: FLEET_QUOTA,
+        writer: "`flotilla-controller` (`controllers/src/quota.rs`), from the plan of every solve: usage per limit, \
+                 the namespace's cost, the replicas the quota leaves unplaced, `Ready` and `Exhausted`; written only \
+                 on change. The solver enforces the limits whether or not the status is written. See \
+                 [placement.md](placement.md#fleet-quotas).",
     },
 ];
 
@@ -180,6 +189,18 @@ pub const CONDITIONS: &[ConditionDoc] = &[
     ),
     c!(CAPACITY_CLAIM, FULFILLED, "True: every pod set has the capacity it asked for."),
     c!(CAPACITY_CLAIM, READY, "Mirrors `Fulfilled`."),
+    c!(
+        FLEET_QUOTA,
+        READY,
+        "True: the quota is valid and every solve enforces it. False: the spec is invalid (an unknown class); \
+         the message names the field, and the solver still enforces the limits it can read."
+    ),
+    c!(
+        FLEET_QUOTA,
+        EXHAUSTED,
+        "True: a limit binds — replicas of the namespace are unplaced because of it (`QuotaExceeded`), or \
+         usage is exactly at a limit (`AtLimit`). False: every limit has room."
+    ),
     c!(
         CAPACITY_CLAIM,
         SURPLUS,

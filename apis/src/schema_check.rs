@@ -24,7 +24,7 @@ struct KindSchema {
     on_update: Option<Guide>,
 }
 
-/// Schemas of the five kinds, compiled once.
+/// Schemas of the six kinds, compiled once.
 pub struct Checker {
     schemas: HashMap<Kind, KindSchema>,
     validator: Validator,

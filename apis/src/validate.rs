@@ -14,6 +14,7 @@ use crate::document::{FleetObject, Kind, Located, Problem, Severity, SourceLocat
 mod cache_claim;
 mod cluster;
 mod deployment;
+mod quota;
 mod selectors;
 
 use selectors::SelectorChecker;
@@ -60,6 +61,7 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
             FleetObject::Deployment(d) => deployment::check_deployment(&mut sink, &d.spec, ns, &set, &mut selectors),
             FleetObject::Cache(c) => cache_claim::check_cache(&mut sink, &c.spec, ns, &set),
             FleetObject::Claim(c) => cache_claim::check_claim(&mut sink, &c.spec, &set, &mut selectors),
+            FleetObject::Quota(q) => quota::check_quota(&mut sink, &q.spec, &set),
         }
     }
     check_shared_model_names(&mut sink, objects);

@@ -1,4 +1,4 @@
-//! The generated CRDs: five of them, each with a status subresource, printer columns and
+//! The generated CRDs: six of them, each with a status subresource, printer columns and
 //! short names, and identical to the YAML committed under `charts/flotilla/crds/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers outside #[test] fns
@@ -12,9 +12,9 @@ fn committed_dir() -> PathBuf {
 }
 
 #[test]
-fn five_crds_with_status_printer_columns_and_short_names() {
+fn six_crds_with_status_printer_columns_and_short_names() {
     let all = crd::all();
-    assert_eq!(all.len(), 5);
+    assert_eq!(all.len(), 6);
     for c in &all {
         let name = c.metadata.name.clone().unwrap_or_default();
         assert_eq!(c.spec.group, "flotilla.dev", "{name}");
@@ -38,6 +38,7 @@ fn five_crds_with_status_printer_columns_and_short_names() {
             ("ModelDeployment", "Namespaced"),
             ("ModelCache", "Namespaced"),
             ("CapacityClaim", "Namespaced"),
+            ("FleetQuota", "Namespaced"),
         ]
     );
 }

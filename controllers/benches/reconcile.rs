@@ -66,6 +66,7 @@ fn fleet(deployments: usize) -> Fleet {
         caches: caches.as_reader(),
         deployments: deps.as_reader(),
         claims: claims.as_reader(),
+        quotas: kube::runtime::reflector::store::Writer::default().as_reader(),
     };
     let ctx = DeploymentContext::new(
         client,

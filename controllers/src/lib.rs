@@ -18,6 +18,7 @@ pub mod error;
 pub mod inventory;
 pub mod member;
 pub mod metrics;
+pub mod quota;
 pub mod render;
 pub mod render_budget;
 pub mod runner;
@@ -34,7 +35,7 @@ use std::time::Duration;
 pub use config::{Capacity, ControllerConfig, DEFAULT_INSTALL_ID, DEFAULT_STAGE_IMAGE, check_install_id};
 pub use error::Error;
 pub(crate) use error::from_finalizer;
-use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use flotilla_apis::{CapacityClaim, FleetQuota, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 use futures_util::StreamExt;
 use futures_util::stream::select_all;
 use kube::runtime::reflector::Store;
@@ -110,6 +111,14 @@ pub async fn run_controllers(
             cache_facts.deployment_event(e);
         })
     };
+    // FleetQuotas, where the control cluster serves the kind (Helm does not upgrade CRDs: an
+    // installation upgraded without applying the new CRD has none, and enforces none).
+    let quotas = if quotas_served(&client).await {
+        let facts = facts.clone();
+        Some(Watched::start(Api::<FleetQuota>::all(client.clone()), OwnController::No, move |e| facts.quota_event(e)))
+    } else {
+        None
+    };
     let claims_run = if config.capacity.is_some() { OwnController::Yes } else { OwnController::No };
     let mut claims = Watched::start(Api::<CapacityClaim>::all(client.clone()), claims_run, |_| {});
     // Plans and inventory need the whole fleet: start reconciling once it has been listed.
@@ -118,6 +127,9 @@ pub async fn run_controllers(
     let _ = caches.store().wait_until_ready().await;
     let _ = deployments.store().wait_until_ready().await;
     let _ = claims.store().wait_until_ready().await;
+    if let Some(q) = &quotas {
+        let _ = q.store().wait_until_ready().await;
+    }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -185,12 +197,14 @@ pub async fn run_controllers(
         config: config.clone(),
     };
     // The fleet trigger looks at what changed in any kind a plan reads.
-    let fleet_changes = select_all([
+    let mut fleet_inputs = vec![
         classes.changes("fleet trigger").boxed(),
         clusters.changes("fleet trigger").boxed(),
         caches.changes("fleet trigger").boxed(),
         deployments.changes("fleet trigger").boxed(),
-    ]);
+    ];
+    fleet_inputs.extend(quotas.as_ref().map(|q| q.changes("fleet trigger").boxed()));
+    let fleet_changes = select_all(fleet_inputs);
     // A cache's targets follow the clusters and the deployments that use it: only the caches a
     // change concerns are woken (`cache::wake`).
     let cache_ticks =
@@ -203,6 +217,10 @@ pub async fn run_controllers(
             caches: caches.store(),
             deployments: deployments.store(),
             claims: claim_store,
+            quotas: quotas.as_ref().map_or_else(
+                || kube::runtime::reflector::store::Writer::<FleetQuota>::default().as_reader(),
+                Watched::store,
+            ),
         },
         members.clone(),
         metrics.clone(),
@@ -240,6 +258,30 @@ pub async fn run_controllers(
         run_deployment_controller(deployments.controller(), deployment_ctx, facts, fleet_changes, stop(rx.clone())),
         run_cache_controller(caches.controller(), cache_ctx, cache_facts, cache_ticks, stop(rx)),
     );
+}
+
+/// Whether the control cluster serves FleetQuotas. Unknown (discovery failed): assumed served,
+/// as the chart installs every CRD.
+async fn quotas_served(client: &Client) -> bool {
+    match client.list_api_group_resources(flotilla_apis::constants::API_VERSION).await {
+        Ok(list) => {
+            let served = list.resources.iter().any(|r| r.name == "fleetquotas");
+            if !served {
+                tracing::warn!(
+                    "the control cluster does not serve FleetQuotas (its CRD was not applied: Helm does not upgrade \
+                     CRDs; apply charts/flotilla/crds/fleetquotas.flotilla.dev.yaml and restart): no quota is enforced"
+                );
+            }
+            served
+        }
+        Err(e) => {
+            tracing::warn!(
+                "API discovery of {} failed ({e}); FleetQuotas assumed served",
+                flotilla_apis::constants::API_VERSION
+            );
+            true
+        }
+    }
 }
 
 /// Runs the ModelCache controller until `shutdown` resolves. Each cache is reconciled when it

@@ -724,8 +724,12 @@ mod tests {
     fn a_held_events_series_changes_with_its_count() {
         let s = |orphaned| Swept { found: 15, orphaned, held: true, ..Swept::default() };
         let (a, b) = (held_event(&s(11), 50), held_event(&s(12), 50));
-        assert!(a.note.as_deref().unwrap().contains("delete 11 of the 15") && a.note.as_deref().unwrap().contains("=11 "));
-        assert!(b.note.as_deref().unwrap().contains("delete 12 of the 15") && b.note.as_deref().unwrap().contains("=12 "));
+        assert!(
+            a.note.as_deref().unwrap().contains("delete 11 of the 15") && a.note.as_deref().unwrap().contains("=11 ")
+        );
+        assert!(
+            b.note.as_deref().unwrap().contains("delete 12 of the 15") && b.note.as_deref().unwrap().contains("=12 ")
+        );
         // The recorder's series key: reason and action (same object, same reporter).
         assert_eq!(a.reason, b.reason);
         assert_ne!(a.action, b.action, "another count is another series, with its own note");

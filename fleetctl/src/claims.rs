@@ -34,7 +34,7 @@ pub struct ClaimPreview {
     /// `Claim` (a claim would be made and something offers it), `NoOffering` (a claim would
     /// be made but nothing offers it), `NoTemplate` (no claim would be made), `ClaimExists`
     /// (the files hold a claim of the deployment's name, which the controller would leave
-    /// alone).
+    /// alone), `QuotaExceeded` (a FleetQuota holds the replicas back: no claim).
     pub outcome: &'static str,
     /// The claim that would be created.
     pub claim: Option<ClaimSummary>,
@@ -135,7 +135,14 @@ pub fn previews(
                 if c.metadata.name.as_deref() == Some(d.name.as_str())
                     && c.metadata.namespace.as_deref().unwrap_or("default") == d.namespace)
         });
-        if clash && md.spec.placement.capacity_claim_template.is_some() {
+        if flotilla_placement::claim::held_by_quota(d) {
+            p.outcome = "QuotaExceeded";
+            p.message = format!(
+                "no CapacityClaim would be made: a FleetQuota of namespace {} holds these replicas back (see QUOTAS), \
+                 and it would refuse them on new capacity too; raise the quota first",
+                d.namespace
+            );
+        } else if clash && md.spec.placement.capacity_claim_template.is_some() {
             p.outcome = "ClaimExists";
             p.message = format!(
                 "the files hold a CapacityClaim {}/{} of the deployment's name: the controller leaves a claim it \

@@ -109,6 +109,8 @@ struct SummarisedPlan<'a> {
     deployments: Vec<SummarisedDeployment<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     exact: Option<&'a flotilla_placement::ExactReport>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    quotas: &'a [flotilla_placement::QuotaUsage],
 }
 
 /// The solve's options: the defaults, with the exact mode when `exact`.
@@ -136,6 +138,7 @@ fn summarised<'a>(
             .map(|(plan, rejection_summary)| SummarisedDeployment { plan, rejection_summary })
             .collect(),
         exact: plan.exact.as_ref(),
+        quotas: &plan.quotas,
     }
 }
 

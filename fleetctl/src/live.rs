@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use flotilla_apis::{CapacityClaim, FleetQuota, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -130,12 +130,27 @@ impl Control {
     where
         K: Clone + DeserializeOwned + fmt::Debug,
     {
+        self.list_of(api, what, name, false).await
+    }
+
+    /// As [`Self::list`]; with `missing_ok`, a kind the API server does not serve (404) is empty.
+    async fn list_of<K>(
+        &self,
+        api: Api<K>,
+        what: &str,
+        name: Option<&str>,
+        missing_ok: bool,
+    ) -> Result<Vec<K>, LiveError>
+    where
+        K: Clone + DeserializeOwned + fmt::Debug,
+    {
         let mut lp = ListParams::default();
         if let Some(n) = name {
             lp = lp.fields(&format!("metadata.name={n}"));
         }
         match tokio::time::timeout(self.timeout, api.list(&lp)).await {
             Ok(Ok(list)) => Ok(list.items),
+            Ok(Err(kube::Error::Api(s))) if missing_ok && s.code == 404 => Ok(Vec::new()),
             Ok(Err(e)) => Err(self.error(&e, what)),
             Err(_) => Err(LiveError(format!(
                 "cannot reach the control cluster at {}: no answer listing {what} within {} s (--request-timeout)",
@@ -157,18 +172,20 @@ impl Control {
         }
     }
 
-    /// Every Flotilla object of the control cluster (deployments, caches and claims of every
-    /// namespace), read concurrently.
+    /// Every Flotilla object of the control cluster (deployments, caches, claims and quotas of
+    /// every namespace), read concurrently.
     pub async fn fleet(&self) -> Result<LiveFleet, LiveError> {
         let c = &self.client;
-        let (classes, clusters, deployments, caches, claims) = tokio::try_join!(
+        let (classes, clusters, deployments, caches, claims, quotas) = tokio::try_join!(
             self.list(Api::<InferenceClass>::all(c.clone()), "inferenceclasses.flotilla.dev", None),
             self.list(Api::<InferenceCluster>::all(c.clone()), "inferenceclusters.flotilla.dev", None),
             self.list(Api::<ModelDeployment>::all(c.clone()), "modeldeployments.flotilla.dev", None),
             self.list(Api::<ModelCache>::all(c.clone()), "modelcaches.flotilla.dev", None),
             self.list(Api::<CapacityClaim>::all(c.clone()), "capacityclaims.flotilla.dev", None),
+            // None where the control cluster has no such CRD yet (installed before the kind).
+            self.list_of(Api::<FleetQuota>::all(c.clone()), "fleetquotas.flotilla.dev", None, true),
         )?;
-        Ok(LiveFleet { classes, clusters, deployments, caches, claims })
+        Ok(LiveFleet { classes, clusters, deployments, caches, claims, quotas })
     }
 }
 

@@ -10,7 +10,8 @@ use std::collections::BTreeSet;
 use flotilla_apis::document::{Kind, Problem, Severity};
 use flotilla_apis::validate::validate_set;
 use flotilla_apis::{
-    CapacityClaim, FleetObject, InferenceClass, InferenceCluster, Located, ModelCache, ModelDeployment, SourceLocation,
+    CapacityClaim, FleetObject, FleetQuota, InferenceClass, InferenceCluster, Located, ModelCache, ModelDeployment,
+    SourceLocation,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -28,6 +29,8 @@ pub struct LiveFleet {
     pub caches: Vec<ModelCache>,
     /// CapacityClaims, every namespace.
     pub claims: Vec<CapacityClaim>,
+    /// FleetQuotas, every namespace.
+    pub quotas: Vec<FleetQuota>,
 }
 
 impl LiveFleet {
@@ -39,6 +42,7 @@ impl LiveFleet {
             self.caches.iter().cloned(),
             self.deployments.iter().cloned(),
         )
+        .with_quotas(self.quotas.iter().cloned())
     }
 
     /// Every object, each as a [`FleetObject`].
@@ -48,6 +52,7 @@ impl LiveFleet {
         out.extend(self.deployments.iter().cloned().map(FleetObject::Deployment));
         out.extend(self.caches.iter().cloned().map(FleetObject::Cache));
         out.extend(self.claims.iter().cloned().map(FleetObject::Claim));
+        out.extend(self.quotas.iter().cloned().map(FleetObject::Quota));
         out
     }
 
@@ -58,6 +63,7 @@ impl LiveFleet {
             FleetObject::Deployment(o) => self.deployments.push(o),
             FleetObject::Cache(o) => self.caches.push(o),
             FleetObject::Claim(o) => self.claims.push(o),
+            FleetObject::Quota(o) => self.quotas.push(o),
         }
     }
 }
@@ -78,6 +84,7 @@ fn meta_mut(object: &mut FleetObject) -> &mut ObjectMeta {
         FleetObject::Deployment(o) => &mut o.metadata,
         FleetObject::Cache(o) => &mut o.metadata,
         FleetObject::Claim(o) => &mut o.metadata,
+        FleetObject::Quota(o) => &mut o.metadata,
     }
 }
 
@@ -89,6 +96,7 @@ fn keep_server_fields(file: &mut FleetObject, live: &FleetObject) {
         FleetObject::Deployment(o) => &o.metadata,
         FleetObject::Cache(o) => &o.metadata,
         FleetObject::Claim(o) => &o.metadata,
+        FleetObject::Quota(o) => &o.metadata,
     };
     let meta = meta_mut(file);
     meta.namespace = live_meta.namespace.clone();
@@ -101,6 +109,7 @@ fn keep_server_fields(file: &mut FleetObject, live: &FleetObject) {
         (FleetObject::Deployment(f), FleetObject::Deployment(l)) if f.status.is_none() => f.status = l.status.clone(),
         (FleetObject::Cache(f), FleetObject::Cache(l)) if f.status.is_none() => f.status = l.status.clone(),
         (FleetObject::Claim(f), FleetObject::Claim(l)) if f.status.is_none() => f.status = l.status.clone(),
+        (FleetObject::Quota(f), FleetObject::Quota(l)) if f.status.is_none() => f.status = l.status.clone(),
         _ => {}
     }
 }

@@ -80,6 +80,7 @@ pub fn plan_table(plan: &Plan, detail: Detail) -> String {
     if let Some(report) = &plan.exact {
         out.push_str(&exact_line(report));
     }
+    out.push_str(&quota_table(plan));
     let short: Vec<&DeploymentPlan> =
         plan.deployments.iter().filter(|d| d.unplaced > 0 || !d.unmet_minimums.is_empty()).collect();
     if !short.is_empty() {
@@ -104,6 +105,19 @@ pub fn plan_table(plan: &Plan, detail: Detail) -> String {
         }
     }
     out
+}
+
+/// Every FleetQuota's usage in the plan (`QUOTAS`), or nothing when there are none.
+pub fn quota_table(plan: &Plan) -> String {
+    if plan.quotas.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![["QUOTA", "USAGE", "UNPLACED"].map(String::from).to_vec()];
+    for q in &plan.quotas {
+        let state = if q.unplaced > 0 { format!("{} (QuotaExceeded)", q.unplaced) } else { "0".into() };
+        rows.push(vec![format!("{}/{}", q.namespace, q.name), q.summary(), state]);
+    }
+    format!("\nQUOTAS\n{}", table(&rows))
 }
 
 fn unplaced_header(out: &mut String, d: &DeploymentPlan) {

@@ -46,7 +46,10 @@ fn offline_help_examples_run() {
             }
             let args: Vec<&str> = example.split_whitespace().skip(1).collect();
             let out = fleetctl(&args);
-            assert_eq!(out.status.code(), Some(0), "{example}\n{}", stderr(&out));
+            // 2 is a plan with replicas unplaced: the example fleet's search team is over its
+            // FleetQuota on purpose (examples/fleet/quotas.yaml).
+            let unplaced = matches!(sub, "plan" | "explain") && out.status.code() == Some(2);
+            assert!(out.status.code() == Some(0) || unplaced, "{example}: {:?}\n{}", out.status.code(), stderr(&out));
             assert!(!out.stdout.is_empty(), "{example} printed nothing");
             ran += 1;
         }

@@ -3,7 +3,8 @@
 //! deployments (one that no cluster can hold). Then `fleetctl get` shows readiness and the
 //! conditions with their reasons, and `fleetctl plan -f <one changed file> --live` shows
 //! exactly the changed deployment with the right numbers — exit 0 when it fits, exit 2 with
-//! the reasons when it does not — and `explain --live` explains a live deployment. Run by
+//! the reasons when it does not — and `explain --live` explains a live deployment. Last, a
+//! FleetQuota stops a replica with `QuotaExceeded` and releases it when raised. Run by
 //! `scripts/test-e2e.sh` (set `FLOTILLA_E2E_DIR` to choose where the clusters live).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -14,10 +15,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use flotilla_apis::ModelDeployment;
+use flotilla_apis::{FleetQuota, ModelDeployment};
 use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -222,4 +223,62 @@ async fn fleetctl_against_a_live_fleet() {
 
     // Nothing above wrote to the control cluster: eu-model still wants 2 replicas.
     assert_eq!(api.get("eu-model").await.unwrap().spec.replicas, 2);
+
+    fleet_quota(&control, &api).await;
+}
+
+/// A FleetQuota on `ml` at what the namespace holds (eu-model 2 × 4 and us-model 2 × 1 H100
+/// devices): one more eu-model replica is refused with `QuotaExceeded` although eu1 has room,
+/// no other replica moves, the quota's status says so; raised, the replica is placed.
+async fn fleet_quota(control: &Client, api: &Api<ModelDeployment>) {
+    let quotas: Api<FleetQuota> = Api::namespaced(control.clone(), "ml");
+    let quota = |max: u32| {
+        json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "FleetQuota", "metadata": {"name": "gpus", "namespace": "ml"},
+               "spec": {"devices": [{"class": "h100", "max": max}]}})
+    };
+    apply(control, quota(10)).await;
+    let exhausted = |s: &flotilla_apis::FleetQuotaStatus| s.conditions.get("Exhausted").map(|c| c.reason.clone());
+    wait_for("the quota at its limit: 10/10, AtLimit", Duration::from_secs(60), || async {
+        let s = quotas.get("gpus").await.ok()?.status?;
+        (s.devices.first()?.used == 10 && exhausted(&s).as_deref() == Some("AtLimit")).then_some(())
+    })
+    .await;
+    let us_before = api.get("us-model").await.unwrap().status.unwrap().placements;
+    let scale = |n: i32| json!({"spec": {"replicas": n}});
+    api.patch("eu-model", &PatchParams::default(), &Patch::Merge(&scale(3))).await.unwrap();
+    let short = wait_for("eu-model's third replica refused by the quota", Duration::from_secs(60), || async {
+        let s = api.get("eu-model").await.ok()?.status?;
+        let placed = s.conditions.get("Placed")?;
+        (placed.status == "False" && placed.reason == "QuotaExceeded").then_some(s)
+    })
+    .await;
+    let reasons = &short.unplaced.as_ref().unwrap().reasons;
+    let eu1 = reasons.iter().find(|r| r.cluster == "eu1").expect("eu1 refused");
+    assert_eq!(eu1.reason, "QuotaExceeded", "{reasons:?}");
+    assert!(eu1.message.starts_with("FleetQuota ml/gpus: h100 devices 10 of 10 used"), "{}", eu1.message);
+    assert_eq!(short.ready_replicas, 2, "the two running replicas stay");
+    let s = wait_for("the quota says why", Duration::from_secs(60), || async {
+        let s = quotas.get("gpus").await.ok()?.status?;
+        (exhausted(&s).as_deref() == Some("QuotaExceeded")).then_some(s)
+    })
+    .await;
+    assert_eq!((s.unplaced_replicas, s.summary.as_deref()), (Some(1), Some("h100 10/10")));
+    // Absence: no CapacityClaim asks for what the quota holds back, and us-model did not move.
+    let claims: Api<flotilla_apis::CapacityClaim> = Api::namespaced(control.clone(), "ml");
+    assert!(claims.get_opt("eu-model").await.unwrap().is_none());
+    assert_eq!(api.get("us-model").await.unwrap().status.unwrap().placements, us_before);
+
+    // Raised by one replica's devices: placed, and the quota at its new limit.
+    apply(control, quota(14)).await;
+    wait_for("eu-model Ready 3/3 once the quota is raised", Duration::from_secs(120), || async {
+        let s = api.get("eu-model").await.ok()?.status?;
+        (s.ready_replicas == 3 && s.conditions.is_true("Placed") && s.conditions.is_true("Ready")).then_some(())
+    })
+    .await;
+    wait_for("the quota at 14/14", Duration::from_secs(60), || async {
+        let s = quotas.get("gpus").await.ok()?.status?;
+        (s.devices.first()?.used == 14 && s.unplaced_replicas == Some(0)).then_some(())
+    })
+    .await;
+    assert_eq!(api.get("us-model").await.unwrap().status.unwrap().placements, us_before);
 }

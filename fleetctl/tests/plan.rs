@@ -21,7 +21,8 @@ fn stdout(out: &Output) -> String {
 #[test]
 fn plan_of_the_example_fleet() {
     let out = fleetctl(&["plan", "-f", "examples/fleet"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // 2: the search team is over its FleetQuota on purpose (examples/fleet/quotas.yaml).
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     insta::assert_snapshot!("plan_examples_fleet", stdout(&out));
 }
 
@@ -37,8 +38,50 @@ fn plan_json_is_byte_identical_across_runs() {
         eu["assignments"].as_array().unwrap().iter().map(|a| a["cluster"].as_str().unwrap()).collect();
     assert!(!clusters.is_empty());
     assert!(clusters.iter().all(|c| c.starts_with("eu-")), "{clusters:?}");
-    // Everything fits: no claim would be made.
-    assert_eq!(plan["claims"], serde_json::json!([]));
+    // Everything fits but what search's quota holds back; no claim would be made for it.
+    let short: Vec<&str> = plan["deployments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["unplaced"] != 0)
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(short, ["llama-3.3-70b-search"]);
+    let claims = plan["claims"].as_array().unwrap();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!((claims[0]["outcome"].as_str(), claims[0]["claim"].is_null()), (Some("QuotaExceeded"), true));
+    // The quotas' usage: ml within both of its limits, search at its own.
+    let quotas = plan["quotas"].as_array().unwrap();
+    let usage: Vec<(&str, u64, u64)> =
+        quotas
+            .iter()
+            .flat_map(|q| {
+                q["limits"].as_array().unwrap().iter().map(move |l| {
+                    (q["name"].as_str().unwrap(), l["used"].as_u64().unwrap(), l["max"].as_u64().unwrap())
+                })
+            })
+            .collect();
+    assert_eq!(usage, [("gpu-budget", 36, 48), ("gpu-budget", 519_531_250, 2_000_000_000), ("gpus", 8, 8)]);
+    assert_eq!(quotas[1]["unplaced"], 1);
+}
+
+#[test]
+fn the_over_quota_team_is_told_why_and_raising_its_quota_places_the_replica() {
+    let out = fleetctl(&["plan", "-f", "examples/fleet"]);
+    let text = stdout(&out);
+    assert!(text.contains("search/gpus    devices 8/8"), "{text}");
+    assert!(
+        text.contains("FleetQuota search/gpus: devices 8 of 8 used in the namespace; one more replica here needs 4")
+    );
+    let dir = tempdir();
+    copy_dir(&repo().join("examples/fleet"), &dir);
+    let quotas = dir.join("quotas.yaml");
+    let raised = std::fs::read_to_string(&quotas).unwrap().replace("  - max: 8\n", "  - max: 12\n");
+    std::fs::write(&quotas, raised).unwrap();
+    let out = fleetctl(&["plan", "-f", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains("search/gpus    devices 12/12"), "{}", stdout(&out));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -184,8 +227,10 @@ fn unplaced_deployment_previews_its_claim_and_first_offering() {
     let out = fleetctl(&["plan", "-f", dir.to_str().unwrap(), "--cloud", "examples/cloud/sim.yaml", "-o", "json"]);
     assert_eq!(out.status.code(), Some(2));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(doc["deployments"].as_array().is_some_and(|d| d.len() == 6));
-    let previews = doc["claims"].as_array().unwrap();
+    assert!(doc["deployments"].as_array().is_some_and(|d| d.len() == 7));
+    // (and search's, which its quota holds back: no claim)
+    let previews: Vec<&serde_json::Value> =
+        doc["claims"].as_array().unwrap().iter().filter(|p| p["outcome"] != "QuotaExceeded").collect();
     assert_eq!(previews.len(), 1, "{previews:?}");
     let p = &previews[0];
     assert_eq!((p["deployment"].as_str(), p["outcome"].as_str()), (Some("llama-3.3-70b-eu"), Some("Claim")));

@@ -77,7 +77,7 @@ fn missing_path_is_a_clear_error() {
 }
 
 #[test]
-fn crds_command_prints_five_crds_any_yaml_parser_reads() {
+fn crds_command_prints_six_crds_any_yaml_parser_reads() {
     let out = fleetctl(&["crds"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8(out.stdout).unwrap();
@@ -85,7 +85,7 @@ fn crds_command_prints_five_crds_any_yaml_parser_reads() {
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .filter(|v: &serde_json::Value| !v.is_null())
         .collect();
-    assert_eq!(docs.len(), 5);
+    assert_eq!(docs.len(), 6);
     for d in &docs {
         assert_eq!(d["kind"], "CustomResourceDefinition");
         let v = &d["spec"]["versions"][0];

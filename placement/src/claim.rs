@@ -2,12 +2,13 @@
 //! deployment that fits owns no claim. One that does not, and has a `capacityClaimTemplate`,
 //! owns one claim (same name and namespace) asking for the replicas it cannot place plus the
 //! ones already running on what the claim obtained — so the claim neither grows while its
-//! nodes are still coming nor shrinks once the replicas moved onto them. Used by the
+//! nodes are still coming nor shrinks once the replicas moved onto them. Replicas a FleetQuota
+//! holds back are never claimed for: the quota would refuse them on the new nodes too. Used by the
 //! controller (which applies the decision) and by `fleetctl plan` (which previews it).
 
 use std::collections::BTreeMap;
 
-use crate::plan::DeploymentPlan;
+use crate::plan::{DeploymentPlan, Reason};
 use flotilla_apis::claim::{CapacityClaimSpec, CapacityPolicy, ClaimDeviceClass, ClaimLatency, PodSet};
 use flotilla_apis::constants::labels;
 use flotilla_apis::deployment::TopologyType;
@@ -43,10 +44,18 @@ fn replicas_on_claim(plan: &DeploymentPlan, existing: Option<&CapacityClaim>) ->
     used
 }
 
-/// The claim `md` should own given its `plan` and the claim it owns now.
+/// Whether the plan leaves replicas unplaced because a FleetQuota of the namespace binds:
+/// capacity bought for them could not be used, so no claim asks for them.
+pub fn held_by_quota(plan: &DeploymentPlan) -> bool {
+    plan.unplaced > 0 && plan.rejections.iter().any(|r| r.reason == Reason::QuotaExceeded)
+}
+
+/// The claim `md` should own given its `plan` and the claim it owns now. Replicas a FleetQuota
+/// holds back are not asked for ([`held_by_quota`]); those already on the claim's capacity stay.
 pub fn decide(md: &ModelDeployment, plan: &DeploymentPlan, existing: Option<&CapacityClaim>) -> ClaimDecision {
     let template = md.spec.placement.capacity_claim_template.as_ref();
-    let needed = plan.unplaced + replicas_on_claim(plan, existing);
+    let short = if held_by_quota(plan) { 0 } else { plan.unplaced };
+    let needed = short + replicas_on_claim(plan, existing);
     let (Some(template), true) = (template, needed > 0) else {
         return if existing.is_some() { ClaimDecision::Delete } else { ClaimDecision::None };
     };

@@ -129,6 +129,9 @@ struct Phase<'o, 's> {
     users: BTreeMap<(usize, usize), Vec<usize>>,
     /// Per deployment: a valid spec that was solved (the phase may change its plan).
     movable: Vec<bool>,
+    /// The namespaces' FleetQuotas as the phase's placements use them (`quota.rs`): a move
+    /// set is kept only if every namespace it touches stays within its limits.
+    quota: Option<super::quota::PhaseQuota>,
     /// Deployments whose spread or unplaced replicas make room a move frees matter.
     watched: Vec<usize>,
     work: u64,
@@ -176,6 +179,7 @@ impl Ctx<'_, '_> {
             },
             users: users_of(&held),
             movable: plans.iter().map(movable).collect(),
+            quota: super::quota::PhaseQuota::new(self.snapshot, order, &held),
             watched: watched(order, plans),
             work: 0,
             budget: options.max_improvement,
@@ -391,6 +395,9 @@ impl Ctx<'_, '_> {
         di: usize,
     ) {
         let order = ph.order;
+        if let Some(q) = ph.quota.as_mut() {
+            q.take(self.snapshot, held, &t);
+        }
         for (&i, h) in &t.held {
             phase_trace::note_wrote_dep(i);
             held[i] = h.clone();
@@ -682,6 +689,9 @@ impl Ctx<'_, '_> {
         let dep = ph.deps[di].as_ref()?;
         let c = dep.cands[k];
         let p = (c.cluster, c.pool);
+        if ph.quota.as_ref().is_some_and(|q| !q.holds(self.snapshot, held, &t)) {
+            return None;
+        }
         let packed = repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &t, p, usize::MAX, &mut ph.work)?;
         t.free.insert(p, packed);
         let alt = &ph.order[di].spec.devices.alternatives[(c.rank - 1) as usize];
@@ -700,6 +710,9 @@ impl Ctx<'_, '_> {
             let mut mine = mine.to_vec();
             add(&mut mine, &c);
             more.held.insert(di, mine);
+            if ph.quota.as_ref().is_some_and(|q| !q.holds(self.snapshot, held, &more)) {
+                break;
+            }
             let Some(packed) =
                 repack(self.snapshot, &ph.users, &ph.shapes, &ph.prios, held, &more, p, usize::MAX, &mut ph.work)
             else {

@@ -115,6 +115,7 @@ fn with_first(snapshot: &FleetSnapshot, deployments: &[DeploymentView], n: usize
         clusters: snapshot.clusters.clone(),
         classes: snapshot.classes.clone(),
         deployments: deployments[..n].to_vec(),
+        quotas: snapshot.quotas.clone(),
     }
 }
 

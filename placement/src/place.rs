@@ -164,6 +164,24 @@ impl Ctx<'_, '_> {
         keeping: bool,
     ) -> bool {
         let spread_ix = spread.map(|(by, skew)| (self.domains.of(by), skew));
+        // The namespace's quotas: what this deployment holds against each limit so far.
+        let devices = shape.devices();
+        let pool_of = |c: &Candidate| {
+            let pool = &self.snapshot.clusters[c.cluster].pools[c.pool];
+            (pool.class.as_str(), pool.capacity_type.unwrap_or(flotilla_apis::CapacityType::OnDemand))
+        };
+        let own = self.quota.as_ref().map(|room| {
+            let placed = state.candidates.iter().filter(|c| c.placed > 0);
+            room.own(devices, placed.map(|c| (pool_of(c).0, pool_of(c).1, c.placed, c.replica_price)))
+        });
+        let quota_refuses = |c: &Candidate| {
+            let (room, own) = (self.quota.as_ref()?, own.as_deref()?);
+            let (class, t) = pool_of(c);
+            room.refuses(own, class, t, devices, c.replica_price).map(|(k, used, add)| {
+                let l = &room.limits[k];
+                Refusal::Quota { quota: l.quota, device: l.device, max: l.max, used, add }
+            })
+        };
         // The emptiest domain that can still take a replica of this deployment (`open`); None
         // when nothing can take one (then the pool's own refusal is the reason).
         let min_domain = spread_ix.and_then(|((ix, _), _)| {
@@ -175,6 +193,7 @@ impl Ctx<'_, '_> {
                 .filter(|c| {
                     let alts = &d.spec.devices.alternatives;
                     open(alts, per_rank[(c.rank - 1) as usize], cost, state.max_cost, c)
+                        && quota_refuses(c).is_none()
                         && shape.fits(self.room(c.cluster, c.pool))
                 })
                 .map(|c| state.domains.get(ix[c.cluster]).copied().unwrap_or(0))
@@ -195,6 +214,10 @@ impl Ctx<'_, '_> {
                 && state.cost + c.replica_price > max
             {
                 state.blocks.insert(ci, Refusal::Ceiling { price: c.replica_price, placed: state.cost, max });
+                continue;
+            }
+            if let Some(r) = quota_refuses(c) {
+                state.blocks.insert(ci, r);
                 continue;
             }
             let domain_key = spread_ix.map(|((ix, _), _)| ix[ci]);

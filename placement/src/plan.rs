@@ -52,6 +52,8 @@ pub enum Reason {
     /// The solver failed (panicked) on this deployment: it is left out of planning until its
     /// spec changes, and the rest of the fleet is planned without it (`isolate`).
     SolverFailed,
+    /// One more replica here would take the namespace past a limit of its FleetQuota.
+    QuotaExceeded,
 }
 
 impl Reason {
@@ -78,6 +80,7 @@ impl Reason {
             Self::ReplicasUnschedulable => "ReplicasUnschedulable",
             Self::Preempted => "Preempted",
             Self::SolverFailed => "SolverFailed",
+            Self::QuotaExceeded => "QuotaExceeded",
         }
     }
 }
@@ -114,6 +117,9 @@ pub struct Plan {
     /// What the exact mode did, when it was asked for (`SolveOptions::exact`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exact: Option<crate::solve::exact::ExactReport>,
+    /// Usage of every FleetQuota in the plan, in (namespace, name) order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<crate::solve::quota::QuotaUsage>,
 }
 
 impl Plan {

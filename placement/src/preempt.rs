@@ -19,6 +19,7 @@ use super::super::held::{Held, Plans, Tentative, movable, name, record, repack, 
 use super::super::{Ctx, SolveOptions};
 use super::Phase;
 use crate::plan::{DeploymentPlan, Move, Preemption, Reason, Rejection};
+use crate::snapshot::DeploymentView;
 
 impl Ctx<'_, '_> {
     /// Places more replicas of `di` by preempting strictly lower-priority replicas that do not
@@ -66,6 +67,9 @@ impl Ctx<'_, '_> {
             held.clone_from_slice(&saved_held);
             ctx.free.raw_mut().clone_from(&saved_free);
             ph.users.clone_from(&saved_users);
+            if let Some(q) = ph.quota.as_mut() {
+                q.rebase(ctx.snapshot, held);
+            }
             // A plan not changed since the phase began is still what was saved.
             for (i, p) in (tier..below).zip(&saved_plans) {
                 if plans.touched(i) {
@@ -134,7 +138,9 @@ impl Ctx<'_, '_> {
         let options =
             SolveOptions { explain: ph.explain.clone(), max_evaluations: u64::MAX, max_improvement: 0, exact: None };
         let before = *self.evaluations;
-        let solved = self.solve_tiers(&ph.order[below..], &options);
+        let above: Vec<(&DeploymentView, &[Held])> =
+            ph.order[..below].iter().zip(held[..below].iter()).map(|(d, h)| (*d, h.as_slice())).collect();
+        let solved = self.solve_tiers_over(&ph.order[below..], &options, &above);
         ph.work += *self.evaluations - before;
         // A replica kept where it runs is never preempted: undo the attempt if the re-solve
         // (its spread judged anew) would not keep one.
@@ -190,6 +196,9 @@ impl Ctx<'_, '_> {
         changed[di] = true;
         ph.users = users_of(held);
         ph.watched = watched(ph.order, plans);
+        if let Some(q) = ph.quota.as_mut() {
+            q.rebase(self.snapshot, held);
+        }
         true
     }
 

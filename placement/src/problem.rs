@@ -127,6 +127,7 @@ pub fn problem(snapshot: &FleetSnapshot) -> Problem {
             cache: None,
             open: None,
             guide: None,
+            quota: None,
         };
         if ctx.matcher.invalid_selector(&d.spec.devices.alternatives).is_some() {
             continue;

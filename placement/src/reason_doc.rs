@@ -6,7 +6,7 @@ use crate::plan::Reason;
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Self::ClusterSelectorMismatch,
         Self::JurisdictionNotAllowed,
         Self::RegionNotAllowed,
@@ -27,6 +27,7 @@ impl Reason {
         Self::ReplicasUnschedulable,
         Self::Preempted,
         Self::SolverFailed,
+        Self::QuotaExceeded,
     ];
 
     /// What the reason means, in one sentence.
@@ -72,6 +73,9 @@ impl Reason {
             }
             Self::SolverFailed => {
                 "The placement solver failed (a bug) on this deployment: it is left out of planning until its spec changes, what already runs is kept, and every other deployment is planned without it (`InvalidSpec` on `Placed`, naming the failure)."
+            }
+            Self::QuotaExceeded => {
+                "One more replica here would take the namespace past a limit of one of its FleetQuotas (devices of a class or capacity type, or cost per hour, over every cluster together); the message names the quota, the limit and the usage. A quota never moves or preempts another namespace's replicas."
             }
             Self::Preempted => {
                 "A replica the plan had here, not running yet, was preempted by a deployment of strictly higher `spec.placement.priority` that could place more with the room (the message names it), and no other allowed pool had room for it. Running replicas and equal priorities are never preempted."
@@ -127,6 +131,9 @@ impl Reason {
             Self::SolverFailed => {
                 "Report it with the deployment's spec (`kubectl get modeldeployment -o yaml`) and the controller's log. Any change to the spec makes the solver try it again."
             }
+            Self::QuotaExceeded => {
+                "Raise the FleetQuota's limit, lower `replicas` of this or another deployment of the namespace, or give this deployment an alternative the quota does not limit; higher `placement.priority` takes the quota first within the namespace."
+            }
             Self::Preempted => {
                 "Add capacity the deployment may use, or raise its `placement.priority` if it matters as much as the one named; otherwise nothing: it takes room again when some frees."
             }
@@ -146,6 +153,6 @@ mod tests {
             assert!(!r.meaning().contains('|') && !r.action().contains('|'));
         }
         // A variant added after the last one must be added to ALL too.
-        assert_eq!(Reason::SolverFailed as usize + 1, Reason::ALL.len());
+        assert_eq!(Reason::QuotaExceeded as usize + 1, Reason::ALL.len());
     }
 }

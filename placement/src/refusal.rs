@@ -25,6 +25,10 @@ pub(super) enum Refusal {
     /// The pool's free devices could not hold the replica: what they were then
     /// ([`free_facts`](crate::devices::free_facts)).
     Misfit { pool: usize, free: (u32, u32, u32) },
+    /// One more replica, adding `add`, would take the namespace past limit `device` (`None`:
+    /// the cost limit) of `max` of quota `quota` (index in `FleetSnapshot::quotas`), with
+    /// `used` held.
+    Quota { quota: usize, device: Option<usize>, max: u64, used: u64, add: u64 },
 }
 
 impl Ctx<'_, '_> {
@@ -65,6 +69,9 @@ impl Ctx<'_, '_> {
                 let per_node = self.snapshot.classes.get(&pool.class).map_or(0, |c| c.devices_per_node());
                 let (reason, msg) = misfit_of(shape, *free, per_node);
                 (reason, format!("pool {}: {msg}", pool.name))
+            }
+            Refusal::Quota { quota, device, max, used, add } => {
+                (Reason::QuotaExceeded, super::quota::said(self.snapshot, *quota, *device, *max, *used, *add))
             }
         }
     }

@@ -174,6 +174,11 @@ impl Replanner {
         let kept_order = self.unique
             && snapshot.deployments.len() == n
             && self.order_ix.iter().zip(&self.deployments).all(|(&i, b)| same_key(&snapshot.deployments[i], b));
+        if !snapshot.quotas.is_empty() {
+            // Quotas couple every deployment of a namespace: no step stands alone.
+            self.full(snapshot);
+            return self.plan();
+        }
         let order_ix = if kept_order { std::mem::take(&mut self.order_ix) } else { order_indices(snapshot) };
         let order: Vec<&DeploymentView> = order_ix.iter().map(|&i| &snapshot.deployments[i]).collect();
         let same_frame = self.trace.is_some()
@@ -232,6 +237,12 @@ impl Replanner {
         let fixed = Fixed::of(snapshot);
         let n = order.len();
         let mut plans = Vec::with_capacity(n);
+        if !snapshot.quotas.is_empty() {
+            self.fixed = None;
+            self.stats = ReplanStats { full: true, ..ReplanStats::default() };
+            self.plan = solve(snapshot, &self.options);
+            return;
+        }
         let outcome = if self.options.explain.is_none() && !self.untraceable {
             let changes = Changes { deployments: &vec![true; n], capacity: &[] };
             Walk::run(snapshot, &fixed, &order, &self.options, None, changes, &mut plans, self.limit)

@@ -12,7 +12,10 @@ use flotilla_apis::cluster::{NodeDevices, node_devices_problems};
 use flotilla_apis::common::{ClusterTaint, PricePerCapacityType};
 use flotilla_apis::constants::condition;
 use flotilla_apis::deployment::{ClusterPlacement, ModelDeploymentSpec, RefusedPool};
-use flotilla_apis::{CapacityType, FleetObject, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use flotilla_apis::quota::FleetQuotaSpec;
+use flotilla_apis::{
+    CapacityType, FleetObject, FleetQuota, InferenceClass, InferenceCluster, ModelCache, ModelDeployment,
+};
 
 /// Everything the solver looks at.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -23,6 +26,31 @@ pub struct FleetSnapshot {
     pub classes: BTreeMap<String, ClassView>,
     /// Deployments to solve.
     pub deployments: Vec<DeploymentView>,
+    /// FleetQuotas, in (namespace, name) order: hard limits on what each namespace's
+    /// deployments hold placed together (`quota.rs`).
+    pub quotas: Vec<QuotaView>,
+}
+
+/// A FleetQuota as the solver sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaView {
+    /// Namespace it limits.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The spec.
+    pub spec: FleetQuotaSpec,
+}
+
+impl QuotaView {
+    /// Of a FleetQuota object.
+    pub fn of(q: &FleetQuota) -> Self {
+        QuotaView {
+            namespace: q.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: q.metadata.name.clone().unwrap_or_default(),
+            spec: q.spec.clone(),
+        }
+    }
 }
 
 /// A member cluster as the solver sees it.
@@ -208,8 +236,10 @@ impl FleetSnapshot {
                     }
                 }
                 FleetObject::Claim(_) => {}
+                FleetObject::Quota(q) => snap.quotas.push(QuotaView::of(q)),
             }
         }
+        snap.quotas.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         for c in clusters {
             let mut view = cluster_view(c, &snap.classes, evidence);
             view.ready_caches = ready_caches.remove(&view.name).unwrap_or_default();
@@ -238,6 +268,14 @@ impl FleetSnapshot {
         deployments: impl IntoIterator<Item = ModelDeployment>,
     ) -> Self {
         FleetSnapshot::build(live_objects(classes, clusters, caches, deployments).iter(), Evidence::Observed)
+    }
+
+    /// This snapshot with `quotas` (the live FleetQuotas; those being deleted no longer bind).
+    pub fn with_quotas(mut self, quotas: impl IntoIterator<Item = FleetQuota>) -> Self {
+        self.quotas =
+            quotas.into_iter().filter(|q| q.metadata.deletion_timestamp.is_none()).map(|q| QuotaView::of(&q)).collect();
+        self.quotas.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        self
     }
 }
 

@@ -89,6 +89,13 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     if let Some(exact) = &options.exact {
         plan = exact_pass(snapshot, options, exact, &order, &fixed, plan);
     }
+    if quota::over(snapshot, &plan.deployments) {
+        // A step after the greedy pass took a namespace past a quota (they judge capacity and
+        // each deployment's own rules, not a namespace's sum): the greedy pass alone holds them.
+        let greedy = SolveOptions { max_improvement: 0, exact: None, ..options.clone() };
+        return solve(snapshot, &greedy);
+    }
+    plan.quotas = quota::usage(snapshot, &plan);
     plan
 }
 
@@ -264,6 +271,7 @@ impl Fixed {
             cache: None,
             open: None,
             guide: None,
+            quota: None,
         }
     }
 }
@@ -300,6 +308,7 @@ impl<'s> Ctx<'_, 's> {
             cache: d.spec.model.cache_ref.as_deref().map(|c| crate::snapshot::cache_key(&d.namespace, c)),
             open,
             guide: self.guide,
+            quota: None,
         }
     }
 
@@ -309,6 +318,17 @@ impl<'s> Ctx<'_, 's> {
     /// into room a later one of its tier runs in: a re-plan of an unchanged fleet keeps every
     /// replica. Also re-solves the tiers below one that preempted (`preempt.rs`).
     fn solve_tiers(&mut self, order: &[&DeploymentView], options: &SolveOptions) -> Solved {
+        self.solve_tiers_over(order, options, &[])
+    }
+
+    /// As [`Self::solve_tiers`], where the deployments of `fixed` keep the places given (they
+    /// count against their namespaces' quotas; their capacity is already taken from the pools).
+    fn solve_tiers_over(
+        &mut self,
+        order: &[&DeploymentView],
+        options: &SolveOptions,
+        fixed: &[(&DeploymentView, &[held::Held])],
+    ) -> Solved {
         let snapshot = self.snapshot;
         let cluster_ix: std::collections::HashMap<&str, usize> =
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
@@ -317,6 +337,13 @@ impl<'s> Ctx<'_, 's> {
             held: Vec::with_capacity(order.len()),
             cost: vec![0; order.len()],
         };
+        // The namespaces' FleetQuotas, charged as deployments place (`quota.rs`).
+        let mut book = quota::Book::new(snapshot, order);
+        if let Some(b) = book.as_mut() {
+            for (d, held) in fixed {
+                b.charge_fixed(d, held.iter().map(|h| (h.cluster, h.pool, h.count, h.price)));
+            }
+        }
         let mut start = 0;
         while start < order.len() {
             let tier = order[start].priority();
@@ -330,7 +357,18 @@ impl<'s> Ctx<'_, 's> {
                 } else if d.current.iter().any(|p| p.desired > 0) || self.guide.is_some() {
                     // (with the exact mode's guide, every deployment's guided replicas are placed
                     // in this first step too, before any of the tier places more)
-                    self.with(d, &options.explain, open.as_deref()).keep(d).map_or(Pending::Fresh, Pending::Kept)
+                    let mut ctx = self.with(d, &options.explain, open.as_deref());
+                    ctx.quota = book.as_ref().and_then(|b| b.room(i));
+                    let kept = ctx.keep(d);
+                    if let (Some(b), Some(k)) = (book.as_mut(), &kept) {
+                        let held = k.candidates.iter().filter(|c| c.placed > 0);
+                        b.charge(
+                            i,
+                            &ReplicaShape::of(&d.spec.topology),
+                            held.map(|c| (c.cluster, c.pool, c.placed, c.replica_price)),
+                        );
+                    }
+                    kept.map_or(Pending::Fresh, Pending::Kept)
                 } else {
                     Pending::Fresh
                 });
@@ -347,7 +385,16 @@ impl<'s> Ctx<'_, 's> {
                     }
                 };
                 let before = *self.evaluations;
-                let (p, h) = self.with(d, &options.explain, None).solve_one(d, kept);
+                let mut ctx = self.with(d, &options.explain, None);
+                ctx.quota = book.as_ref().and_then(|b| b.room(i));
+                let (p, h) = ctx.solve_one(d, kept);
+                if let Some(b) = book.as_mut() {
+                    b.charge(
+                        i,
+                        &ReplicaShape::of(&d.spec.topology),
+                        h.iter().map(|h| (h.cluster, h.pool, h.count, h.price)),
+                    );
+                }
                 out.cost[i] += *self.evaluations - before;
                 out.plans.push(p);
                 out.held.push(h);
@@ -504,6 +551,8 @@ struct Ctx<'a, 's> {
     /// The exact mode's guide: replicas per (cluster, pool, alternative) each deployment
     /// (`namespace/name`) places first (`exact.rs`).
     guide: Option<&'a Guide>,
+    /// The deployment's room under its namespace's FleetQuotas (`quota.rs`), when it has any.
+    quota: Option<quota::Room>,
 }
 
 /// Per deployment (`namespace/name`): replicas per (cluster, pool, alternative rank).
@@ -833,6 +882,8 @@ mod improve;
 mod place;
 #[path = "problem.rs"]
 pub mod problem;
+#[path = "quota.rs"]
+pub mod quota;
 #[path = "refusal.rs"]
 mod refusal;
 #[path = "replan.rs"]

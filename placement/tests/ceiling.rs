@@ -65,6 +65,7 @@ fn fleet(replicas: i32, ceiling: Option<&str>) -> FleetSnapshot {
             cluster("b-on-demand", "cheap", CapacityType::OnDemand, 2),
         ],
         deployments: vec![deployment(spec)],
+        quotas: Vec::new(),
     }
 }
 
@@ -145,6 +146,7 @@ fn capped_fleet(cheap_max: Option<i32>) -> FleetSnapshot {
             cluster("c-cheap", "cheap", CapacityType::OnDemand, 1),
         ],
         deployments: vec![deployment(spec)],
+        quotas: Vec::new(),
     }
 }
 

@@ -73,7 +73,12 @@ fn deployment(name: &str, created: i64, replicas: u32, devices: u32) -> Deployme
 fn crowded_pair() -> FleetSnapshot {
     let mut deployments = vec![deployment("big", 1, 2, 8)];
     deployments.extend((0..8).map(|i| deployment(&format!("small-{i}"), 2 + i, 1, 2)));
-    FleetSnapshot { classes: [a100()].into_iter().collect(), clusters: vec![cluster(2)], deployments }
+    FleetSnapshot {
+        classes: [a100()].into_iter().collect(),
+        clusters: vec![cluster(2)],
+        deployments,
+        quotas: Vec::new(),
+    }
 }
 
 /// The exact mode with its node budget only (no time limit): deterministic, whatever the load.

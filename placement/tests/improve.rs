@@ -88,6 +88,7 @@ fn fleet(flexible_priority: i32) -> FleetSnapshot {
             ),
             deployment("h100-only", 2, 0, json!([{"class": "h100"}])),
         ],
+        quotas: Vec::new(),
     }
 }
 
@@ -202,6 +203,7 @@ fn chain_fleet(middle_priority: i32) -> FleetSnapshot {
             deployment("middle", 2, middle_priority, json!([{"class": "h200"}, {"class": "a100"}])),
             deployment("h100-only", 3, 0, json!([{"class": "h100"}])),
         ],
+        quotas: Vec::new(),
     }
 }
 
@@ -282,6 +284,7 @@ fn running_fleet(newer_priority: i32, newer_runs: bool) -> FleetSnapshot {
             deployment("older", 1, 0, json!([{"class": "h100"}])),
             deployment("newer", 2, newer_priority, json!([{"class": "h100"}])),
         ],
+        quotas: Vec::new(),
     };
     if newer_runs {
         snap.deployments[1].current = runs_on("a", "h100");
@@ -315,6 +318,7 @@ fn preempt_fleet(low_priority: i32) -> FleetSnapshot {
             deployment("h100-only", 2, 0, json!([{"class": "h100"}])),
             deployment("low", 3, low_priority, json!([{"class": "h200"}])),
         ],
+        quotas: Vec::new(),
     }
 }
 
@@ -465,6 +469,7 @@ fn close_fleet(filler_created: i64, filler_priority: i32) -> FleetSnapshot {
             ),
             spready,
         ],
+        quotas: Vec::new(),
     }
 }
 

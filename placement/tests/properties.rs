@@ -1049,6 +1049,7 @@ fn the_checker_counts_only_domains_the_deployment_can_use_for_spread() {
                 current: vec![],
                 refused_pools: vec![],
             }],
+            quotas: Vec::new(),
         }
     };
     let capped = fleet(serde_json::json!({"class": "h200", "maxReplicas": 1}));

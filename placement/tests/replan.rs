@@ -380,7 +380,7 @@ fn matching() -> impl Strategy<Value = FleetSnapshot> {
                     deployment(&format!("d{k:02}"), tier * 100, *replicas, json!({"clusterSelector": selector}))
                 })
                 .collect();
-            FleetSnapshot { classes: h100_class(), clusters, deployments }
+            FleetSnapshot { classes: h100_class(), clusters, deployments, quotas: Vec::new() }
         },
     )
 }
@@ -658,6 +658,7 @@ fn a_domain_a_higher_tier_frees_reaches_a_keep_step_through_the_tiers_view() {
         classes: h100_class(),
         clusters: vec![cluster("a", 2), cluster("b", 1)],
         deployments: vec![high, spready],
+        quotas: Vec::new(),
     };
     let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
     let where_spready = |plan: &Plan| placed_on(plan, "spready");
@@ -686,6 +687,7 @@ fn a_domain_a_deployment_of_the_same_tier_frees_reaches_a_keep_step_through_the_
         classes: h100_class(),
         clusters: vec![cluster("a", 2), cluster("b", 1)],
         deployments: vec![other, spready],
+        quotas: Vec::new(),
     };
     let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
     let where_spready = |plan: &Plan| placed_on(plan, "spready");

@@ -102,6 +102,7 @@ fn fleet(deployments: Vec<DeploymentView>) -> FleetSnapshot {
             cluster("us-1", "us-east-1", "US", vec![pool("h100", "h100", 2, 8, od)]),
         ],
         deployments,
+        quotas: Vec::new(),
     }
 }
 
@@ -456,6 +457,7 @@ fn a_replica_that_cannot_be_kept_does_not_count_against_the_ceiling_for_spread()
                     "sovereignty": {"allowedJurisdictions": ["EU"]}}
             }),
         )],
+        quotas: Vec::new(),
     };
     snap.deployments[0].current = vec![placement("a", "l40s", 1, 2), placement("c", "h100", 1, 1)];
     // Twin: while `c` still has room, the replica there is kept and counts: nothing moves.

@@ -71,6 +71,7 @@ fn fleet(placement: Value, h200: Value) -> FleetSnapshot {
             current: vec![],
             refused_pools: vec![],
         }],
+        quotas: Vec::new(),
     }
 }
 
@@ -210,6 +211,7 @@ fn the_cheapest_first_try_gives_equal_prices_to_the_emptiest_domain_first() {
             current: vec![],
             refused_pools: vec![],
         }],
+        quotas: Vec::new(),
     };
     let plan = solve1(&snap);
     let on = |c: &str| plan.assignments.iter().filter(|a| a.cluster == c).map(|a| a.replicas).sum::<u32>();

@@ -128,7 +128,7 @@ start=$(date +%s)
 "${HELM}" install flotilla "${root}/charts/flotilla" --kubeconfig "${CKC}" -n "${NS}" \
   --wait --timeout 120s >/dev/null
 ok "helm install --wait ($(($(date +%s) - start)) s)"
-for crd in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims; do
+for crd in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims fleetquotas; do
   if k wait --for condition=Established "crd/${crd}.flotilla.dev" --timeout 30s >/dev/null; then
     ok "crd ${crd}.flotilla.dev established"
   else bad "crd ${crd}.flotilla.dev not established"; fi
@@ -161,9 +161,12 @@ can() {
 }
 C=flotilla-controller G=flotilla-gateway
 # The controller: what it does ...
-for r in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims; do
+for r in inferenceclasses inferenceclusters modeldeployments modelcaches capacityclaims fleetquotas; do
   for v in get list watch; do can "$C" yes "$v" "$r.flotilla.dev" -A; done
 done
+can "$C" yes patch fleetquotas.flotilla.dev --subresource=status -n ml
+can "$C" no patch fleetquotas.flotilla.dev -n ml  # a quota's spec is the platform team's
+can "$C" no create fleetquotas.flotilla.dev -n ml
 can "$C" yes patch modelcaches.flotilla.dev --subresource=status -n ml
 can "$C" yes patch capacityclaims.flotilla.dev --subresource=status -n ml
 can "$C" yes create capacityclaims.flotilla.dev -n ml  # the claim a deployment owns

@@ -3,7 +3,9 @@
 //! `Pending`) have a row on each kind that uses them. Rows marked `reserved` belong to the
 //! closed set but no component of this release writes them yet.
 
-use super::{CAPACITY_CLAIM, INFERENCE_CLASS, INFERENCE_CLUSTER, MODEL_CACHE, MODEL_DEPLOYMENT, ReasonDoc};
+use super::{
+    CAPACITY_CLAIM, FLEET_QUOTA, INFERENCE_CLASS, INFERENCE_CLUSTER, MODEL_CACHE, MODEL_DEPLOYMENT, ReasonDoc,
+};
 use crate::constants::reason;
 
 macro_rules! r {
@@ -192,6 +194,13 @@ pub const ALL: &[ReasonDoc] = &[
         "`Placed`=False",
         "One more replica would have taken the deployment above `placement.maxCostPerHour`.",
         "Raise `placement.maxCostPerHour`, allow cheaper capacity types or device alternatives, or lower `replicas`.",
+    ),
+    r!(
+        MODEL_DEPLOYMENT,
+        QUOTA_EXCEEDED,
+        "`Placed`=False",
+        "One more replica would have taken the namespace past a limit of one of its FleetQuotas; `status.unplaced.reasons` names the quota, the limit and the usage, and no CapacityClaim asks for these replicas.",
+        "Ask the platform team to raise the FleetQuota (its status shows what each limit holds), lower `replicas` here or in another deployment of the namespace, or add an alternative the limit does not count.",
     ),
     r!(
         MODEL_DEPLOYMENT,
@@ -544,5 +553,34 @@ pub const ALL: &[ReasonDoc] = &[
         "`Surplus`=True",
         "Surplus nodes are being given back to the provider (released or the node group shrunk); the next look confirms it.",
         NOTHING,
+    ),
+    // FleetQuota.
+    r!(
+        FLEET_QUOTA,
+        AS_EXPECTED,
+        "`Ready`=True, `Exhausted`=False",
+        "The quota is valid and enforced, and every limit has room.",
+        NOTHING
+    ),
+    r!(
+        FLEET_QUOTA,
+        INVALID_SPEC,
+        "`Ready`=False",
+        "A limit names an InferenceClass that does not exist (it counts nothing until one does), or two limits count the same devices.",
+        VALIDATE
+    ),
+    r!(
+        FLEET_QUOTA,
+        QUOTA_EXCEEDED,
+        "`Exhausted`=True",
+        "Replicas of the namespace are unplaced because one more would pass a limit of this quota; the message names the limit, the usage and the replicas. Their ModelDeployments say `QuotaExceeded` on the clusters that refused them.",
+        "Raise the limit, lower `replicas` in the namespace, or give the deployments an alternative the limit does not count. Within the namespace, higher `placement.priority` takes the quota first.",
+    ),
+    r!(
+        FLEET_QUOTA,
+        AT_LIMIT,
+        "`Exhausted`=True",
+        "The namespace's plan uses a limit exactly; nothing is refused yet, but the next replica it counts would be.",
+        "Nothing, unless the namespace is about to grow: raise the limit first.",
     ),
 ];

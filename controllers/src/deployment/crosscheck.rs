@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use flotilla_apis::{InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
+use flotilla_apis::{FleetQuota, InferenceClass, InferenceCluster, ModelCache, ModelDeployment};
 use flotilla_placement::plan::DeploymentPlan;
 use flotilla_placement::{FleetSnapshot, Plan, Replanner};
 use futures_util::Stream;
@@ -31,6 +31,8 @@ pub struct FleetObjects {
     pub caches: Vec<Arc<ModelCache>>,
     /// ModelDeployments (those the snapshot kept).
     pub deployments: Vec<Arc<ModelDeployment>>,
+    /// FleetQuotas.
+    pub quotas: Vec<Arc<FleetQuota>>,
 }
 
 impl FleetObjects {
@@ -42,6 +44,7 @@ impl FleetObjects {
             self.caches.iter().map(|c| c.as_ref().clone()),
             self.deployments.iter().map(|d| d.as_ref().clone()),
         )
+        .with_quotas(self.quotas.iter().map(|q| q.as_ref().clone()))
     }
 
     /// Every object as one multi-document YAML stream, status included (the solver reads the
@@ -52,6 +55,7 @@ impl FleetObjects {
         push_docs(&mut out, &self.clusters);
         push_docs(&mut out, &self.caches);
         push_docs(&mut out, &self.deployments);
+        push_docs(&mut out, &self.quotas);
         out
     }
 }

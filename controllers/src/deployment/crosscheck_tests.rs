@@ -17,6 +17,7 @@ fn example() -> FleetObjects {
                 FleetObject::Cluster(c) => out.clusters.push(Arc::new(c)),
                 FleetObject::Cache(c) => out.caches.push(Arc::new(c)),
                 FleetObject::Deployment(d) => out.deployments.push(Arc::new(d)),
+                FleetObject::Quota(q) => out.quotas.push(Arc::new(q)),
                 FleetObject::Claim(_) => {}
             }
         }
@@ -102,7 +103,9 @@ fn a_divergence_is_counted_written_as_a_reproducer_and_the_whole_solve_returned(
             + sample.after.clusters.len()
             + sample.after.classes.len()
             + sample.after.caches.len()
+            + sample.after.quotas.len()
     );
+    assert!(after.contains("kind: FleetQuota"), "the quotas the plan held to are in the reproducer");
     assert!(std::fs::read_to_string(repro.join("before.yaml")).unwrap().contains("kind: ModelDeployment"));
     for plan in ["replanned.json", "whole.json"] {
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(repro.join(plan)).unwrap()).unwrap();

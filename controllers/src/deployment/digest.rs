@@ -4,7 +4,8 @@
 //! cache and deployment.
 //!
 //! - [`Digest::value`] is the wrapping sum of one hash per object (its kind, identity and the
-//!   version the plan reads: `resourceVersion` for classes, clusters and caches; `generation`,
+//!   version the plan reads: `resourceVersion` for classes, clusters and caches; `generation`
+//!   and deletion for FleetQuotas (the controller writes their status from the plan); `generation`,
 //!   refused pools and deletion for deployments, whose status writes do not change a plan). A
 //!   relist (`Init` … `InitDone`) replaces its kind's objects at once.
 //! - The placements each deployment records in its status do not enter the sum: a deployment
@@ -32,6 +33,8 @@ pub enum Part {
     Cache,
     /// ModelDeployments.
     Deployment,
+    /// FleetQuotas.
+    Quota,
 }
 
 /// One object as the digest sees it: its identity, the hash of what the plan reads, and (for

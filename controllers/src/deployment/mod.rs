@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 pub use flotilla_apis::ModelDeployment;
 use flotilla_apis::constants::FINALIZER_MEMBER_CLEANUP;
 use flotilla_apis::deployment::ClusterPlacement;
-use flotilla_apis::{CapacityClaim, InferenceClass, InferenceCluster, ModelCache};
+use flotilla_apis::{CapacityClaim, FleetQuota, InferenceClass, InferenceCluster, ModelCache};
 use flotilla_placement::{FleetSnapshot, Plan, Replanner, SolveOptions, isolate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -59,6 +59,8 @@ pub struct Stores {
     pub deployments: Store<ModelDeployment>,
     /// CapacityClaims (the one a deployment owns).
     pub claims: Store<CapacityClaim>,
+    /// FleetQuotas (limits the plan holds to; empty where the control cluster lacks the kind).
+    pub quotas: Store<FleetQuota>,
 }
 
 /// The solver's state between solves: the re-planner of the last solve, and the deployments the
@@ -87,6 +89,8 @@ pub struct DeploymentContext {
     pub deployments: Store<ModelDeployment>,
     /// CapacityClaims, from a reflector.
     pub claims: Store<CapacityClaim>,
+    /// FleetQuotas.
+    pub quotas: Store<FleetQuota>,
     /// Member clients.
     pub members: Arc<MemberClients>,
     /// Metrics.
@@ -115,7 +119,7 @@ pub struct DeploymentContext {
 
 impl DeploymentContext {
     /// A context; the recorder reports as `flotilla-controller`. `digest` must be fed every
-    /// watch event of the four stores (`trigger::Facts` does).
+    /// watch event of the five stores the plan reads (`trigger::Facts` does).
     pub fn new(
         client: Client,
         stores: Stores,
@@ -138,6 +142,7 @@ impl DeploymentContext {
             caches: stores.caches,
             deployments: stores.deployments,
             claims: stores.claims,
+            quotas: stores.quotas,
             members,
             metrics,
             config,
@@ -272,7 +277,14 @@ impl DeploymentContext {
         clusters.retain(|c| c.metadata.deletion_timestamp.is_none());
         let mut deployments = self.deployments.state();
         deployments.retain(|d| tenancy.check("ModelDeployment", &d.namespace().unwrap_or_default()).is_ok());
-        crosscheck::FleetObjects { classes: self.classes.state(), clusters, caches: self.caches.state(), deployments }
+        let quotas = self.quotas.state();
+        crosscheck::FleetObjects {
+            classes: self.classes.state(),
+            clusters,
+            caches: self.caches.state(),
+            deployments,
+            quotas,
+        }
     }
 }
 
@@ -357,6 +369,19 @@ fn recorded<'a>(placements: impl Iterator<Item = Recorded<'a>>) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     items.hash(&mut h);
     h.finish()
+}
+
+/// What the plan reads of an object whose status the controller writes from the plan (a
+/// FleetQuota), for the digest: its `generation` and whether it is being deleted — a status
+/// write of its own must not solve again.
+pub fn spec_seen(m: &kube::api::ObjectMeta) -> digest::Seen {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (m.generation.unwrap_or_default(), m.deletion_timestamp.is_some()).hash(&mut h);
+    let id = m.uid.clone().unwrap_or_else(|| {
+        format!("{}/{}", m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
+    });
+    digest::Seen { id, version: h.finish(), recorded: None }
 }
 
 /// What the plan reads of a class, cluster or cache, for the digest: its resource version and

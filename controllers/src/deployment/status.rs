@@ -223,13 +223,16 @@ fn placed_condition(plan: &DeploymentPlan, claim: Option<&str>) -> Desired {
 }
 
 /// Why a plan is not fully placed, the first that holds: a CapacityClaim asks a provider for
-/// the rest; a cluster refused over the cost ceiling; some cluster refused for want of room
+/// the rest; a FleetQuota of the namespace holds replicas back; a cluster refused over the cost
+/// ceiling; some cluster refused for want of room
 /// rather than by a rule, or some replicas were placed (`InsufficientCapacity`); else no
 /// cluster is eligible at all.
 fn not_placed_reason(plan: &DeploymentPlan, claim_pending: bool) -> &'static str {
     let eligible = plan.rejections.iter().any(|r| !r.reason.is_static());
     if claim_pending {
         reason::CLAIM_PENDING
+    } else if flotilla_placement::claim::held_by_quota(plan) {
+        reason::QUOTA_EXCEEDED
     } else if plan.rejections.iter().any(|r| r.reason == Reason::CostCeilingExceeded) {
         reason::COST_CEILING_EXCEEDED
     } else if eligible || plan.desired > plan.unplaced {
@@ -252,7 +255,12 @@ fn capacity_condition(plan: &DeploymentPlan) -> Desired {
         );
     }
     let mut short: Vec<String> = Vec::new();
-    if plan.unplaced > 0 {
+    if flotilla_placement::claim::held_by_quota(plan) {
+        short.push(format!(
+            "{} replica(s) unplaced: a FleetQuota of the namespace holds them back (status.unplaced names it)",
+            plan.unplaced
+        ));
+    } else if plan.unplaced > 0 {
         short.push(format!("{} replica(s) need capacity the fleet does not have", plan.unplaced));
     }
     short.extend(plan.unmet_minimums.iter().map(|m| {

@@ -223,6 +223,12 @@ fn not_placed_reason_takes_the_first_that_holds() {
             "the cost ceiling before capacity",
         ),
         (
+            plan(3, 1, vec![rejection("a", CostCeilingExceeded), rejection("b", Reason::QuotaExceeded)]),
+            false,
+            reason::QUOTA_EXCEEDED,
+            "the namespace's quota before the deployment's own ceiling",
+        ),
+        (
             plan(3, 3, vec![rejection("a", JurisdictionNotAllowed), rejection("b", InsufficientDevices)]),
             false,
             reason::INSUFFICIENT_CAPACITY,

@@ -1,5 +1,5 @@
 //! The fleet trigger of the ModelDeployment controller. Every change of an input of the fleet
-//! plan (an InferenceCluster, InferenceClass, ModelCache or ModelDeployment) ticks it; after a
+//! plan (an InferenceCluster, InferenceClass, ModelCache, ModelDeployment or FleetQuota) ticks it; after a
 //! quiet moment (`debounce`, a burst is one pass) it solves the fleet once (`SolveOnce`, on a
 //! blocking thread) and sends the deployments `wake::to_wake` names to the controller
 //! (`Controller::reconcile_on`, through a bounded channel; the controller's scheduler merges
@@ -107,6 +107,12 @@ impl Facts {
         self.digest.event(Part::Deployment, e, super::deployment_seen);
     }
 
+    /// Takes in a FleetQuota watch event: its spec and deletion (not its status, which the
+    /// controller writes from the plan).
+    pub fn quota_event(&self, e: &Event<flotilla_apis::FleetQuota>) {
+        self.digest.event(Part::Quota, e, |q| super::spec_seen(&q.metadata));
+    }
+
     /// The changes since the last call.
     fn take(&self) -> Changed {
         Changed { clusters: self.clusters.take(), caches: self.caches.take(), classes: self.classes.take() }
@@ -123,6 +129,12 @@ pub async fn run(
     debounce: Duration,
 ) {
     let _ = facts.take();
+    // The quotas' status once at the start: a quiet fleet ticks nothing.
+    if !ctx.quotas.state().is_empty()
+        && let Ok((_, plan)) = ctx.solve(None).await
+    {
+        write_quotas(&ctx, &plan).await;
+    }
     let mut ticks = std::pin::pin!(ticks);
     while ticks.next().await.is_some() {
         tokio::time::sleep(debounce).await;
@@ -139,6 +151,7 @@ pub async fn run(
             }
         };
         ctx.metrics.fleet_pass();
+        write_quotas(&ctx, &plan).await;
         let deployments = ctx.deployments.state();
         let live: HashSet<DeploymentKey> =
             deployments.iter().map(|d| (d.namespace().unwrap_or_default(), d.name_any())).collect();
@@ -167,6 +180,16 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Writes what `plan` uses of each FleetQuota to its status (`crate::quota`).
+async fn write_quotas(ctx: &DeploymentContext, plan: &flotilla_placement::Plan) {
+    let quotas = ctx.quotas.state();
+    if quotas.is_empty() {
+        return;
+    }
+    let classes = ctx.classes.state().iter().map(|c| c.name_any()).collect();
+    crate::quota::write_all(&ctx.client, &quotas, &classes, plan).await;
 }
 
 /// What the wake rule reads of a deployment: its cache and the (cluster, class) of its status

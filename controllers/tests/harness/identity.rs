@@ -144,13 +144,21 @@ impl Fleet {
 /// (`group/resource` or `resource` for the core group) in `namespace` (`""`: cluster-wide),
 /// optionally on the object `name`?
 pub async fn can(client: &Client, verb: &str, resource: &str, namespace: &str, name: &str) -> bool {
-    let (group, resource) = resource.rsplit_once('/').map_or(("", resource), |(g, r)| (g, r));
+    // `resource`, `group/resource` or `group/resource/subresource` (the core group empty).
+    let parts: Vec<&str> = resource.split('/').collect();
+    let (group, resource, subresource) = match parts[..] {
+        [r] => ("", r, None),
+        [g, r] => (g, r, None),
+        [g, r, sub, ..] => (g, r, Some(sub)),
+        [] => ("", "", None),
+    };
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
                 verb: Some(verb.into()),
                 group: Some(group.into()),
                 resource: Some(resource.into()),
+                subresource: subresource.map(Into::into),
                 namespace: (!namespace.is_empty()).then(|| namespace.into()),
                 name: (!name.is_empty()).then(|| name.into()),
                 ..Default::default()
@@ -198,6 +206,8 @@ pub async fn assert_least_rights(fleet: &Fleet, control: &str, member: &str) {
         ("list", "flotilla.dev/modeldeployments", "", "", true),
         ("patch", "flotilla.dev/modeldeployments", ten, "", true),
         ("create", "flotilla.dev/capacityclaims", ten, "", true),
+        ("watch", "flotilla.dev/fleetquotas", "", "", true),
+        ("patch", "flotilla.dev/fleetquotas/status", ten, "", true),
         ("create", "events.k8s.io/events", ten, "", true),
         ("get", "coordination.k8s.io/leases", RELEASE_NAMESPACE, "flotilla-controller", true),
         // Secrets anywhere else, or written.
@@ -214,11 +224,14 @@ pub async fn assert_least_rights(fleet: &Fleet, control: &str, member: &str) {
         ("create", "flotilla.dev/modeldeployments", ten, "", false),
         ("delete", "flotilla.dev/inferenceclusters", "", "", false),
         ("patch", "flotilla.dev/inferenceclasses", "", "", false),
+        // A quota is the platform team's: the controller writes its status, never its spec.
+        ("patch", "flotilla.dev/fleetquotas", ten, "", false),
+        ("create", "flotilla.dev/fleetquotas", ten, "", false),
         ("create", "pods", ten, "", false),
         ("create", "events", ten, "", false),
         ("get", "coordination.k8s.io/leases", RELEASE_NAMESPACE, "flotilla-gateway", false),
         ("create", "rbac.authorization.k8s.io/rolebindings", ks, "", false),
-        ("create", "serviceaccounts/token", RELEASE_NAMESPACE, CONTROLLER_SA, false),
+        ("create", "/serviceaccounts/token", RELEASE_NAMESPACE, CONTROLLER_SA, false),
     ];
     assert_rights(&format!("the controller identity on {control}"), &ctl, control_rights).await;
 

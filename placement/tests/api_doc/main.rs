@@ -36,7 +36,7 @@ fn header(out: &mut String) {
 
 <!-- Generated from the types; do not edit. Regenerate with `{REGENERATE}`. -->
 
-Flotilla's five kinds, generated from what the API server enforces — the CRDs under
+Flotilla's six kinds, generated from what the API server enforces — the CRDs under
 `charts/flotilla/crds/` (from `flotilla_apis::crd::all()`) — and from the documented
 conditions and reasons in `apis/src/reasons.rs` and `placement/src/reason_doc.rs`. A test
 fails when this file and the sources differ.

@@ -1,0 +1,423 @@
+//! FleetQuotas in the solve. A namespace's quotas are hard limits on what its deployments hold
+//! placed together, over every cluster: devices matching a limit (class, capacity type) and cost
+//! per hour. The greedy pass charges each deployment's replicas as it places them (`Book`): a
+//! replica that would take the namespace past a limit is refused on that candidate
+//! (`Refusal::Quota`), so the deployment falls back to a candidate the limit does not count
+//! (another class, another capacity type, a cheaper pool) or stays short with `QuotaExceeded`.
+//! Deployments are charged in solve order — priority, then creation — so within a namespace a
+//! higher priority takes the quota first, and a quota never touches another namespace.
+//!
+//! The improvement phase after the greedy pass keeps a move set only if every namespace it
+//! touches stays within its limits ([`PhaseQuota`], checked where the phase settles moves), and
+//! when it preempts, the tiers it solves again are charged with what the higher tiers hold. The
+//! solve still checks the final plan ([`over`]) and, should a step (the exact mode's guide, a
+//! path not covered above) have taken a namespace past a limit, falls back to the greedy pass
+//! alone, which holds every limit by construction. Quotas couple every deployment of a
+//! namespace, so the incremental re-planner solves whole while any quota exists.
+
+use std::collections::BTreeMap;
+
+use flotilla_apis::CapacityType;
+use flotilla_apis::common::{format_price_micros, parse_price_micros};
+use serde::Serialize;
+
+use super::held::{Held, Tentative};
+use crate::devices::ReplicaShape;
+use crate::plan::{DeploymentPlan, Plan, Reason};
+use crate::snapshot::{DeploymentView, FleetSnapshot, QuotaView};
+
+/// One limit of one quota.
+#[derive(Clone, Debug)]
+pub(crate) struct Limit {
+    /// Index of the quota in `FleetSnapshot::quotas`.
+    pub quota: usize,
+    /// Index of the device limit in its `spec.devices`; `None`: `maxCostPerHour`.
+    pub device: Option<usize>,
+    /// Devices of this class only.
+    pub class: Option<String>,
+    /// Devices of this capacity type only.
+    pub capacity_type: Option<CapacityType>,
+    /// The limit (devices, or micro-dollars per hour).
+    pub max: u64,
+}
+
+impl Limit {
+    /// What one replica of `devices` devices at `price` on a pool of `class` and `capacity_type`
+    /// adds to this limit.
+    pub fn charge(&self, class: &str, capacity_type: CapacityType, devices: u32, price: u64) -> u64 {
+        match self.device {
+            None => price,
+            Some(_) => {
+                let counts = self.class.as_deref().is_none_or(|c| c == class)
+                    && self.capacity_type.is_none_or(|t| t == capacity_type);
+                if counts { u64::from(devices) } else { 0 }
+            }
+        }
+    }
+}
+
+/// Every limit of every namespace.
+pub(crate) fn limits(snapshot: &FleetSnapshot) -> BTreeMap<&str, Vec<Limit>> {
+    let mut out: BTreeMap<&str, Vec<Limit>> = BTreeMap::new();
+    for (qi, q) in snapshot.quotas.iter().enumerate() {
+        let list = out.entry(q.namespace.as_str()).or_default();
+        for (li, l) in q.spec.devices.iter().enumerate() {
+            list.push(Limit {
+                quota: qi,
+                device: Some(li),
+                class: l.class.clone(),
+                capacity_type: l.capacity_type,
+                max: u64::from(l.max),
+            });
+        }
+        // An unparsable price (the schema refuses it) limits nothing rather than everything.
+        if let Some(max) = q.spec.max_cost_per_hour.as_deref().and_then(parse_price_micros) {
+            list.push(Limit { quota: qi, device: None, class: None, capacity_type: None, max });
+        }
+    }
+    out
+}
+
+/// The quotas during the improvement phase: per limited namespace, what the phase's placements
+/// (`held`, by solve-order index) use of each limit.
+pub(super) struct PhaseQuota {
+    /// Per deployment: its namespace's index in `limits`, when it has quotas.
+    ns_of: Vec<Option<usize>>,
+    /// Devices per replica, per deployment.
+    devices: Vec<u32>,
+    limits: Vec<Vec<Limit>>,
+    used: Vec<Vec<u64>>,
+}
+
+impl PhaseQuota {
+    /// For `order` with its greedy placements `held`; `None` when no deployment's namespace
+    /// has a quota.
+    pub(super) fn new(snapshot: &FleetSnapshot, order: &[&DeploymentView], held: &[Vec<Held>]) -> Option<Self> {
+        let by_ns = limits(snapshot);
+        if !order.iter().any(|d| by_ns.contains_key(d.namespace.as_str())) {
+            return None;
+        }
+        let names: Vec<&str> = by_ns.keys().copied().collect();
+        let ns_of = order.iter().map(|d| names.iter().position(|n| *n == d.namespace)).collect();
+        let devices = order.iter().map(|d| ReplicaShape::of(&d.spec.topology).devices()).collect();
+        let limits: Vec<Vec<Limit>> = by_ns.into_values().collect();
+        let used = limits.iter().map(|l| vec![0; l.len()]).collect();
+        let mut q = PhaseQuota { ns_of, devices, limits, used };
+        q.rebase(snapshot, held);
+        Some(q)
+    }
+
+    /// What deployment `i`'s placements `h` use of each limit of its namespace (`n`).
+    fn charges(&self, snapshot: &FleetSnapshot, n: usize, i: usize, h: &[Held]) -> Vec<u64> {
+        let mut out = vec![0u64; self.limits[n].len()];
+        for x in h {
+            let pool = &snapshot.clusters[x.cluster].pools[x.pool];
+            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
+            for (k, l) in self.limits[n].iter().enumerate() {
+                out[k] += l.charge(&pool.class, t, self.devices[i], x.price) * u64::from(x.count);
+            }
+        }
+        out
+    }
+
+    /// Usage recounted from `held` (after a re-solve, or an attempt undone).
+    pub(super) fn rebase(&mut self, snapshot: &FleetSnapshot, held: &[Vec<Held>]) {
+        let mut used: Vec<Vec<u64>> = self.limits.iter().map(|l| vec![0; l.len()]).collect();
+        for (i, h) in held.iter().enumerate() {
+            if let Some(n) = self.ns_of.get(i).copied().flatten() {
+                for (k, v) in self.charges(snapshot, n, i, h).into_iter().enumerate() {
+                    used[n][k] += v;
+                }
+            }
+        }
+        self.used = used;
+    }
+
+    /// Usage per touched namespace once `t`'s placements replace those in `held`.
+    fn with(&self, snapshot: &FleetSnapshot, held: &[Vec<Held>], t: &Tentative) -> BTreeMap<usize, Vec<u64>> {
+        let mut out: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for (&i, h) in &t.held {
+            let Some(n) = self.ns_of.get(i).copied().flatten() else { continue };
+            let now = out.entry(n).or_insert_with(|| self.used[n].clone());
+            let (before, after) = (self.charges(snapshot, n, i, &held[i]), self.charges(snapshot, n, i, h));
+            for k in 0..now.len() {
+                now[k] = now[k] + after[k] - before[k];
+            }
+        }
+        out
+    }
+
+    /// Whether every namespace `t` touches stays within its limits — or, already past one (a
+    /// plan the phase did not make), does not use more of it.
+    pub(super) fn holds(&self, snapshot: &FleetSnapshot, held: &[Vec<Held>], t: &Tentative) -> bool {
+        self.with(snapshot, held, t).into_iter().all(|(n, now)| {
+            self.limits[n].iter().zip(&now).zip(&self.used[n]).all(|((l, &v), &was)| v <= l.max || v <= was)
+        })
+    }
+
+    /// Takes `t`'s placements into the usage (before they replace those in `held`).
+    pub(super) fn take(&mut self, snapshot: &FleetSnapshot, held: &[Vec<Held>], t: &Tentative) {
+        for (n, now) in self.with(snapshot, held, t) {
+            self.used[n] = now;
+        }
+    }
+}
+
+/// What the greedy pass has charged: per deployment (solve order), per limit of its namespace.
+pub(crate) struct Book<'s> {
+    snapshot: &'s FleetSnapshot,
+    limits: BTreeMap<&'s str, Vec<Limit>>,
+    /// Per deployment in solve order: its namespace's charges, one per limit.
+    charged: Vec<Vec<u64>>,
+    /// Per namespace: the sum of `charged` over its deployments.
+    total: BTreeMap<&'s str, Vec<u64>>,
+    namespaces: Vec<&'s str>,
+}
+
+/// The room a deployment has: its namespace's limits, each with what the other deployments of
+/// the namespace hold (the deployment's own replicas are counted from its placing state).
+#[derive(Clone, Debug)]
+pub(crate) struct Room {
+    pub limits: Vec<Limit>,
+    pub others: Vec<u64>,
+}
+
+impl Room {
+    /// The first limit one more replica would pass, with (its usage with the replica's
+    /// deployment's own `own` charges, what the replica adds).
+    pub fn refuses(
+        &self,
+        own: &[u64],
+        class: &str,
+        capacity_type: CapacityType,
+        devices: u32,
+        price: u64,
+    ) -> Option<(usize, u64, u64)> {
+        self.limits.iter().enumerate().find_map(|(i, l)| {
+            let add = l.charge(class, capacity_type, devices, price);
+            let used = self.others[i] + own.get(i).copied().unwrap_or(0);
+            (add > 0 && used + add > l.max).then_some((i, used, add))
+        })
+    }
+
+    /// The charges of the replicas `placed` says are placed: (class, capacity type, replicas,
+    /// price per replica).
+    pub fn own<'c>(&self, devices: u32, placed: impl Iterator<Item = (&'c str, CapacityType, u32, u64)>) -> Vec<u64> {
+        let mut own = vec![0u64; self.limits.len()];
+        for (class, t, n, price) in placed {
+            for (i, l) in self.limits.iter().enumerate() {
+                own[i] += l.charge(class, t, devices, price) * u64::from(n);
+            }
+        }
+        own
+    }
+}
+
+impl<'s> Book<'s> {
+    /// A book for `order`, or `None` when no quota limits any of its namespaces.
+    pub fn new(snapshot: &'s FleetSnapshot, order: &[&'s DeploymentView]) -> Option<Self> {
+        let limits = limits(snapshot);
+        if limits.is_empty() || !order.iter().any(|d| limits.contains_key(d.namespace.as_str())) {
+            return None;
+        }
+        let namespaces: Vec<&str> = order.iter().map(|d| d.namespace.as_str()).collect();
+        let charged = namespaces.iter().map(|ns| vec![0; limits.get(ns).map_or(0, Vec::len)]).collect();
+        let total = limits.iter().map(|(ns, l)| (*ns, vec![0; l.len()])).collect();
+        Some(Book { snapshot, limits, charged, total, namespaces })
+    }
+
+    /// The room of the deployment at `i` in solve order; `None` when its namespace has no quota.
+    pub fn room(&self, i: usize) -> Option<Room> {
+        let ns = self.namespaces[i];
+        let limits = self.limits.get(ns)?;
+        let total = &self.total[ns];
+        let others = total.iter().zip(&self.charged[i]).map(|(t, c)| t - c).collect();
+        Some(Room { limits: limits.clone(), others })
+    }
+
+    /// Charges the namespace of `d` with replicas that are not solved again (`preempt.rs`
+    /// re-solves the tiers below one while the higher ones keep their places): (cluster index,
+    /// pool index, replicas, price per replica).
+    pub fn charge_fixed(&mut self, d: &DeploymentView, placed: impl Iterator<Item = (usize, usize, u32, u64)>) {
+        let ns = d.namespace.as_str();
+        let Some((&ns, limits)) = self.limits.get_key_value(ns) else { return };
+        let devices = ReplicaShape::of(&d.spec.topology).devices();
+        let total = self.total.entry(ns).or_insert_with(|| vec![0; limits.len()]);
+        for (ci, pi, n, price) in placed {
+            let pool = &self.snapshot.clusters[ci].pools[pi];
+            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
+            for (k, l) in limits.iter().enumerate() {
+                total[k] += l.charge(&pool.class, t, devices, price) * u64::from(n);
+            }
+        }
+    }
+
+    /// Charges the deployment at `i` with what `placed` says it holds now (cluster index, pool
+    /// index, replicas, price per replica), instead of what it was charged before.
+    pub fn charge(&mut self, i: usize, shape: &ReplicaShape, placed: impl Iterator<Item = (usize, usize, u32, u64)>) {
+        let ns = self.namespaces[i];
+        let Some(limits) = self.limits.get(ns) else { return };
+        let mut now = vec![0u64; limits.len()];
+        let devices = shape.devices();
+        for (ci, pi, n, price) in placed {
+            let pool = &self.snapshot.clusters[ci].pools[pi];
+            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
+            for (k, l) in limits.iter().enumerate() {
+                now[k] += l.charge(&pool.class, t, devices, price) * u64::from(n);
+            }
+        }
+        let total = self.total.entry(ns).or_insert_with(|| vec![0; now.len()]);
+        for (k, v) in now.iter().enumerate() {
+            total[k] = total[k] - self.charged[i][k] + v;
+        }
+        self.charged[i] = now;
+    }
+}
+
+/// Usage against one limit of a quota, in a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitUsage {
+    /// The device limit's index in `spec.devices`; `None`: `maxCostPerHour`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<usize>,
+    /// What the limit counts, in words (`h100 devices`, `cost per hour`).
+    pub subject: String,
+    /// Used by the plan (devices, or micro-dollars per hour).
+    pub used: u64,
+    /// The limit.
+    pub max: u64,
+}
+
+/// A quota's usage in a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaUsage {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Per limit.
+    pub limits: Vec<LimitUsage>,
+    /// Replicas of the namespace left unplaced because of this quota (`QuotaExceeded` on
+    /// every cluster that refused them for a quota of this name).
+    pub unplaced: u32,
+}
+
+impl QuotaUsage {
+    /// Whether a limit is passed.
+    pub fn over(&self) -> bool {
+        self.limits.iter().any(|l| l.used > l.max)
+    }
+
+    /// `h100 devices 16/16, cost per hour $40.00/$120.00`.
+    pub fn summary(&self) -> String {
+        self.limits
+            .iter()
+            .map(|l| match l.device {
+                Some(_) => format!("{} {}/{}", l.subject, l.used, l.max),
+                None => format!("{} ${}/${}", l.subject, format_price_micros(l.used), format_price_micros(l.max)),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What every quota of `snapshot` holds in `plan`.
+pub fn usage(snapshot: &FleetSnapshot, plan: &Plan) -> Vec<QuotaUsage> {
+    if snapshot.quotas.is_empty() {
+        return Vec::new();
+    }
+    let limits = limits(snapshot);
+    let shapes: BTreeMap<(&str, &str), u32> = snapshot
+        .deployments
+        .iter()
+        .map(|d| ((d.namespace.as_str(), d.name.as_str()), ReplicaShape::of(&d.spec.topology).devices()))
+        .collect();
+    let mut used: BTreeMap<&str, Vec<u64>> = limits.iter().map(|(ns, l)| (*ns, vec![0; l.len()])).collect();
+    for p in &plan.deployments {
+        let (Some(list), Some(u)) = (limits.get(p.namespace.as_str()), used.get_mut(p.namespace.as_str())) else {
+            continue;
+        };
+        let devices = shapes.get(&(p.namespace.as_str(), p.name.as_str())).copied().unwrap_or(0);
+        for a in &p.assignments {
+            let price = a.cost_micros_per_hour / u64::from(a.replicas.max(1));
+            for (k, l) in list.iter().enumerate() {
+                u[k] += match l.device {
+                    None => a.cost_micros_per_hour,
+                    Some(_) => l.charge(&a.class, a.capacity_type, devices, price) * u64::from(a.replicas),
+                };
+            }
+        }
+    }
+    snapshot
+        .quotas
+        .iter()
+        .enumerate()
+        .map(|(qi, q)| {
+            let list = &limits[q.namespace.as_str()];
+            let u = &used[q.namespace.as_str()];
+            let limits = list
+                .iter()
+                .zip(u)
+                .filter(|(l, _)| l.quota == qi)
+                .map(|(l, &used)| LimitUsage {
+                    device: l.device,
+                    subject: l.device.map_or_else(|| "cost per hour".to_string(), |i| q.spec.devices[i].subject()),
+                    used,
+                    max: l.max,
+                })
+                .collect();
+            QuotaUsage { namespace: q.namespace.clone(), name: q.name.clone(), limits, unplaced: unplaced_by(q, plan) }
+        })
+        .collect()
+}
+
+/// Replicas of `q`'s namespace the plan leaves short where a cluster refused for `q`.
+fn unplaced_by(q: &QuotaView, plan: &Plan) -> u32 {
+    let tag = format!("FleetQuota {}/{}:", q.namespace, q.name);
+    plan.deployments
+        .iter()
+        .filter(|p| p.namespace == q.namespace && p.unplaced > 0)
+        .filter(|p| p.rejections.iter().any(|r| r.reason == Reason::QuotaExceeded && r.message.starts_with(&tag)))
+        .map(|p| p.unplaced)
+        .sum()
+}
+
+/// Whether some namespace holds more than a limit of its quotas allows in `plans`.
+pub(crate) fn over(snapshot: &FleetSnapshot, plans: &[DeploymentPlan]) -> bool {
+    if snapshot.quotas.is_empty() {
+        return false;
+    }
+    let plan = Plan { deployments: plans.to_vec(), ..Plan::default() };
+    usage(snapshot, &plan).iter().any(QuotaUsage::over)
+}
+
+/// The words of a refusal of quota `quota`'s limit `device` (`None`: its cost limit) of `max`:
+/// `FleetQuota team-a/gpus: h100 devices 12 of 16 used in the namespace; one more replica here needs 8`.
+pub(crate) fn said(
+    snapshot: &FleetSnapshot,
+    quota: usize,
+    device: Option<usize>,
+    max: u64,
+    used: u64,
+    add: u64,
+) -> String {
+    let q = &snapshot.quotas[quota];
+    match device {
+        Some(i) => format!(
+            "FleetQuota {}/{}: {} {used} of {max} used in the namespace; one more replica here needs {add}",
+            q.namespace,
+            q.name,
+            q.spec.devices[i].subject(),
+        ),
+        None => format!(
+            "FleetQuota {}/{}: ${}/h of ${}/h maxCostPerHour used in the namespace; one more replica here costs ${}/h",
+            q.namespace,
+            q.name,
+            format_price_micros(used),
+            format_price_micros(max),
+            format_price_micros(add)
+        ),
+    }
+}
