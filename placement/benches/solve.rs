@@ -94,7 +94,45 @@ fn incremental(c: &mut Criterion) {
             });
         });
     }
+    // With FleetQuotas on two of the four namespaces (half of what each holds, in devices): a
+    // quota couples its namespace's deployments, so every re-plan solves the fleet whole.
+    let free = solve(&base, &SolveOptions::default());
+    let held = flotilla_placement::quota_usage(&with_quotas(&base, 1_000_000), &free);
+    let mut limited = base.clone();
+    limited.quotas = with_quotas(&base, 0).quotas;
+    for (q, u) in limited.quotas.iter_mut().zip(&held) {
+        q.spec.devices[0].max = (u.limits[0].used / 2) as u32;
+    }
+    let running = with_current(&limited, &solve(&limited, &SolveOptions::default()));
+    let mut changed = running.clone();
+    let target = changed.deployments.iter().position(|d| d.spec.replicas > 0).unwrap();
+    changed.deployments[target].spec.replicas += 2;
+    let mut r = Replanner::new(&running, SolveOptions::default());
+    r.replan(&changed);
+    eprintln!("1000x5000 one deployment scaled, with quotas: {:?}", r.stats());
+    let mut flip = false;
+    group.bench_function("1000x5000/one-deployment-scaled/with-quotas", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let snap = if flip { &running } else { &changed };
+            r.replan(black_box(snap)).deployments.len()
+        });
+    });
     group.finish();
+}
+
+/// `snapshot` with a FleetQuota of `max` devices on namespaces `ml` and `search`.
+fn with_quotas(snapshot: &FleetSnapshot, max: u32) -> FleetSnapshot {
+    let mut s = snapshot.clone();
+    s.quotas = ["ml", "search"]
+        .iter()
+        .map(|ns| flotilla_placement::QuotaView {
+            namespace: (*ns).into(),
+            name: "devices".into(),
+            spec: serde_json::from_value(serde_json::json!({"devices": [{"max": max}]})).unwrap(),
+        })
+        .collect();
+    s
 }
 
 /// The solver's stages on the 1,000 × 5,000 fleet, measured apart with the same public

@@ -219,4 +219,33 @@ mod tests {
         // The template removed: the claim goes.
         assert!(matches!(decide(&md(false), &plan(&[("eu1", "h100", 2)], 2), Some(&claim)), ClaimDecision::Delete));
     }
+
+    #[test]
+    fn replicas_a_quota_holds_back_are_not_claimed_for_and_those_on_the_claim_stay() {
+        let d = md(true);
+        let quota = |mut p: DeploymentPlan| {
+            p.rejections.push(crate::plan::Rejection {
+                cluster: "eu1".into(),
+                reason: Reason::QuotaExceeded,
+                message: "FleetQuota ml/gpus: devices 8 of 8 used in the namespace; one more replica here needs 4"
+                    .into(),
+            });
+            p
+        };
+        let held = quota(plan(&[("eu1", "h100", 2)], 2));
+        assert!(held_by_quota(&held));
+        assert!(matches!(decide(&d, &held, None), ClaimDecision::None), "nothing bought for the quota to refuse");
+        // A claim already holding two of its replicas keeps them; it does not grow for the rest.
+        let ClaimDecision::Apply(claim) = decide(&d, &plan(&[("eu1", "h100", 2)], 2), None) else { panic!() };
+        let fulfilled = with_allocation(*claim, "eu2", "h100", 2);
+        let on_claim = quota(plan(&[("eu1", "h100", 2), ("eu2", "h100", 2)], 1));
+        assert!(matches!(decide(&d, &on_claim, Some(&fulfilled)), ClaimDecision::None), "the claim as it is");
+        // Twin without the quota's refusal: the claim grows to three.
+        let ClaimDecision::Apply(grown) =
+            decide(&d, &plan(&[("eu1", "h100", 2), ("eu2", "h100", 2)], 1), Some(&fulfilled))
+        else {
+            panic!()
+        };
+        assert_eq!(grown.spec.pod_sets[0].count, 3);
+    }
 }
