@@ -478,6 +478,11 @@ impl Ctx<'_, '_> {
         let d = ph.order[di];
         let prio = d.priority();
         self.dep(ph, di);
+        if let (Some(q), Some(dep)) = (&ph.quota, ph.deps[di].as_ref())
+            && !q.room_for_one(self.snapshot, di, &dep.cands)
+        {
+            return None;
+        }
         let n = ph.deps[di].as_ref()?.cands.len();
         for k in 0..n {
             if ph.work >= ph.budget {

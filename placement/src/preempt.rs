@@ -33,6 +33,16 @@ impl Ctx<'_, '_> {
         di: usize,
     ) -> bool {
         let prio = ph.prios[di];
+        // Short because of its namespace's quota: the greedy charged the higher tiers first, so
+        // preempting lower ones frees none of it.
+        if ph.quota.is_some() {
+            self.dep(ph, di);
+            if let (Some(q), Some(dep)) = (&ph.quota, ph.deps[di].as_ref())
+                && !q.room_for_one(self.snapshot, di, &dep.cands)
+            {
+                return false;
+            }
+        }
         // Solve order is highest priority first: the lower tiers are everything from `below`.
         let below = ph.prios.partition_point(|&p| p >= prio);
         let tier = ph.prios.partition_point(|&p| p > prio);

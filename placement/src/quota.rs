@@ -155,6 +155,20 @@ impl PhaseQuota {
         })
     }
 
+    /// Whether deployment `i`'s namespace has room under its quotas for one more replica on
+    /// at least one of `cands` (true without quotas). A deployment short because of its quota
+    /// gains nothing from moves: the phase does not spend its budget on it.
+    pub(super) fn room_for_one(&self, snapshot: &FleetSnapshot, i: usize, cands: &[super::Candidate]) -> bool {
+        let Some(n) = self.ns_of.get(i).copied().flatten() else { return true };
+        cands.iter().any(|c| {
+            let pool = &snapshot.clusters[c.cluster].pools[c.pool];
+            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
+            self.limits[n].iter().zip(&self.used[n]).all(|(l, &used)| {
+                used + l.charge(&pool.class, t, self.devices[i], c.replica_price) <= l.max
+            })
+        })
+    }
+
     /// Takes `t`'s placements into the usage (before they replace those in `held`).
     pub(super) fn take(&mut self, snapshot: &FleetSnapshot, held: &[Vec<Held>], t: &Tentative) {
         for (n, now) in self.with(snapshot, held, t) {
