@@ -141,6 +141,7 @@ wrkrun() {
     }' <<<"$out"
 }
 
+LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg)
 ROWS="" ERRORS=0
 declare -A RPS CPU
 for c in 16 64; do
@@ -196,6 +197,7 @@ r16=$(ratio "${RPS[gateway16]}" "${RPS[hop16]}")
 r64=$(ratio "${RPS[gateway64]}" "${RPS[hop64]}")
 cpu_worst=$(awk -v a="${CPU[gateway16]}" -v b="${CPU[gateway64]}" 'BEGIN { print (a > b) ? a : b }')
 
+LOAD_AFTER=$(cut -d' ' -f1 /proc/loadavg)
 COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- gateway scripts || echo ' (with uncommitted changes)')"
 SECTION="$WORK/section.md"
 cat >"$SECTION" <<MD
@@ -206,7 +208,10 @@ commit $COMMIT, $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /p
 $(uname -r), $(nginx -v 2>&1 | sed 's/^nginx version: //'), wrk $(wrk -v 2>&1 | awk 'NR==1 {print $2}'); release build
 of \`flotilla-gateway\`; ${DUR} s per measurement, all on loopback. **wrk, the proxy and the
 upstream share the $(nproc) cores**, so each row is what that proxy achieves while competing with
-them, as it would on a small node.
+them, as it would on a small node. Load average (1 min) when the measurements began and ended:
+$LOAD_BEFORE and $LOAD_AFTER (wrk, the proxies and the upstream account for several; with other
+work on the machine a single run's figures move by a tenth or more between runs: compare two
+binaries with a same-run A/B, as below).
 
 **Setup.** The upstream is nginx (2 workers) answering every \`POST /v1/chat/completions\` with a
 fixed chat completion (${#ANSWER} bytes, \`return 200\`; \`/v1/models\` lists the model, which the
@@ -300,15 +305,44 @@ the handler's first poll, so the probe was wasted.
 
 \`perf record -g\` on the gateway during a 16-connection run: about half of its samples in the
 kernel, a third of that scheduling (\`finish_task_switch\`, wake-ups under
-\`_raw_spin_unlock_irqrestore\` after \`writev\` wakes wrk or nginx, which share the two cores).
-The system calls are already few: per request 2 \`writev\`, 2 \`recvfrom\` and 0.3 \`epoll_wait\`
-(\`strace -c\`). User space fell from 56 % to 47 % of the samples; what remains is flat: hyper's
-parser reserving room for four times \`--max-headers\` (1 %, kept so that an over-limit head gets
-the OpenAI-shaped 431), the JSON body parsed into a \`Value\` and validated (2.5 %), hyper-util's
-pooled client (checkout, a clone of the client, the dispatch channel; about 2 %), clock reads
-(1.5 %, half of them hyper's), metrics keyed by \`String\` labels under SipHash (about 1 %).
-Left to try: an upstream pool per event loop over hyper's HTTP/1 connections, and metric
-handles kept on the route instead of looked up per request.
+\`_raw_spin_unlock_irqrestore\` after \`writev\` wakes wrk or nginx, which share the two cores;
+on loopback a \`writev\` also runs the receiver's side of TCP). The system calls are already
+few: per request 2 \`writev\`, 2 \`recvfrom\` and 0.3 \`epoll_wait\` (\`strace -c\`), the nginx
+hop's count; but 0.7 context switches per request against the hop's 0.4 (\`perf stat\`). User
+space is flat: hyper's server and client state machines, hyper's parser reserving room for four
+times \`--max-headers\` (two 12.8 kB buffers per request at the default 100, about 2 % with
+their allocation; kept so that an over-limit head gets the OpenAI-shaped 431), the JSON body
+parsed into a \`Value\` and validated (2.5 %), hyper-util's pooled client (checkout, a clone of
+the client, the dispatch channel; about 2 %), clock reads (1.7 %, some of them hyper's), metrics
+keyed by \`String\` labels under SipHash (about 1 %).
+
+**Tried and not kept: driving the upstream connection in the request's task.** hyper-util's
+pooled client runs each upstream connection as a task of its own: a request checks a connection
+out, clones the client, hands the request through a dispatch channel to that task and is woken
+with the answer, and an HTTP/1 answer spawns one more task that puts the connection back once
+idle. The experiment replaced it, for plain-HTTP clusters, with a pool per event loop of hyper's
+low-level HTTP/1 connections (\`client::conn::http1\`) that the attempt drove itself: it polled
+the connection, then the answer without a waker of its own (handing the answer over woke
+nothing), read the body the same way and put the connection back; a stream's connection got a
+task until the stream ended. It kept hyper-util's rules (most recent connection first, 30 s
+idle timeout, a request that never left a connection closed while idle sent again on another,
+an answer not read in full closing its connection; a unit test for each) and passed every test.
+The profile showed the connection tasks gone, and the system calls and context switches per
+request unchanged. Same-run A/B, old binary against new, \`wrk -t2\`, 4–5 s per run, rounds
+alternating, while another user's builds ran (load average 2–7): at 16 connections, three runs
+(8, 8, 10 rounds), throughput higher in 18 of 26 rounds (means 29.1k → 32.1k, 35.7k → 36.9k,
+36.9k → 38.3k req/s) and user CPU lower in 18 of 26, but CPU per 1,000 requests unchanged within
+the noise (29.4 → 30.3, 24.6 → 23.8, 24.5 → 24.7 ms); at 64 connections, two runs (6 and 8
+rounds), CPU per 1,000 requests higher in 12 of 14 rounds (28.0 → 31.5 and 28.2 → 30.1 ms) and
+throughput lower (34.8k → 28.1k, 34.0k → 31.8k req/s), mostly in system time (+2.2 and +2.4 ms;
+user +1.3 and −0.5 ms). Not kept: nothing got cheaper per request, and at 64 connections it got dearer. The
+wake-ups it removed were within one thread (one event loop per CPU already keeps a request and
+its upstream connection on one thread), so they cost little.
+
+Left to try: metric handles kept on the model and route instead of looked up per request, one
+timer for an attempt's deadline instead of one per step, fewer clock reads per attempt (each
+about 1 %, below what an A/B on this shared machine resolves), and less parse room for the head
+(two times \`--max-headers\` instead of four: about 1 %, but more heads then get hyper's bare 431).
 MD
 write_section "$OUT" gateway-nginx-bench "$SECTION" gateway-bench
 echo "wrote the gateway-nginx section of $OUT" >&2
