@@ -163,9 +163,10 @@ impl PhaseQuota {
         cands.iter().any(|c| {
             let pool = &snapshot.clusters[c.cluster].pools[c.pool];
             let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
-            self.limits[n].iter().zip(&self.used[n]).all(|(l, &used)| {
-                used + l.charge(&pool.class, t, self.devices[i], c.replica_price) <= l.max
-            })
+            self.limits[n]
+                .iter()
+                .zip(&self.used[n])
+                .all(|(l, &used)| used + l.charge(&pool.class, t, self.devices[i], c.replica_price) <= l.max)
         })
     }
 

@@ -89,7 +89,7 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     if let Some(exact) = &options.exact {
         plan = exact_pass(snapshot, options, exact, &order, &fixed, plan);
     }
-    if quota::over(snapshot, &plan.deployments) {
+    if (options.max_improvement > 0 || options.exact.is_some()) && quota::over(snapshot, &plan.deployments) {
         // A step after the greedy pass took a namespace past a quota (they judge capacity and
         // each deployment's own rules, not a namespace's sum): the greedy pass alone holds them.
         let greedy = SolveOptions { max_improvement: 0, exact: None, ..options.clone() };
