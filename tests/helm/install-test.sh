@@ -593,8 +593,8 @@ can "$C" no update clusterprofiles.multicluster.x-k8s.io -n fleet-system
 can "$C" no patch clusterprofiles.multicluster.x-k8s.io --subresource=status -n fleet-system
 "${HELM}" uninstall flotilla --kubeconfig "${CKC}" -n "${NS}" --wait >/dev/null
 left=$(k get crd -o name | grep -c 'flotilla.dev' || true)
-if [[ "${left}" == 5 ]] && ! k get clusterrole flotilla-controller >/dev/null 2>&1; then
-  ok "helm uninstall: workloads and RBAC gone, the 5 CRDs (and so every fleet object) kept"
+if [[ "${left}" == 6 ]] && ! k get clusterrole flotilla-controller >/dev/null 2>&1; then
+  ok "helm uninstall: workloads and RBAC gone, the 6 CRDs (and so every fleet object) kept"
 else bad "after uninstall: ${left} CRDs, clusterrole $(k get clusterrole flotilla-controller -o name 2>&1)"; fi
 
 exit "${fail}"

@@ -47,8 +47,8 @@ done
 
 # The CRDs ship in crds/ (installed by helm on first install) and are exactly the generated ones.
 crds=$("${HELM}" template flotilla "${chart}" --include-crds | grep -c '^kind: CustomResourceDefinition' || true)
-if [[ "${crds}" == 5 ]]; then echo "ok   crds: 5 CustomResourceDefinitions with --include-crds"
-else echo "FAIL crds: expected 5 CustomResourceDefinitions, got ${crds}"; fail=1; fi
+if [[ "${crds}" == 6 ]]; then echo "ok   crds: 6 CustomResourceDefinitions with --include-crds"
+else echo "FAIL crds: expected 6 CustomResourceDefinitions, got ${crds}"; fail=1; fi
 
 # Values the schema (or a required value) must refuse, each with the message it names.
 for v in "${here}"/invalid/*.yaml; do
