@@ -57,6 +57,17 @@ pub struct DeviceLimit {
     pub max: u32,
 }
 
+impl FleetQuotaSpec {
+    /// The limits that count the same devices as an earlier one: (this one, the earlier one),
+    /// by index in `devices`.
+    pub fn counted_twice(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.devices.iter().enumerate().filter_map(|(i, l)| {
+            let key = (&l.class, l.capacity_type);
+            self.devices[..i].iter().position(|o| (&o.class, o.capacity_type) == key).map(|j| (i, j))
+        })
+    }
+}
+
 impl DeviceLimit {
     /// What the limit is about, as said in messages: `h100 spot devices`, `devices`.
     pub fn subject(&self) -> String {

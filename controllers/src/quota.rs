@@ -19,26 +19,19 @@ use kube::{Api, Client, ResourceExt};
 
 /// `Ready`: whether the spec is usable.
 fn ready(q: &FleetQuota, classes: &BTreeSet<String>) -> Desired {
-    for (i, l) in q.spec.devices.iter().enumerate() {
-        if let Some(c) = l.class.as_deref().filter(|c| !classes.contains(*c)) {
-            return Desired::new(
-                condition::READY,
-                Status::False,
-                reason::INVALID_SPEC,
-                format!("spec.devices[{i}].class: no InferenceClass {c:?}; the limit counts nothing until one exists"),
-            );
-        }
-        let same = q.spec.devices[..i].iter().position(|o| (&o.class, o.capacity_type) == (&l.class, l.capacity_type));
-        if let Some(j) = same {
-            return Desired::new(
-                condition::READY,
-                Status::False,
-                reason::INVALID_SPEC,
-                format!("spec.devices[{i}]: limits the same {} as spec.devices[{j}]; keep one", l.subject()),
-            );
-        }
+    let unknown = q.spec.devices.iter().enumerate().find_map(|(i, l)| {
+        let c = l.class.as_deref().filter(|c| !classes.contains(*c))?;
+        Some(format!("spec.devices[{i}].class: no InferenceClass {c:?}; the limit counts nothing until one exists"))
+    });
+    let twice = || {
+        q.spec.counted_twice().next().map(|(i, j)| {
+            format!("spec.devices[{i}]: limits the same {} as spec.devices[{j}]; keep one", q.spec.devices[i].subject())
+        })
+    };
+    match unknown.or_else(twice) {
+        Some(message) => Desired::new(condition::READY, Status::False, reason::INVALID_SPEC, message),
+        None => Desired::new(condition::READY, Status::True, reason::AS_EXPECTED, "enforced in every fleet plan"),
     }
-    Desired::new(condition::READY, Status::True, reason::AS_EXPECTED, "enforced in every fleet plan")
 }
 
 /// `Exhausted`: whether a limit binds.
@@ -125,34 +118,43 @@ pub fn status(
     Some(next)
 }
 
-/// Writes the status of every quota in `quotas` that `plan` changes; a failed write is logged
-/// and tried again after the next solve (the plan is the same, so is the status).
+/// How long one quota's status write may take before it is given up (tried after the next
+/// solve): the fleet trigger waits for these writes before it wakes deployments.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Quota status writes in flight at once.
+const WRITES_AT_ONCE: usize = 8;
+
+/// Writes the status of every quota in `quotas` that `plan` changes, a few at a time, each
+/// bounded by [`WRITE_TIMEOUT`]; a failed or slow write is logged and tried again after the
+/// next solve (the plan is the same, so is the status).
 pub async fn write_all(
     client: &Client,
     quotas: &[std::sync::Arc<FleetQuota>],
     classes: &BTreeSet<String>,
     plan: &Plan,
 ) {
+    use futures_util::StreamExt;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut writes = Vec::new();
     for q in quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()) {
-        let ns = q.namespace().unwrap_or_default();
-        let name = q.name_any();
+        let (ns, name) = (q.namespace().unwrap_or_default(), q.name_any());
         let usage = plan.quotas.iter().find(|u| u.namespace == ns && u.name == name);
         let Some(next) = status(q, usage, classes, &now) else { continue };
-        let api = Api::<FleetQuota>::namespaced(client.clone(), &ns);
-        let written = crate::status_patch::write_status(
-            &api,
-            &name,
-            q.status.as_ref(),
-            q.resource_version(),
-            &next,
-            &PatchParams::default(),
-        )
-        .await;
-        if let Err(e) = written {
-            tracing::warn!(quota = %format!("{ns}/{name}"), "FleetQuota status not written ({e}); written after the next solve");
-        }
+        let (api, q) = (Api::<FleetQuota>::namespaced(client.clone(), &ns), q.clone());
+        writes.push(async move {
+            let params = PatchParams::default();
+            let write =
+                crate::status_patch::write_status(&api, &name, q.status.as_ref(), q.resource_version(), &next, &params);
+            let why = match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {} s", WRITE_TIMEOUT.as_secs()),
+            };
+            tracing::warn!(quota = %format!("{ns}/{name}"), "FleetQuota status not written ({why}); written after the next solve");
+        });
     }
+    futures_util::stream::iter(writes).buffer_unordered(WRITES_AT_ONCE).collect::<Vec<()>>().await;
 }
 
 #[cfg(test)]

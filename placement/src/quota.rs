@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 use flotilla_apis::CapacityType;
 use flotilla_apis::common::{format_price_micros, parse_price_micros};
+use flotilla_apis::quota::DeviceLimit;
 use serde::Serialize;
 
 use super::held::{Held, Tentative};
@@ -33,10 +34,8 @@ pub(crate) struct Limit {
     pub quota: usize,
     /// Index of the device limit in its `spec.devices`; `None`: `maxCostPerHour`.
     pub device: Option<usize>,
-    /// Devices of this class only.
-    pub class: Option<String>,
-    /// Devices of this capacity type only.
-    pub capacity_type: Option<CapacityType>,
+    /// The device limit as written (`None`: `maxCostPerHour`).
+    pub spec: Option<DeviceLimit>,
     /// The limit (devices, or micro-dollars per hour).
     pub max: u64,
 }
@@ -45,15 +44,31 @@ impl Limit {
     /// What one replica of `devices` devices at `price` on a pool of `class` and `capacity_type`
     /// adds to this limit.
     pub fn charge(&self, class: &str, capacity_type: CapacityType, devices: u32, price: u64) -> u64 {
-        match self.device {
+        match &self.spec {
             None => price,
-            Some(_) => {
-                let counts = self.class.as_deref().is_none_or(|c| c == class)
-                    && self.capacity_type.is_none_or(|t| t == capacity_type);
-                if counts { u64::from(devices) } else { 0 }
-            }
+            Some(l) if l.counts(class, capacity_type) => u64::from(devices),
+            Some(_) => 0,
         }
     }
+}
+
+/// What replicas of `devices` devices use of each of `limits`, placed as `placed` says:
+/// (cluster index, pool index, replicas, price per replica).
+fn charges(
+    snapshot: &FleetSnapshot,
+    limits: &[Limit],
+    devices: u32,
+    placed: impl Iterator<Item = (usize, usize, u32, u64)>,
+) -> Vec<u64> {
+    let mut out = vec![0u64; limits.len()];
+    for (ci, pi, n, price) in placed {
+        let pool = &snapshot.clusters[ci].pools[pi];
+        let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
+        for (k, l) in limits.iter().enumerate() {
+            out[k] += l.charge(&pool.class, t, devices, price) * u64::from(n);
+        }
+    }
+    out
 }
 
 /// Every limit of every namespace.
@@ -62,17 +77,11 @@ pub(crate) fn limits(snapshot: &FleetSnapshot) -> BTreeMap<&str, Vec<Limit>> {
     for (qi, q) in snapshot.quotas.iter().enumerate() {
         let list = out.entry(q.namespace.as_str()).or_default();
         for (li, l) in q.spec.devices.iter().enumerate() {
-            list.push(Limit {
-                quota: qi,
-                device: Some(li),
-                class: l.class.clone(),
-                capacity_type: l.capacity_type,
-                max: u64::from(l.max),
-            });
+            list.push(Limit { quota: qi, device: Some(li), spec: Some(l.clone()), max: u64::from(l.max) });
         }
         // An unparsable price (the schema refuses it) limits nothing rather than everything.
         if let Some(max) = q.spec.max_cost_per_hour.as_deref().and_then(parse_price_micros) {
-            list.push(Limit { quota: qi, device: None, class: None, capacity_type: None, max });
+            list.push(Limit { quota: qi, device: None, spec: None, max });
         }
     }
     out
@@ -109,15 +118,7 @@ impl PhaseQuota {
 
     /// What deployment `i`'s placements `h` use of each limit of its namespace (`n`).
     fn charges(&self, snapshot: &FleetSnapshot, n: usize, i: usize, h: &[Held]) -> Vec<u64> {
-        let mut out = vec![0u64; self.limits[n].len()];
-        for x in h {
-            let pool = &snapshot.clusters[x.cluster].pools[x.pool];
-            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
-            for (k, l) in self.limits[n].iter().enumerate() {
-                out[k] += l.charge(&pool.class, t, self.devices[i], x.price) * u64::from(x.count);
-            }
-        }
-        out
+        charges(snapshot, &self.limits[n], self.devices[i], h.iter().map(|x| (x.cluster, x.pool, x.count, x.price)))
     }
 
     /// Usage recounted from `held` (after a re-solve, or an attempt undone).
@@ -254,16 +255,11 @@ impl<'s> Book<'s> {
     /// re-solves the tiers below one while the higher ones keep their places): (cluster index,
     /// pool index, replicas, price per replica).
     pub fn charge_fixed(&mut self, d: &DeploymentView, placed: impl Iterator<Item = (usize, usize, u32, u64)>) {
-        let ns = d.namespace.as_str();
-        let Some((&ns, limits)) = self.limits.get_key_value(ns) else { return };
-        let devices = ReplicaShape::of(&d.spec.topology).devices();
+        let Some((&ns, limits)) = self.limits.get_key_value(d.namespace.as_str()) else { return };
+        let add = charges(self.snapshot, limits, ReplicaShape::of(&d.spec.topology).devices(), placed);
         let total = self.total.entry(ns).or_insert_with(|| vec![0; limits.len()]);
-        for (ci, pi, n, price) in placed {
-            let pool = &self.snapshot.clusters[ci].pools[pi];
-            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
-            for (k, l) in limits.iter().enumerate() {
-                total[k] += l.charge(&pool.class, t, devices, price) * u64::from(n);
-            }
+        for (t, a) in total.iter_mut().zip(add) {
+            *t += a;
         }
     }
 
@@ -272,15 +268,7 @@ impl<'s> Book<'s> {
     pub fn charge(&mut self, i: usize, shape: &ReplicaShape, placed: impl Iterator<Item = (usize, usize, u32, u64)>) {
         let ns = self.namespaces[i];
         let Some(limits) = self.limits.get(ns) else { return };
-        let mut now = vec![0u64; limits.len()];
-        let devices = shape.devices();
-        for (ci, pi, n, price) in placed {
-            let pool = &self.snapshot.clusters[ci].pools[pi];
-            let t = pool.capacity_type.unwrap_or(CapacityType::OnDemand);
-            for (k, l) in limits.iter().enumerate() {
-                now[k] += l.charge(&pool.class, t, devices, price) * u64::from(n);
-            }
-        }
+        let now = charges(self.snapshot, limits, shape.devices(), placed);
         let total = self.total.entry(ns).or_insert_with(|| vec![0; now.len()]);
         for (k, v) in now.iter().enumerate() {
             total[k] = total[k] - self.charged[i][k] + v;
