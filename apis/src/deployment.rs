@@ -58,6 +58,94 @@ pub struct ModelDeploymentSpec {
     /// subresource); absent: `replicas` is only what you, an HPA or KEDA set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<crate::autoscaling::Autoscaling>,
+    /// LoRA adapters served on top of the model: a client names one in `"model"` and the gateway
+    /// sends it to a replica that has it loaded, or loads it there (docs/gateway.md, adapters).
+    /// Each is staged like weights, by a ModelCache that gives a digest, and is served only
+    /// where its own policy, the deployment's and its cache allow.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub adapters: Vec<Adapter>,
+}
+
+/// A LoRA adapter of the deployment's model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Adapter {
+    /// The name clients put in `"model"`; unique in the fleet like a model name, and not the
+    /// model's name or one of its aliases.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"))]
+    pub name: String,
+    /// A ModelCache in the same namespace that stages the adapter's files. It must give
+    /// `spec.digest`: an adapter is loaded only from files verified against it.
+    #[schemars(length(min = 1, max = 253))]
+    pub cache_ref: String,
+    /// Where the adapter may be served, within the deployment's own `spec.placement.sovereignty`:
+    /// each list may only narrow the deployment's (an adapter trained on EU data: `EU`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sovereignty: Option<Sovereignty>,
+    /// Only the deployment's clusters whose labels match serve it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+}
+
+/// Adapters one replica holds loaded at once when `engine.maxLoadedAdapters` is unset.
+pub const DEFAULT_MAX_LOADED_ADAPTERS: i32 = 4;
+
+impl Adapter {
+    /// Where the adapter may be served: the deployment's `base` policy narrowed by the
+    /// adapter's own (each allow list the adapter gives replaces the base's, which
+    /// [`Adapter::wider_than`] checks it stays within; denied regions add up).
+    pub fn sovereignty(&self, base: &Sovereignty) -> Sovereignty {
+        let Some(own) = &self.sovereignty else { return base.clone() };
+        let narrow = |own: &[String], base: &[String]| if own.is_empty() { base.to_vec() } else { own.to_vec() };
+        let mut denied = base.denied_regions.clone();
+        denied.extend(own.denied_regions.iter().filter(|r| !base.denied_regions.contains(r)).cloned());
+        Sovereignty {
+            allowed_jurisdictions: if own.allowed_jurisdictions.is_empty() {
+                base.allowed_jurisdictions.clone()
+            } else {
+                own.allowed_jurisdictions.clone()
+            },
+            allowed_regions: narrow(&own.allowed_regions, &base.allowed_regions),
+            denied_regions: denied,
+        }
+    }
+
+    /// What in the adapter's policy is wider than the deployment's `base`, as a field path and a
+    /// message; `None` when it only narrows.
+    pub fn wider_than(&self, base: &Sovereignty) -> Option<(&'static str, String)> {
+        let own = self.sovereignty.as_ref()?;
+        if !base.allowed_jurisdictions.is_empty()
+            && let Some(j) = own.allowed_jurisdictions.iter().find(|j| !base.allowed_jurisdictions.contains(j))
+        {
+            return Some((
+                "sovereignty.allowedJurisdictions",
+                format!(
+                    "`{}` is not among the deployment's spec.placement.sovereignty.allowedJurisdictions: an adapter may only narrow where the model is served",
+                    j.0
+                ),
+            ));
+        }
+        if !base.allowed_regions.is_empty()
+            && let Some(r) = own.allowed_regions.iter().find(|r| !base.allowed_regions.contains(r))
+        {
+            return Some((
+                "sovereignty.allowedRegions",
+                format!(
+                    "`{r}` is not among the deployment's spec.placement.sovereignty.allowedRegions: an adapter may only narrow where the model is served"
+                ),
+            ));
+        }
+        None
+    }
+}
+
+impl Engine {
+    /// `max_loaded_adapters`, or its default.
+    pub fn max_loaded_adapters_or_default(&self) -> i32 {
+        self.max_loaded_adapters.unwrap_or(DEFAULT_MAX_LOADED_ADAPTERS)
+    }
 }
 
 /// The model and where its weights come from.
@@ -95,6 +183,12 @@ pub struct Engine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
+    /// Adapters one replica holds loaded at once when `spec.adapters` is given (vLLM's
+    /// `--max-loras`, which the rendered engine is started with); the gateway unloads the least
+    /// recently used to load another. 4 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub max_loaded_adapters: Option<i32>,
 }
 
 /// An environment variable of the engine.
@@ -460,6 +554,51 @@ pub struct ModelDeploymentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 8))]
     pub workload_suffix: Option<String>,
+    /// Per adapter of `spec.adapters`: the clusters it is served from, and the deployment's
+    /// clusters it waits for and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub adapters: Vec<AdapterStatus>,
+}
+
+/// Where one adapter is served.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdapterStatus {
+    /// The adapter (`spec.adapters[].name`).
+    pub name: String,
+    /// Clusters of the deployment where the adapter is allowed and its files are staged and
+    /// verified: replicas there may load it, and the gateway routes its requests only there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
+    /// Clusters of the deployment where it is not served, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<AdapterWaiting>,
+}
+
+/// Why an adapter is not served in one of the deployment's clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub enum AdapterWaitReason {
+    /// The adapter's `sovereignty` or `clusterSelector` leaves the cluster out: never served there.
+    OutsidePolicy,
+    /// No ModelCache of the adapter's `cacheRef` in the namespace.
+    CacheNotFound,
+    /// The ModelCache gives no `spec.digest`: its files cannot be verified, so they are never loaded.
+    CacheUnverified,
+    /// The ModelCache is not Ready in the cluster (staging, failed, or not a target there).
+    CacheNotReady,
+}
+
+/// One cluster an adapter is not served in.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdapterWaiting {
+    /// The InferenceCluster.
+    pub cluster: String,
+    /// Why.
+    pub reason: AdapterWaitReason,
+    /// What to change.
+    pub message: String,
 }
 
 /// A pool backed off after its member's scheduler refused a deployment's pods.

@@ -65,6 +65,7 @@ pub fn validate_set(objects: &[Located<FleetObject>], refused: &[(Kind, Option<S
         }
     }
     check_shared_model_names(&mut sink, objects);
+    check_adapter_names(&mut sink, objects);
     sink.problems
 }
 
@@ -132,6 +133,8 @@ struct Set<'a> {
     /// (namespace, name) of the set's ModelDeployments and ModelCaches.
     deployments: BTreeSet<(&'a str, &'a str)>,
     caches: BTreeSet<(&'a str, &'a str)>,
+    /// (namespace, name) of the set's ModelCaches without `spec.digest`.
+    unverified_caches: BTreeSet<(&'a str, &'a str)>,
 }
 
 impl<'a> Set<'a> {
@@ -167,6 +170,15 @@ impl<'a> Set<'a> {
             cluster_labels: clusters().map(|(o, c)| (o.value.name(), crate::selector::cluster_labels(c))).collect(),
             deployments: named(Kind::ModelDeployment),
             caches: named(Kind::ModelCache),
+            unverified_caches: objects
+                .iter()
+                .filter_map(|o| match &o.value {
+                    FleetObject::Cache(c) if c.spec.digest.is_none() => {
+                        Some((o.value.namespace().unwrap_or(""), o.value.name()))
+                    }
+                    _ => None,
+                })
+                .collect(),
         }
     }
 
@@ -210,6 +222,46 @@ fn check_shared_model_names<'a>(sink: &mut Sink<'a>, objects: &'a [Located<Fleet
                 "model name `{model}` is served by {names}: without spec.routing.weight this one is routed only if it is the oldest of them, and then alone; give each a weight to split the traffic (docs/gateway.md, weighted traffic)"
             );
             sink.warn("spec.routing.weight", message);
+        }
+    }
+}
+
+/// An adapter's name is no other deployment's model name, alias or adapter: clients could not
+/// tell which one they ask for (the gateway routes the oldest and leaves the other out).
+fn check_adapter_names<'a>(sink: &mut Sink<'a>, objects: &'a [Located<FleetObject>]) {
+    let mut names: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, obj) in objects.iter().enumerate() {
+        if let FleetObject::Deployment(d) = &obj.value {
+            let m = &d.spec.model;
+            for n in std::iter::once(&m.name).chain(&m.aliases).chain(d.spec.adapters.iter().map(|a| &a.name)) {
+                let owners = names.entry(n.as_str()).or_default();
+                if !owners.contains(&i) {
+                    owners.push(i);
+                }
+            }
+        }
+    }
+    for (i, obj) in objects.iter().enumerate() {
+        let FleetObject::Deployment(d) = &obj.value else { continue };
+        for (k, a) in d.spec.adapters.iter().enumerate() {
+            let others: Vec<String> = names
+                .get(a.name.as_str())
+                .into_iter()
+                .flatten()
+                .filter(|j| **j != i)
+                .map(|j| objects[*j].value.display_name())
+                .collect();
+            if !others.is_empty() {
+                sink.current = Some(obj);
+                sink.error(
+                    format!("spec.adapters[{k}].name"),
+                    format!(
+                        "`{}` is also a model, alias or adapter of {}: give the adapter a name no other deployment uses",
+                        a.name,
+                        first_of(&others, NAMED_AT_MOST)
+                    ),
+                );
+            }
         }
     }
 }

@@ -536,13 +536,20 @@ pub(crate) fn model_deployment(
     let spec = ModelDeploymentSpec {
         model,
         replicas: replicas as i32,
-        engine: Engine { image: "vllm/vllm-openai:v0.11.0".into(), args: vec![], env: vec![], port: Some(8000) },
+        engine: Engine {
+            image: "vllm/vllm-openai:v0.11.0".into(),
+            args: vec![],
+            env: vec![],
+            port: Some(8000),
+            max_loaded_adapters: None,
+        },
         topology,
         devices: DeviceRequest { alternatives },
         placement,
         routing: None,
         disruption_budget: None,
         autoscaling: None,
+        adapters: Vec::new(),
     };
     let mut d = ModelDeployment::new(name, spec);
     d.metadata.namespace = Some(namespace.into());

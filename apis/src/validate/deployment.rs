@@ -37,6 +37,47 @@ pub(super) fn check_deployment<'e>(
     }
     check_regions(sink, &s.placement);
     check_routing_and_roles(sink, s);
+    check_adapters(sink, s, ns, set);
+}
+
+/// Each adapter has its own name (not the model's, an alias, or another adapter's), a verified
+/// cache of the set, and a policy within the deployment's.
+fn check_adapters(sink: &mut Sink<'_>, s: &ModelDeploymentSpec, ns: &str, set: &Set<'_>) {
+    let base = s.placement.sovereignty.clone().unwrap_or_default();
+    for (i, a) in s.adapters.iter().enumerate() {
+        let field = format!("spec.adapters[{i}]");
+        if a.name == s.model.name || s.model.aliases.contains(&a.name) {
+            sink.error(
+                format!("{field}.name"),
+                format!("`{}` is the model's name or an alias: give the adapter a name of its own", a.name),
+            );
+        }
+        if s.adapters[..i].iter().any(|b| b.name == a.name) {
+            sink.error(format!("{field}.name"), format!("adapter `{}` is listed twice", a.name));
+        }
+        let cache = (ns, a.cache_ref.as_str());
+        if set.unverified_caches.contains(&cache) {
+            sink.error(
+                format!("{field}.cacheRef"),
+                format!(
+                    "ModelCache {ns}/{} gives no spec.digest: adapters are loaded only from verified files; add the digest",
+                    a.cache_ref
+                ),
+            );
+        } else if !set.caches.contains(&cache) && !set.refused_named(Kind::ModelCache, Some(ns), &a.cache_ref) {
+            sink.error(
+                format!("{field}.cacheRef"),
+                format!("no ModelCache {ns}/{} in this set: add it or fix cacheRef", a.cache_ref),
+            );
+        }
+        if let Some((path, message)) = a.wider_than(&base) {
+            sink.error(format!("{field}.{path}"), message);
+        }
+        if let Some(sel) = &a.cluster_selector {
+            check_label_selector(sink, &format!("{field}.clusterSelector"), sel);
+            check_selects_some(sink, &format!("{field}.clusterSelector"), sel, &set.cluster_labels);
+        }
+    }
 }
 
 /// Each alternative's class is known and its selectors can run; the minimums add up to at
@@ -218,6 +259,40 @@ mod tests {
         let cached =
             deployment("a", &spec).replace("source: \"hf://org/m\"}", "source: \"hf://org/m\", cacheRef: weights}");
         assert_eq!(on_deployment(&cached, check), vec!["spec.model.cacheRef"]);
+    }
+
+    #[test]
+    fn adapters_have_own_names_verified_caches_and_only_narrow_the_deployment() {
+        let cache = |name: &str, digest: bool| {
+            let d = if digest { format!("\n  digest: sha256:{}", "a".repeat(64)) } else { String::new() };
+            format!(
+                "apiVersion: flotilla.dev/v1alpha1\nkind: ModelCache\nmetadata: {{name: {name}, namespace: ml}}\nspec:\n  source: hf://org/{name}\n  size: 1G\n  targets: {{deployments: [a]}}{d}"
+            )
+        };
+        let problems = |adapters: &str| {
+            let spec = format!(
+                "{ONE}\n  devices: {{alternatives: [{{class: h100}}]}}\n  placement: {{sovereignty: {{allowedJurisdictions: [EU, US]}}}}\n  adapters: {adapters}"
+            );
+            let objects = parse(&[CLASS, CLUSTER, &cache("fr", true), &cache("raw", false), &deployment("a", &spec)]);
+            let set = Set::of(&objects, &[], &BTreeMap::new());
+            let FleetObject::Deployment(md) = &objects[4].value else { panic!("not a deployment") };
+            let got = reported(&objects[4], |sink| check_adapters(sink, &md.spec, "ml", &set));
+            fields(&got).into_iter().map(String::from).collect::<Vec<_>>()
+        };
+        assert!(problems("[{name: support-fr, cacheRef: fr, sovereignty: {allowedJurisdictions: [EU]}}]").is_empty());
+        assert_eq!(
+            problems(
+                "[{name: a, cacheRef: fr}, {name: x, cacheRef: raw}, {name: x, cacheRef: gone}, {name: y, cacheRef: fr, sovereignty: {allowedJurisdictions: [EU, APAC]}}, {name: z, cacheRef: fr, clusterSelector: {matchLabels: {tier: none}}}]"
+            ),
+            vec![
+                "spec.adapters[0].name",
+                "spec.adapters[1].cacheRef",
+                "spec.adapters[2].name",
+                "spec.adapters[2].cacheRef",
+                "spec.adapters[3].sovereignty.allowedJurisdictions",
+                "spec.adapters[4].clusterSelector",
+            ]
+        );
     }
 
     #[test]

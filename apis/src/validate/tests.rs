@@ -65,6 +65,28 @@ pub(super) fn fields(problems: &[(Severity, String, String)]) -> Vec<&str> {
 }
 
 #[test]
+fn an_adapter_name_is_no_other_deployments_model_alias_or_adapter() {
+    let with = |name: &str, adapters: &str| {
+        deployment(name, &format!("{ONE_H100}\n  adapters: {adapters}"))
+            .replace("source: \"hf://org/m\"}", "source: \"hf://org/m\", aliases: [alias-b]}")
+    };
+    let objects = parse(&[
+        CLASS,
+        CLUSTER,
+        &with("a", "[{name: b, cacheRef: c}, {name: own, cacheRef: c}, {name: shared, cacheRef: c}]"),
+        &with("b", "[{name: shared, cacheRef: c}]"),
+    ]);
+    let mut sink = Sink { problems: Vec::new(), current: None };
+    check_adapter_names(&mut sink, &objects);
+    let got: Vec<(String, &str)> = sink.problems.iter().map(|p| (p.location.file.clone(), p.field.as_str())).collect();
+    assert_eq!(got.len(), 3, "{:#?}", sink.problems);
+    assert_eq!(
+        got.iter().map(|g| g.1).collect::<Vec<_>>(),
+        vec!["spec.adapters[0].name", "spec.adapters[2].name", "spec.adapters[0].name"]
+    );
+}
+
+#[test]
 fn a_second_object_of_the_same_kind_and_name_is_a_duplicate() {
     let objects = parse(&[CLASS, CLASS, CLUSTER, &deployment("a", ONE_H100)]);
     let mut sink = Sink { problems: Vec::new(), current: None };

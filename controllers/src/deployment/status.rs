@@ -122,6 +122,7 @@ pub fn desired(
         refused_pools: refused_pools(&old, observed, now, backoff),
         // Chosen once (`naming.rs`), never cleared: the workloads keep their names.
         workload_suffix: old.workload_suffix.clone(),
+        adapters: old.adapters.clone(),
     }
 }
 
