@@ -33,6 +33,14 @@ pub mod annotations {
     /// On the HTTPRoutes Flotilla renders in members: the model name the route serves (member
     /// routers list it at `GET /v1/models`).
     pub const MODEL: &str = "flotilla.dev/model";
+    /// On the HTTPRoutes Flotilla renders in members: the adapters the route's replicas may
+    /// load in that cluster, as a JSON object of adapter name → directory in the engine
+    /// container (`{"support-fr": "/adapters/support-fr-lora"}`); only adapters allowed there
+    /// and staged and verified there. Absent: no adapters. A member router loads no other.
+    pub const ADAPTERS: &str = "flotilla.dev/adapters";
+    /// On the same HTTPRoutes, with [`ADAPTERS`]: how many adapters one replica holds loaded at
+    /// once (the engine's `--max-loras`), a decimal number.
+    pub const MAX_ADAPTERS: &str = "flotilla.dev/max-adapters";
 }
 
 /// The request header by which the fleet gateway names the ModelDeployment a request is for

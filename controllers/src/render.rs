@@ -3,7 +3,14 @@
 //! replicas) and its PodDisruptionBudget (`render_budget.rs`), a DRA `ResourceClaimTemplate` carrying the class identity and the same CEL
 //! selectors the solver used (or `nvidia.com/gpu` limits where the member has no DRA), and one
 //! Service. A deployment with `cacheRef` mounts the cache's volume read-only at
-//! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). Pods prefer the nodes that already run
+//! `/models/<cache>` (also in `FLOTILLA_MODEL_DIR`). A deployment with `adapters` starts the
+//! engine with LoRA on (`--enable-lora`, `--max-loras`, runtime loading allowed: from the spec
+//! alone, so nothing rolls when staging finishes elsewhere) and mounts, read-only at
+//! `/adapters/<cacheRef>`, the caches of the adapters loadable in this member — those
+//! `status.adapters` serves here, never one outside its policy — and lists them on the member's
+//! HTTPRoute (`flotilla.dev/adapters`). An adapter newly staged here changes the pod template
+//! (one more volume), so the member's replicas roll, one surge at a time within the disruption
+//! budget, to pick it up. Pods prefer the nodes that already run
 //! the pool's Flotilla pods, so the member's scheduler packs them as the solver counted them
 //! (`packing_affinity`). Every object carries the labels that tie it to the deployment, so cleanup can find
 //! exactly what Flotilla made and nothing else (the writer adds the installation's and the
@@ -18,7 +25,7 @@ use flotilla_apis::cel::{attribute_literal, cel_string};
 use flotilla_apis::class::InferenceClassSpec;
 use flotilla_apis::cluster::GatewayRef;
 use flotilla_apis::constants::{DEPLOYMENT_HEADER, annotations, labels};
-use flotilla_apis::deployment::{DeviceAlternative, TopologyType};
+use flotilla_apis::deployment::{Adapter, DeviceAlternative, ModelDeploymentSpec, TopologyType};
 use serde_json::{Value, json};
 
 use crate::inventory::GPU_RESOURCE;
@@ -142,13 +149,15 @@ pub fn class_selectors(class: &InferenceClassSpec) -> Vec<String> {
 }
 
 /// Everything one member runs for a deployment, in apply order; `suffix` ends every workload
-/// name when the deployment carries one ([`workload_name`]).
+/// name when the deployment carries one ([`workload_name`]); `adapters` are those of
+/// `spec.adapters` its replicas may load in this member (`deployment/adapters.rs`).
 pub fn render(
     md: &ModelDeployment,
     pools: &[PoolWorkload<'_>],
     dra: bool,
     suffix: Option<&str>,
     gateway: Option<&GatewayRef>,
+    adapters: &[&Adapter],
 ) -> Vec<Value> {
     let name = md.metadata.name.clone().unwrap_or_default();
     let ns = md.metadata.namespace.clone().unwrap_or_else(|| "default".into());
@@ -199,8 +208,8 @@ pub fn render(
             let mut container = json!({
                 "name": "engine",
                 "image": spec.engine.image,
-                "args": spec.engine.args,
-                "env": spec.engine.env.iter().map(|e| json!({"name": e.name, "value": e.value})).collect::<Vec<_>>(),
+                "args": engine_args(spec),
+                "env": engine_env(spec),
                 "ports": [{"name": "http", "containerPort": port}],
                 "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5}
             });
@@ -219,15 +228,28 @@ pub fn render(
             } else {
                 container["resources"] = json!({"limits": {GPU_RESOURCE: devices.to_string()}});
             }
-            // The ModelCache's volume, read-only, where the engine finds the staged files.
+            // The ModelCache's volume, read-only, where the engine finds the staged files; then
+            // each loadable adapter's.
+            let (mut mounts, mut volumes) = (Vec::new(), Vec::new());
             if let Some(cache) = &spec.model.cache_ref {
                 let dir = crate::cache::render::model_dir(cache);
-                container["volumeMounts"] = json!([{"name": "model-cache", "mountPath": dir, "readOnly": true}]);
+                mounts.push(json!({"name": "model-cache", "mountPath": dir, "readOnly": true}));
                 if let Some(env) = container["env"].as_array_mut() {
                     env.push(json!({"name": "FLOTILLA_MODEL_DIR", "value": dir}));
                 }
-                pod_spec["volumes"] = json!([{"name": "model-cache", "persistentVolumeClaim": {
-                    "claimName": crate::cache::render::pvc_name(cache), "readOnly": true}}]);
+                volumes.push(json!({"name": "model-cache", "persistentVolumeClaim": {
+                    "claimName": crate::cache::render::pvc_name(cache), "readOnly": true}}));
+            }
+            for cache in adapter_caches(adapters) {
+                let volume = adapter_volume(cache);
+                let dir = crate::cache::render::adapter_dir(cache);
+                mounts.push(json!({"name": volume, "mountPath": dir, "readOnly": true}));
+                volumes.push(json!({"name": volume, "persistentVolumeClaim": {
+                    "claimName": crate::cache::render::pvc_name(cache), "readOnly": true}}));
+            }
+            if !mounts.is_empty() {
+                container["volumeMounts"] = json!(mounts);
+                pod_spec["volumes"] = json!(volumes);
             }
             pod_spec["containers"] = json!([container]);
             // A replica of several pods keeps the member scheduler's own choice of nodes.
@@ -289,15 +311,88 @@ pub fn render(
         "spec": {"selector": svc_selector, "ports": [{"name": "http", "port": port, "targetPort": "http"}]}
     }));
     if let Some(gateway) = gateway {
-        out.push(http_route(md, &ns, &service_name(&name), port, gateway));
+        out.push(http_route(md, &ns, &service_name(&name), port, gateway, adapters));
     }
     out
+}
+
+/// vLLM's switch that opens `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`, which member
+/// routers load adapters through.
+pub const RUNTIME_LORA_ENV: &str = "VLLM_ALLOW_RUNTIME_LORA_UPDATING";
+
+/// Whether `args` give `flag` (`--flag`, `--flag=…`, or with `_` for `-` as vLLM accepts).
+fn gives(args: &[String], flag: &str) -> bool {
+    args.iter().any(|a| a.split('=').next().is_some_and(|k| k.replace('_', "-") == flag))
+}
+
+/// The engine's args: the user's, then for a deployment with adapters `--enable-lora` and
+/// `--max-loras=<engine.maxLoadedAdapters>`, each unless the user's args give it (theirs win).
+fn engine_args(spec: &ModelDeploymentSpec) -> Vec<String> {
+    let mut args = spec.engine.args.clone();
+    if !spec.adapters.is_empty() {
+        if !gives(&args, "--enable-lora") && !gives(&args, "--no-enable-lora") {
+            args.push("--enable-lora".into());
+        }
+        if !gives(&args, "--max-loras") {
+            args.push(format!("--max-loras={}", spec.engine.max_loaded_adapters_or_default()));
+        }
+    }
+    args
+}
+
+/// The engine's env: the user's, then [`RUNTIME_LORA_ENV`] for a deployment with adapters
+/// unless the user sets it.
+fn engine_env(spec: &ModelDeploymentSpec) -> Vec<Value> {
+    let mut env: Vec<Value> = spec.engine.env.iter().map(|e| json!({"name": e.name, "value": e.value})).collect();
+    if !spec.adapters.is_empty() && !spec.engine.env.iter().any(|e| e.name == RUNTIME_LORA_ENV) {
+        env.push(json!({"name": RUNTIME_LORA_ENV, "value": "True"}));
+    }
+    env
+}
+
+/// The caches of `adapters`, each once, in their order.
+fn adapter_caches<'a>(adapters: &[&'a Adapter]) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for a in adapters {
+        if !out.contains(&a.cache_ref.as_str()) {
+            out.push(&a.cache_ref);
+        }
+    }
+    out
+}
+
+/// The pod volume of an adapter's cache: `adapter-<cache>`, a DNS label (a cache name may hold
+/// dots and 253 characters: then shortened with a hash of the name).
+fn adapter_volume(cache: &str) -> String {
+    let plain = format!("adapter-{cache}");
+    if plain.len() <= MAX_LABEL && !plain.contains('.') {
+        return plain;
+    }
+    let clean: String = plain.chars().take(MAX_LABEL - 9).map(|c| if c == '.' { '-' } else { c }).collect();
+    format!("{}-{:08x}", clean.trim_end_matches('-'), fnv(&["adapter", cache]))
+}
+
+/// The `flotilla.dev/adapters` annotation: adapter name → directory, of `adapters`.
+fn adapters_annotation(adapters: &[&Adapter]) -> Option<String> {
+    let listed: BTreeMap<&str, String> =
+        adapters.iter().map(|a| (a.name.as_str(), crate::cache::render::adapter_dir(&a.cache_ref))).collect();
+    (!listed.is_empty()).then(|| serde_json::to_string(&listed).unwrap_or_default())
 }
 
 /// The member's route to the deployment's Service: requests that name the deployment in
 /// [`DEPLOYMENT_HEADER`] (`<namespace>/<name>`, set by the fleet gateway), through the member's
 /// Gateway. The header value's namespace is the route's own, so no tenant can route for another.
-fn http_route(md: &ModelDeployment, ns: &str, service: &str, port: i32, gateway: &GatewayRef) -> Value {
+/// For a deployment with adapters, the member router's part: which it may load here
+/// ([`annotations::ADAPTERS`], absent when none) and how many at once
+/// ([`annotations::MAX_ADAPTERS`]).
+fn http_route(
+    md: &ModelDeployment,
+    ns: &str,
+    service: &str,
+    port: i32,
+    gateway: &GatewayRef,
+    adapters: &[&Adapter],
+) -> Value {
     let mut parent = json!({
         "group": "gateway.networking.k8s.io",
         "kind": "Gateway",
@@ -308,6 +403,13 @@ fn http_route(md: &ModelDeployment, ns: &str, service: &str, port: i32, gateway:
         parent["sectionName"] = json!(section);
     }
     let who = format!("{ns}/{}", md.metadata.name.as_deref().unwrap_or(""));
+    let mut notes = BTreeMap::from([(annotations::MODEL, md.spec.model.name.clone())]);
+    if !md.spec.adapters.is_empty() {
+        notes.insert(annotations::MAX_ADAPTERS, md.spec.engine.max_loaded_adapters_or_default().to_string());
+        if let Some(listed) = adapters_annotation(adapters) {
+            notes.insert(annotations::ADAPTERS, listed);
+        }
+    }
     json!({
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "HTTPRoute",
@@ -315,7 +417,7 @@ fn http_route(md: &ModelDeployment, ns: &str, service: &str, port: i32, gateway:
             "name": service,
             "namespace": ns,
             "labels": object_labels(md, &[]),
-            "annotations": {annotations::MODEL: md.spec.model.name},
+            "annotations": notes,
         },
         "spec": {
             "parentRefs": [parent],

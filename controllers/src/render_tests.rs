@@ -45,7 +45,7 @@ fn tensor_parallel_with_dra() {
     let (mds, classes) = fleet();
     let md = &mds[0];
     let w = h100(md, &classes, 2);
-    let objects = render(md, &[w], true, None, None);
+    let objects = render(md, &[w], true, None, None, &[]);
     insta::assert_snapshot!("tensor_parallel_dra", yaml(&objects));
     // The claim template carries the solver's selector and the class identity.
     let rct = &objects[0];
@@ -70,7 +70,7 @@ fn extended_resources_without_dra_and_generation_only_on_objects() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 3,
     };
-    let objects = render(&md, &[w], false, None, None);
+    let objects = render(&md, &[w], false, None, None, &[]);
     let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["Deployment", "PodDisruptionBudget", "Service"], "no claim template");
     let dep = &objects[0];
@@ -113,7 +113,7 @@ fn disaggregated_roles_become_deployments() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 2,
     };
-    let objects = render(md, &[w], false, None, None);
+    let objects = render(md, &[w], false, None, None, &[]);
     insta::assert_snapshot!("disaggregated", yaml(&objects));
     let names: Vec<String> = objects
         .iter()
@@ -157,7 +157,7 @@ fn multi_node_becomes_a_leader_worker_set() {
         alternative: &md.spec.devices.alternatives[0],
         replicas: 3,
     };
-    let objects = render(&md, &[w], false, None, None);
+    let objects = render(&md, &[w], false, None, None, &[]);
     insta::assert_snapshot!("multi_node_lws", yaml(&objects));
     let lws = &objects[0];
     assert_eq!(lws["kind"], "LeaderWorkerSet");
@@ -194,7 +194,7 @@ fn each_pool_gets_a_budget_over_exactly_its_pods() {
     let budgets = |objects: &[Value]| -> Vec<Value> {
         objects.iter().filter(|o| o["kind"] == "PodDisruptionBudget").cloned().collect()
     };
-    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false, None, None);
+    let objects = render(&md, &[w("h100", 3), w("h100-spot", 1)], false, None, None, &[]);
     let pdbs = budgets(&objects);
     assert_eq!(pdbs.len(), 2, "one per pool");
     for (pdb, pool) in pdbs.iter().zip(["h100", "h100-spot"]) {
@@ -211,7 +211,7 @@ fn each_pool_gets_a_budget_over_exactly_its_pods() {
     }
     // A budget as written: a percentage passes through where a replica is one pod.
     md.spec.disruption_budget = Some(serde_json::from_value(serde_json::json!({"minAvailable": "50%"})).unwrap());
-    let pdb = &budgets(&render(&md, &[w("h100", 4)], true, None, None))[0];
+    let pdb = &budgets(&render(&md, &[w("h100", 4)], true, None, None, &[]))[0];
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert!(pdb["spec"].get("maxUnavailable").is_none());
 }
@@ -269,7 +269,7 @@ fn a_suffix_ends_every_workload_name_and_parts_the_colliding_pair() {
     let (mds, classes) = fleet();
     let md = &mds[0];
     let w = h100(md, &classes, 1);
-    let names: Vec<String> = render(md, &[w], true, Some(s), None)
+    let names: Vec<String> = render(md, &[w], true, Some(s), None, &[])
         .iter()
         .filter(|o| o["kind"] != "Service")
         .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
@@ -293,7 +293,7 @@ fn label_values_are_bounded_and_unchanged_when_they_fit() {
     md.metadata.name = Some("a".repeat(64));
     let alternative = md.spec.devices.alternatives[1].clone();
     let w = PoolWorkload { pool: "h100", class: &classes["h100-sxm-80g"], alternative: &alternative, replicas: 1 };
-    let objects = render(&md, &[w], true, None, None);
+    let objects = render(&md, &[w], true, None, None, &[]);
     let tolerations = &objects[1]["spec"]["template"]["spec"]["tolerations"][0]["value"];
     assert!(tolerations.as_str().unwrap().len() <= MAX_LABEL, "{tolerations}");
     for o in &objects {
@@ -313,7 +313,7 @@ fn a_member_gateway_gets_one_route_to_the_deployments_service_by_its_own_header(
     let (mds, classes) = fleet();
     let md = &mds[0];
     let gateway = GatewayRef { namespace: "edge".into(), name: "inference".into(), section_name: Some("http".into()) };
-    let objects = render(md, &[h100(md, &classes, 2)], true, None, Some(&gateway));
+    let objects = render(md, &[h100(md, &classes, 2)], true, None, Some(&gateway), &[]);
     insta::assert_snapshot!("http_route", yaml(&objects[objects.len() - 1..]));
     let routes: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "HTTPRoute").collect();
     assert_eq!(routes.len(), 1, "one route per deployment and member, whatever its pools");
@@ -332,6 +332,129 @@ fn a_member_gateway_gets_one_route_to_the_deployments_service_by_its_own_header(
     assert_eq!(route["spec"]["parentRefs"][0]["sectionName"], "http");
     assert_eq!(route["metadata"]["annotations"][annotations::MODEL], md.spec.model.name.as_str());
     // Without a member gateway, no route: the endpoint routes by itself.
-    let plain = render(md, &[h100(md, &classes, 2)], true, None, None);
+    let plain = render(md, &[h100(md, &classes, 2)], true, None, None, &[]);
     assert!(plain.iter().all(|o| o["kind"] != "HTTPRoute"));
+}
+
+/// The first example deployment with two adapters: `support-fr` (EU only, cache
+/// `support-fr-lora`) and `sql` (cache `sql-lora`).
+fn with_adapters() -> (ModelDeployment, BTreeMap<String, InferenceClassSpec>) {
+    let (mds, classes) = fleet();
+    let mut md = mds[0].clone();
+    md.spec.adapters = serde_json::from_value(serde_json::json!([
+        {"name": "support-fr", "cacheRef": "support-fr-lora", "sovereignty": {"allowedJurisdictions": ["EU"]}},
+        {"name": "sql", "cacheRef": "sql-lora"}
+    ]))
+    .unwrap();
+    (md, classes)
+}
+
+fn engine(objects: &[Value]) -> &Value {
+    &objects.iter().find(|o| o["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn route(objects: &[Value]) -> &Value {
+    objects.iter().find(|o| o["kind"] == "HTTPRoute").unwrap()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[test]
+fn loadable_adapters_are_mounted_read_only_and_listed_on_the_route() {
+    let (md, classes) = with_adapters();
+    let gateway = GatewayRef { namespace: "edge".into(), name: "inference".into(), section_name: None };
+    let all: Vec<&flotilla_apis::deployment::Adapter> = md.spec.adapters.iter().collect();
+    let objects = render(&md, &[h100(&md, &classes, 2)], true, None, Some(&gateway), &all);
+    let c = engine(&objects);
+    let args = strings(&c["args"]);
+    assert_eq!(args[args.len() - 2..], ["--enable-lora", "--max-loras=4"], "after the user's: {args:?}");
+    assert!(
+        c["env"].as_array().unwrap().iter().any(|e| e["name"] == RUNTIME_LORA_ENV && e["value"] == "True"),
+        "{}",
+        c["env"]
+    );
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let dirs: Vec<&str> = mounts.iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
+    assert_eq!(dirs, ["/models/llama-3.3-70b", "/adapters/support-fr-lora", "/adapters/sql-lora"], "the model's kept");
+    assert!(mounts.iter().all(|m| m["readOnly"] == true), "{mounts:?}");
+    let pod = &objects.iter().find(|o| o["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"];
+    let volumes = pod["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 3);
+    for (m, v) in mounts.iter().zip(volumes) {
+        assert_eq!(m["name"], v["name"]);
+        assert_eq!(v["persistentVolumeClaim"]["readOnly"], true);
+    }
+    assert_eq!(volumes[1]["persistentVolumeClaim"]["claimName"], crate::cache::render::pvc_name("support-fr-lora"));
+    let notes = &route(&objects)["metadata"]["annotations"];
+    let listed: BTreeMap<String, String> =
+        serde_json::from_str(notes[annotations::ADAPTERS].as_str().unwrap()).unwrap();
+    assert_eq!(
+        listed,
+        BTreeMap::from([
+            ("sql".to_string(), "/adapters/sql-lora".to_string()),
+            ("support-fr".to_string(), "/adapters/support-fr-lora".to_string())
+        ])
+    );
+    assert_eq!(notes[annotations::MAX_ADAPTERS], "4");
+}
+
+#[test]
+fn an_adapter_not_loadable_in_a_member_leaves_no_trace_there_and_the_engine_flags_do_not_change() {
+    let (md, classes) = with_adapters();
+    let gateway = GatewayRef { namespace: "edge".into(), name: "inference".into(), section_name: None };
+    // What the caller passes for a US member: the EU-only adapter is outside its policy there.
+    let us: Vec<&flotilla_apis::deployment::Adapter> = md.spec.adapters.iter().filter(|a| a.name == "sql").collect();
+    let objects = render(&md, &[h100(&md, &classes, 2)], true, None, Some(&gateway), &us);
+    let text = serde_json::to_string(&objects).unwrap();
+    assert!(!text.contains("support-fr"), "{text}");
+    assert!(text.contains("/adapters/sql-lora"));
+    // Nothing loadable yet (still staging): no adapter mount, no list; the model's mount stays.
+    let none = render(&md, &[h100(&md, &classes, 2)], true, None, Some(&gateway), &[]);
+    let c = engine(&none);
+    assert_eq!(c["volumeMounts"].as_array().map(Vec::len), Some(1), "{}", c["volumeMounts"]);
+    let notes = &route(&none)["metadata"]["annotations"];
+    assert!(notes.get(annotations::ADAPTERS).is_none(), "{notes}");
+    assert_eq!(notes[annotations::MAX_ADAPTERS], "4");
+    // The engine's flags come from the spec alone: staging finishing changes only the mounts.
+    assert_eq!((&c["args"], &c["env"]), (&engine(&objects)["args"], &engine(&objects)["env"]));
+}
+
+#[test]
+fn the_users_lora_flags_win_and_a_deployment_without_adapters_gets_none() {
+    let (mut md, classes) = with_adapters();
+    md.spec.engine.args = vec!["--enable_lora".into(), "--max-loras".into(), "2".into()];
+    md.spec
+        .engine
+        .env
+        .push(serde_json::from_value(serde_json::json!({"name": RUNTIME_LORA_ENV, "value": "False"})).unwrap());
+    let c = engine(&render(&md, &[h100(&md, &classes, 1)], true, None, None, &[])).clone();
+    assert_eq!(strings(&c["args"]), ["--enable_lora", "--max-loras", "2"], "nothing added");
+    let set: Vec<&Value> = c["env"].as_array().unwrap().iter().filter(|e| e["name"] == RUNTIME_LORA_ENV).collect();
+    assert_eq!(set, [&serde_json::json!({"name": RUNTIME_LORA_ENV, "value": "False"})]);
+    // engine.maxLoadedAdapters is the engine's --max-loras and the route's max-adapters.
+    md.spec.engine.args.clear();
+    md.spec.engine.max_loaded_adapters = Some(8);
+    let gateway = GatewayRef { namespace: "edge".into(), name: "inference".into(), section_name: None };
+    let objects = render(&md, &[h100(&md, &classes, 1)], true, None, Some(&gateway), &[]);
+    assert_eq!(strings(&engine(&objects)["args"]), ["--enable-lora", "--max-loras=8"]);
+    assert_eq!(route(&objects)["metadata"]["annotations"][annotations::MAX_ADAPTERS], "8");
+    // Twin: without adapters, the engine and route are as they always were.
+    md.spec.adapters.clear();
+    md.spec.engine.env.retain(|e| e.name != RUNTIME_LORA_ENV);
+    let objects = render(&md, &[h100(&md, &classes, 1)], true, None, Some(&gateway), &[]);
+    let text = serde_json::to_string(&objects).unwrap();
+    assert!(!text.contains("lora") && !text.contains("LORA") && !text.contains("adapters"), "{text}");
+}
+
+#[test]
+fn adapter_volumes_are_dns_labels() {
+    assert_eq!(adapter_volume("sql-lora"), "adapter-sql-lora");
+    for cache in ["support.fr.v2", &"x".repeat(200)] {
+        let v = adapter_volume(cache);
+        assert!(v.len() <= MAX_LABEL && v.starts_with("adapter-"), "{v}");
+        assert!(v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{v}");
+    }
+    assert_ne!(adapter_volume("support.fr"), adapter_volume("support-fr"));
 }

@@ -13,10 +13,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use flotilla_apis::ModelCache;
 use flotilla_apis::cache::ClusterCacheStatus;
 use flotilla_apis::conditions::merge;
 use flotilla_apis::constants::annotations;
+use flotilla_apis::{InferenceCluster, ModelCache};
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
@@ -43,8 +43,9 @@ pub async fn cleanup(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Actio
     let who = format!("{}/{}", cache.namespace().unwrap_or_default(), cache.name_any());
     let deployments = ctx.live_deployments();
     let dep_refs: Vec<&flotilla_apis::ModelDeployment> = deployments.iter().map(AsRef::as_ref).collect();
-    let users = status::users(&cache, &dep_refs);
     let clusters = ctx.clusters.state();
+    let cluster_refs: Vec<&InferenceCluster> = clusters.iter().map(AsRef::as_ref).collect();
+    let users = status::users(&cache, &dep_refs, &cluster_refs);
     let held: BTreeSet<String> = cache.status.iter().flat_map(|s| &s.clusters).map(|c| c.cluster.clone()).collect();
     let facts: Vec<(String, bool)> = clusters.iter().map(|c| (c.name_any(), reachable(c))).collect();
     let in_use: BTreeSet<String> = users.keys().cloned().collect();

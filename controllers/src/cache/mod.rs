@@ -134,7 +134,7 @@ async fn apply(cache: Arc<ModelCache>, ctx: &CacheContext) -> Result<Action, Err
         }
     };
     // Clusters no longer targeted: remove the objects there unless a deployment still mounts them.
-    let users = status::users(&cache, &dep_refs);
+    let users = status::users(&cache, &dep_refs, &cluster_refs);
     let left: Vec<&ClusterCacheStatus> =
         previous.iter().filter(|(name, _)| !targets.contains(*name)).map(|(_, prev)| prev).collect();
     let (c, cl, users) = (cache.as_ref(), clusters.as_slice(), &users);

@@ -56,6 +56,12 @@ pub fn model_dir(cache: &str) -> String {
     format!("/models/{cache}")
 }
 
+/// Where replicas of a deployment with an adapter of `cacheRef: <cache>` find its files
+/// (read-only); the member router loads the adapter from there.
+pub fn adapter_dir(cache: &str) -> String {
+    format!("/adapters/{cache}")
+}
+
 /// The member copy of the credentials Secret.
 pub fn credentials_secret_name(cache: &str) -> String {
     format!("flotilla-stage-{cache}-credentials")

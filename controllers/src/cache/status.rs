@@ -19,6 +19,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::deployment::adapters::{Place, outside_policy};
+
 /// What one member holds for the cache.
 #[derive(Clone, Debug, Default)]
 pub struct MemberObjects {
@@ -44,7 +46,10 @@ pub enum Observation {
 }
 
 /// The clusters the cache stages in: those its selector matches, and those where the named
-/// deployments (same namespace, not being deleted) have replicas desired or running.
+/// deployments (same namespace, not being deleted) have replicas desired or running. A named
+/// deployment that uses the cache only for adapters (`spec.adapters[].cacheRef`, not
+/// `model.cacheRef`) brings only the clusters one of those adapters' policies allows
+/// (`deployment/adapters.rs`): an adapter's files are never staged where it may not be served.
 pub fn targets(
     cache: &ModelCache,
     clusters: &[&InferenceCluster],
@@ -65,15 +70,30 @@ pub fn targets(
             && d.metadata.deletion_timestamp.is_none()
             && cache.spec.targets.deployments.iter().any(|t| t == name)
         {
-            out.extend(placed_in(d));
+            let mut wanted = placed_in(d);
             // Scaled to zero by its autoscaler: the weights stay where they are staged, so
             // the next start from zero does not download them again.
             if parked_at_zero(d) {
-                out.extend(cache.status.iter().flat_map(|s| &s.clusters).map(|c| c.cluster.clone()));
+                wanted.extend(cache.status.iter().flat_map(|s| &s.clusters).map(|c| c.cluster.clone()));
             }
+            out.extend(wanted.into_iter().filter(|c| serves_there(cache, d, clusters, c)));
         }
     }
     out
+}
+
+/// Whether deployment `d` may use `cache` in `cluster`: always when it is the model's cache
+/// (or not one `d` names at all); when only adapters name it, where one of them is allowed
+/// ([`outside_policy`]), and never in a cluster not among `clusters`.
+fn serves_there(cache: &ModelCache, d: &ModelDeployment, clusters: &[&InferenceCluster], cluster: &str) -> bool {
+    let name = cache.metadata.name.as_deref().unwrap_or("");
+    let adapters: Vec<_> = d.spec.adapters.iter().filter(|a| a.cache_ref == name).collect();
+    if adapters.is_empty() || d.spec.model.cache_ref.as_deref() == Some(name) {
+        return true;
+    }
+    let Some(ic) = clusters.iter().find(|c| c.metadata.name.as_deref() == Some(cluster)) else { return false };
+    let (base, place) = (d.spec.placement.sovereignty.clone().unwrap_or_default(), Place::of(ic));
+    adapters.iter().any(|a| outside_policy(a, &base, &place).is_none())
 }
 
 /// At zero replicas with `spec.autoscaling.minReplicas: 0`: idle, and started again on demand.
@@ -90,18 +110,23 @@ pub(crate) fn placed_in(d: &ModelDeployment) -> BTreeSet<String> {
         .collect()
 }
 
-/// Per cluster, the deployments (`namespace/name`) that mount the cache there (`cacheRef`)
-/// and have replicas desired or running.
-pub fn users(cache: &ModelCache, deployments: &[&ModelDeployment]) -> BTreeMap<String, Vec<String>> {
+/// Per cluster, the deployments (`namespace/name`) that mount the cache there (`cacheRef`, or
+/// an adapter's `cacheRef` where the adapter is allowed) and have replicas desired or running.
+pub fn users(
+    cache: &ModelCache,
+    deployments: &[&ModelDeployment],
+    clusters: &[&InferenceCluster],
+) -> BTreeMap<String, Vec<String>> {
     let ns = cache.metadata.namespace.as_deref().unwrap_or("default");
     let name = cache.metadata.name.as_deref().unwrap_or("");
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for d in deployments {
-        if d.metadata.namespace.as_deref().unwrap_or("default") != ns || d.spec.model.cache_ref.as_deref() != Some(name)
-        {
+        let mounts =
+            d.spec.model.cache_ref.as_deref() == Some(name) || d.spec.adapters.iter().any(|a| a.cache_ref == name);
+        if d.metadata.namespace.as_deref().unwrap_or("default") != ns || !mounts {
             continue;
         }
-        for cluster in placed_in(d) {
+        for cluster in placed_in(d).into_iter().filter(|c| serves_there(cache, d, clusters, c)) {
             out.entry(cluster).or_default().push(format!("{ns}/{}", d.metadata.name.as_deref().unwrap_or("")));
         }
     }

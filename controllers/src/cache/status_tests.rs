@@ -200,7 +200,7 @@ fn targets_are_selected_clusters_and_where_named_deployments_are_placed() {
     let other = deployment("other", Some("llama"), &[("c", 1)]);
     let t = targets(&cache(None), &[&a, &b, &c], &[&chat, &other]);
     assert_eq!(t, BTreeSet::from(["a".to_string(), "b".to_string()]), "c: chat wants 0 there, other is not named");
-    let u = users(&cache(None), &[&chat, &other]);
+    let u = users(&cache(None), &[&chat, &other], &[&a, &b, &c]);
     assert_eq!(u, BTreeMap::from([("c".to_string(), vec!["ml/other".to_string()])]));
 }
 
@@ -296,4 +296,63 @@ fn a_cluster_that_stops_being_a_target_leaves_status_and_a_quiet_cache_writes_no
         crate::status_patch::conditional_status_patch(c.status.as_ref(), Some("6".into()), &again).unwrap(),
         None
     );
+}
+
+/// A cluster in `jurisdiction`.
+fn cluster_in(name: &str, jurisdiction: &str) -> InferenceCluster {
+    serde_json::from_value(json!({"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceCluster",
+        "metadata": {"name": name, "labels": {"tier": "basic"}},
+        "spec": {"provider": {"sim": {"cloud": "x"}}, "region": format!("{name}-region"), "jurisdiction": jurisdiction}}))
+    .unwrap()
+}
+
+/// `chat` placed in eu1 and us1, with the adapter `support-fr` of this cache (`llama`), EU only.
+fn chat_with_eu_adapter() -> ModelDeployment {
+    let mut chat = deployment("chat", None, &[("eu1", 1), ("us1", 1)]);
+    chat.spec.adapters = serde_json::from_value(json!([
+        {"name": "support-fr", "cacheRef": "llama", "sovereignty": {"allowedJurisdictions": ["EU"]}}
+    ]))
+    .unwrap();
+    chat
+}
+
+#[test]
+fn an_eu_only_adapters_cache_is_never_staged_in_a_us_cluster_through_deployment_targets() {
+    let (eu1, us1) = (cluster_in("eu1", "EU"), cluster_in("us1", "US"));
+    let chat = chat_with_eu_adapter();
+    let t = targets(&cache(None), &[&eu1, &us1], &[&chat]);
+    assert_eq!(t, BTreeSet::from(["eu1".to_string()]), "us1: the adapter may not be served there");
+    // Not even where the adapter's weights are already staged while the deployment is parked.
+    let mut parked = chat.clone();
+    parked.spec.replicas = 0;
+    parked.spec.autoscaling =
+        Some(serde_json::from_value(json!({"minReplicas": 0, "maxReplicas": 2, "target": {}})).unwrap());
+    let mut staged = cache(None);
+    staged.status = Some(ModelCacheStatus {
+        clusters: ["eu1", "us1"]
+            .map(|c| ClusterCacheStatus { cluster: c.into(), phase: CachePhase::Ready, ..Default::default() })
+            .to_vec(),
+        ..Default::default()
+    });
+    assert_eq!(targets(&staged, &[&eu1, &us1], &[&parked]), BTreeSet::from(["eu1".to_string()]));
+    // Nor in a cluster the store does not know (its jurisdiction cannot be checked).
+    assert_eq!(targets(&cache(None), &[&eu1], &[&chat]), BTreeSet::from(["eu1".to_string()]));
+    // The adapter's clusterSelector narrows too.
+    let mut picky = chat.clone();
+    picky.spec.adapters[0].cluster_selector =
+        Some(serde_json::from_value(json!({"matchLabels": {"tier": "premium"}})).unwrap());
+    assert_eq!(targets(&cache(None), &[&eu1, &us1], &[&picky]), BTreeSet::new());
+    // Twins: the same deployment using the cache for its model stages wherever it is placed,
+    // and the cache's own clusterSelector is the user's choice (us1 is not "premium" here).
+    let mut model = chat.clone();
+    model.spec.model.cache_ref = Some("llama".into());
+    assert_eq!(targets(&cache(None), &[&eu1, &us1], &[&model]), BTreeSet::from(["eu1".into(), "us1".into()]));
+}
+
+#[test]
+fn a_deployment_mounts_an_adapters_cache_only_where_the_adapter_is_allowed() {
+    let (eu1, us1) = (cluster_in("eu1", "EU"), cluster_in("us1", "US"));
+    let chat = chat_with_eu_adapter();
+    let u = users(&cache(None), &[&chat], &[&eu1, &us1]);
+    assert_eq!(u, BTreeMap::from([("eu1".to_string(), vec!["ml/chat".to_string()])]), "us1 is free to clean");
 }

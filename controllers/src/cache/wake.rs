@@ -26,10 +26,14 @@ pub struct ClusterInput {
     deleting: bool,
 }
 
-/// What a cache reads of a ModelDeployment.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a cache reads of a ModelDeployment: its `cacheRef`, its adapters (their caches and
+/// policies, and the deployment's sovereignty they narrow: where an adapter's cache stages),
+/// where it is placed, parked at zero, being deleted.
+#[derive(Clone, Debug, PartialEq)]
 pub struct DeploymentInput {
     cache_ref: Option<String>,
+    adapters: Vec<flotilla_apis::deployment::Adapter>,
+    sovereignty: Option<flotilla_apis::common::Sovereignty>,
     placed: BTreeSet<String>,
     parked: bool,
     deleting: bool,
@@ -48,6 +52,8 @@ pub fn cluster_input(ic: &InferenceCluster) -> ClusterInput {
 pub fn deployment_input(d: &ModelDeployment) -> DeploymentInput {
     DeploymentInput {
         cache_ref: d.spec.model.cache_ref.clone(),
+        adapters: d.spec.adapters.clone(),
+        sovereignty: d.spec.placement.sovereignty.clone(),
         placed: super::status::placed_in(d),
         parked: super::status::parked_at_zero(d),
         deleting: d.metadata.deletion_timestamp.is_some(),
@@ -76,8 +82,10 @@ impl CacheFacts {
 }
 
 /// The caches a set of changes concerns: for a cluster, every cache that selects clusters by
-/// label and every cache whose status names it; for a deployment, the caches of its namespace
-/// it references (before or now) and those whose `targets.deployments` name it.
+/// label and every cache whose status names it (so a cluster that an adapter's policy no longer
+/// allows is cleared at once; one it newly allows is staged on the cache's next periodic look);
+/// for a deployment, the caches of its namespace it references (`cacheRef` or an adapter's,
+/// before or now) and those whose `targets.deployments` name it.
 pub fn concerned(
     caches: &[Arc<ModelCache>],
     clusters: &[Change<ClusterInput>],
@@ -96,7 +104,11 @@ fn concerns(cache: &ModelCache, clusters: &[Change<ClusterInput>], deployments: 
     let name = cache.name_any();
     deployments.iter().any(|d| {
         let Some((d_ns, d_name)) = d.key.split_once('/') else { return false };
-        let refers = |i: &Option<DeploymentInput>| i.as_ref().and_then(|i| i.cache_ref.as_deref()) == Some(&name);
+        let refers = |i: &Option<DeploymentInput>| {
+            i.as_ref().is_some_and(|i| {
+                i.cache_ref.as_deref() == Some(&name) || i.adapters.iter().any(|a| a.cache_ref == name)
+            })
+        };
         d_ns == ns
             && (refers(&d.before) || refers(&d.now) || cache.spec.targets.deployments.iter().any(|t| t == d_name))
     })

@@ -119,3 +119,25 @@ fn a_relist_that_no_longer_shows_a_deployment_counts_as_its_deletion() {
     f.deployment_event(&Event::InitDone);
     assert_eq!(woken(&f), ["ml/by-name", "ml/mounted"]);
 }
+
+#[test]
+fn an_adapters_cache_or_policy_changing_wakes_the_caches_it_concerns() {
+    let f = facts();
+    let with_adapter = |sovereignty: Value| {
+        let mut d = deployment("ml", "chat", Some("mounted"), &["a"], 0);
+        d.spec.adapters = serde_json::from_value(json!([
+            {"name": "support-fr", "cacheRef": "staged-in-b", "sovereignty": sovereignty}
+        ]))
+        .unwrap();
+        d
+    };
+    // An adapter now names `ml/staged-in-b`: it is woken (with the caches chat names or mounts).
+    f.deployment_event(&Event::Apply(with_adapter(json!({"allowedJurisdictions": ["EU"]}))));
+    assert_eq!(woken(&f), ["ml/by-name", "ml/mounted", "ml/staged-in-b"]);
+    // The adapter's policy narrowed, placements unchanged: where its cache stages may shrink.
+    f.deployment_event(&Event::Apply(with_adapter(json!({"allowedJurisdictions": ["EU"], "deniedRegions": ["r"]}))));
+    assert_eq!(woken(&f), ["ml/by-name", "ml/mounted", "ml/staged-in-b"]);
+    // Nothing changed: nobody.
+    f.deployment_event(&Event::Apply(with_adapter(json!({"allowedJurisdictions": ["EU"], "deniedRegions": ["r"]}))));
+    assert!(woken(&f).is_empty());
+}

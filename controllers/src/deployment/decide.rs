@@ -1,6 +1,7 @@
 //! What one ModelDeployment reconcile does, decided without I/O: from the deployment (spec and
-//! current status), its plan entry, what its members showed, its ModelCache's phases, the
-//! classes and `now`, the make-before-break step per (cluster, pool), the objects each member
+//! current status), its plan entry, what its members showed, its ModelCache's phases, its
+//! adapters' caches and clusters (`adapters.rs`: what each member may load), the classes and
+//! `now`, the make-before-break step per (cluster, pool), the objects each member
 //! that answered should hold (the rest of the deployment's objects there are pruned), the
 //! status written ahead of fresh clusters, and the final status, events and pace of the next
 //! look. The reconcile (`mod.rs`) only reads before and writes after; the tests are here.
@@ -8,7 +9,8 @@
 //! Invariants: a member gets objects only when the status in effect while they are applied
 //! (the write-ahead, else the current status) names it, so a deletion always finds them; a
 //! member that did not answer is neither written nor pruned, and keeps its placements; an
-//! invalid spec touches no member.
+//! invalid spec touches no member; an adapter is rendered in a member only where
+//! `status.adapters` serves it (one check for both).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +24,7 @@ use flotilla_placement::plan::DeploymentPlan;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
+use super::adapters::AdapterView;
 use super::rollout::{self, Key, Running};
 use super::status::{self, CacheWait, Observed};
 use crate::render::{PoolWorkload, render};
@@ -78,6 +81,8 @@ pub struct Input<'a> {
     pub claim: Option<&'a str>,
     /// Its ModelCache, when the spec has a `cacheRef`.
     pub cache: Option<&'a CacheView>,
+    /// Its adapters, their ModelCaches and its clusters (`adapters.rs`).
+    pub adapters: &'a AdapterView,
     /// Class specs by name.
     pub classes: &'a BTreeMap<String, InferenceClassSpec>,
     /// Clusters that publish DRA devices (their pods get ResourceClaims).
@@ -179,6 +184,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
         vanished: seen.vanished.clone(),
         refused: seen.refused.clone(),
         claim: input.claim.map(str::to_string),
+        adapters: input.adapters.clone(),
         ..Default::default()
     };
     let mut step = rollout::step(&target, &observed.running, plan.desired as i32);
@@ -304,7 +310,9 @@ fn objects_for(input: &Input<'_>, cluster: &str, step: &BTreeMap<Key, i32>) -> V
     if pools.is_empty() {
         return Vec::new();
     }
-    render(md, &pools, input.dra.contains(cluster), input.workload_suffix, input.gateways.get(cluster))
+    // The adapters `status.adapters` serves here, by the same check: never one outside its policy.
+    let adapters = input.adapters.loadable(cluster);
+    render(md, &pools, input.dra.contains(cluster), input.workload_suffix, input.gateways.get(cluster), &adapters)
 }
 
 /// The (cluster, pool, desired) a status places replicas at.

@@ -94,6 +94,7 @@ struct Case {
     plan: DeploymentPlan,
     seen: Seen,
     cache: Option<CacheView>,
+    adapters: AdapterView,
     dra: BTreeSet<String>,
     gateways: BTreeMap<String, flotilla_apis::cluster::GatewayRef>,
     now: Time,
@@ -110,6 +111,7 @@ impl Case {
             plan,
             seen,
             cache: None,
+            adapters: AdapterView::default(),
             dra: BTreeSet::new(),
             gateways: BTreeMap::new(),
             now: now(),
@@ -125,6 +127,7 @@ impl Case {
             seen: &self.seen,
             claim: None,
             cache: self.cache.as_ref(),
+            adapters: &self.adapters,
             classes: &self.classes,
             dra: &self.dra,
             gateways: &self.gateways,
@@ -434,4 +437,75 @@ fn replicas_the_scheduler_refused_are_said_once_with_a_warning() {
     let d = c.decide();
     assert_eq!(d.outcome.status.placements[0].unschedulable, 0);
     assert!(d.outcome.events.iter().all(|e| e.reason != event::REPLICAS_UNSCHEDULABLE));
+}
+
+#[test]
+fn an_eu_only_adapter_is_in_the_eu_members_objects_and_status_and_nowhere_in_the_us_member() {
+    use flotilla_apis::cache::{CachePhase, ModelCache};
+    use flotilla_apis::deployment::AdapterWaitReason;
+
+    use crate::deployment::adapters::{AdapterCache, AdapterView, Place};
+    let mut c = Case::new(Some(placed(&[("eu1", 1, 1), ("us1", 1, 1)])), plan(&[("eu1", 1), ("us1", 1)]), seen(&[]));
+    c.seen = seen(&[("eu1", 1, 1), ("us1", 1, 1)]);
+    c.md.spec.placement.sovereignty = None;
+    c.md.spec.adapters = serde_json::from_value(serde_json::json!([
+        {"name": "support-fr", "cacheRef": "support-fr-lora", "sovereignty": {"allowedJurisdictions": ["EU"]}},
+        {"name": "sql", "cacheRef": "sql-lora"}
+    ]))
+    .unwrap();
+    let gateway =
+        flotilla_apis::cluster::GatewayRef { namespace: "edge".into(), name: "gw".into(), section_name: None };
+    c.gateways = BTreeMap::from([("eu1".to_string(), gateway.clone()), ("us1".to_string(), gateway)]);
+    // Both caches Ready with their digest in both clusters (the EU-only one reached us1 through
+    // its own clusterSelector, say): policy alone keeps it out of us1.
+    let cache = |name: &str| -> ModelCache {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelCache", "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"source": format!("hf://org/{name}"), "size": "1Gi", "digest": "sha256:aa", "targets": {}},
+            "status": {"clusters": [
+                {"cluster": "eu1", "phase": "Ready", "digest": "sha256:aa"},
+                {"cluster": "us1", "phase": "Ready", "digest": "sha256:aa"}
+            ]}
+        }))
+        .unwrap()
+    };
+    let (fr, sql) = (cache("support-fr-lora"), cache("sql-lora"));
+    assert_eq!(AdapterCache::of(&fr).clusters["us1"].0, CachePhase::Ready);
+    let places = BTreeMap::from([
+        ("eu1".to_string(), Place { jurisdiction: "EU".into(), region: "eu-central-1".into(), ..Default::default() }),
+        ("us1".to_string(), Place { jurisdiction: "US".into(), region: "us-east-1".into(), ..Default::default() }),
+    ]);
+    let by_name =
+        |n: &str| [&fr, &sql].into_iter().find(|c| c.metadata.name.as_deref() == Some(n)).map(AdapterCache::of);
+    c.adapters = AdapterView::of(&c.md, by_name, places);
+    let d = c.decide();
+
+    let us = serde_json::to_string(&d.members["us1"]).unwrap();
+    assert!(!us.contains("support-fr"), "us1's objects name the EU-only adapter: {us}");
+    assert!(us.contains("/adapters/sql-lora"), "{us}");
+    let eu = serde_json::to_string(&d.members["eu1"]).unwrap();
+    assert!(eu.contains("/adapters/support-fr-lora") && eu.contains("/adapters/sql-lora"), "{eu}");
+
+    let adapters = &d.outcome.status.adapters;
+    assert_eq!(adapters[0].name, "support-fr");
+    assert_eq!(adapters[0].clusters, ["eu1"]);
+    assert_eq!(adapters[0].waiting.len(), 1);
+    assert_eq!(
+        (adapters[0].waiting[0].cluster.as_str(), adapters[0].waiting[0].reason),
+        ("us1", AdapterWaitReason::OutsidePolicy)
+    );
+    assert_eq!(
+        (adapters[1].name.as_str(), adapters[1].clusters.clone()),
+        ("sql", vec!["eu1".to_string(), "us1".to_string()])
+    );
+
+    // The adapter's cache is gone: it waits everywhere, is mounted nowhere, and the engine's
+    // flags stay (replicas roll only for the mount).
+    c.adapters =
+        AdapterView::of(&c.md, |n| (n == "sql-lora").then(|| AdapterCache::of(&sql)), c.adapters.places.clone());
+    let again = c.decide();
+    let eu = serde_json::to_string(&again.members["eu1"]).unwrap();
+    assert!(!eu.contains("support-fr") && eu.contains("--enable-lora"), "{eu}");
+    let reasons: Vec<AdapterWaitReason> = again.outcome.status.adapters[0].waiting.iter().map(|w| w.reason).collect();
+    assert_eq!(reasons, [AdapterWaitReason::CacheNotFound, AdapterWaitReason::OutsidePolicy]);
 }

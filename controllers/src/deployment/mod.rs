@@ -8,6 +8,7 @@
 //! in a namespace tenants may not use is refused before any of this (`tenant.rs`); its
 //! finalizer removes its member objects on deletion (`cleanup.rs`) — and nothing else.
 
+pub mod adapters;
 mod claim_sync;
 pub mod cleanup;
 pub mod crosscheck;
@@ -433,7 +434,7 @@ pub async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) ->
     .map_err(crate::from_finalizer)
 }
 
-/// Observe (plan entry, claim, members, cache, classes), decide (`decide.rs`), apply
+/// Observe (plan entry, claim, members, caches of the model and adapters, classes), decide (`decide.rs`), apply
 /// (write-ahead, members, status, events).
 async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<Action, Error> {
     let started = Instant::now();
@@ -458,15 +459,17 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
     let Some(dp) = plan.get(&ns, &name) else {
         return Ok(Action::requeue(ctx.config.poll));
     };
+    let involved = decide::involved(&md, dp);
     // An invalid spec asks nothing of members or of a provider (`decide` touches none).
     let (claim, members) = if dp.invalid.is_none() {
         let claim = claim_sync::sync_claim(&ctx, &md, dp).await;
-        (claim, observe::observe_members(&ctx, &md, &decide::involved(&md, dp)).await)
+        (claim, observe::observe_members(&ctx, &md, &involved).await)
     } else {
         (None, observe::Members::default())
     };
     tracing::debug!(deployment = %who, running = ?members.seen.running, unreachable = ?members.seen.unreachable, "observed members");
     let cache = md.spec.model.cache_ref.as_ref().map(|r| cache_view(&ctx, &ns, r));
+    let adapters = adapter_view(&ctx, &md, &involved);
     let classes: BTreeMap<String, _> = ctx.classes.state().iter().map(|c| (c.name_any(), c.spec.clone())).collect();
     let dra: BTreeSet<String> = ctx
         .clusters
@@ -489,6 +492,7 @@ async fn apply(md: Arc<ModelDeployment>, ctx: Arc<DeploymentContext>) -> Result<
         seen: &members.seen,
         claim: claim.as_deref(),
         cache: cache.as_ref(),
+        adapters: &adapters,
         classes: &classes,
         dra: &dra,
         gateways: &gateways,
@@ -572,6 +576,24 @@ fn cache_view(ctx: &DeploymentContext, ns: &str, name: &str) -> decide::CacheVie
             .map(|c| (c.cluster.clone(), (c.phase, c.reason.clone())))
             .collect(),
     }
+}
+
+/// The deployment's adapters with their ModelCaches and the `involved` clusters (every cluster
+/// its status can place it in), as the reflectors hold them; empty without adapters.
+fn adapter_view(ctx: &DeploymentContext, md: &ModelDeployment, involved: &BTreeSet<String>) -> adapters::AdapterView {
+    if md.spec.adapters.is_empty() {
+        return adapters::AdapterView::default();
+    }
+    let ns = md.namespace().unwrap_or_else(|| "default".into());
+    let places = involved
+        .iter()
+        .filter_map(|c| Some((c.clone(), adapters::Place::of(ctx.clusters.get(&ObjectRef::new(c))?.as_ref()))))
+        .collect();
+    adapters::AdapterView::of(
+        md,
+        |name| ctx.caches.get(&ObjectRef::new(name).within(&ns)).map(|c| adapters::AdapterCache::of(&c)),
+        places,
+    )
 }
 
 /// Applies each member's objects and prunes the rest of the deployment's objects there.

@@ -36,6 +36,8 @@ pub struct Observed {
     pub claim: Option<String>,
     /// The ModelCache the deployment references, if any, and where replicas wait for it.
     pub cache: Option<CacheWait>,
+    /// Its adapters, their caches and its clusters: `status.adapters` (`adapters.rs`).
+    pub adapters: super::adapters::AdapterView,
 }
 
 /// Replicas waiting for the deployment's ModelCache.
@@ -115,14 +117,16 @@ pub fn desired(
         replicas: (plan.desired - plan.unplaced) as i32,
         ready_replicas: ready,
         clusters: clusters_column(&placements),
-        placements,
         unplaced: unplaced(plan),
         // Written by the elected gateway replica (the autoscaler): kept, never cleared here.
         autoscaling: old.autoscaling.clone(),
         refused_pools: refused_pools(&old, observed, now, backoff),
         // Chosen once (`naming.rs`), never cleared: the workloads keep their names.
         workload_suffix: old.workload_suffix.clone(),
-        adapters: old.adapters.clone(),
+        // Per adapter, over every cluster the status places the deployment in (draining and
+        // unobserved ones too: replicas there may still load it).
+        adapters: observed.adapters.statuses(placements.iter().map(|p| p.cluster.as_str())),
+        placements,
     }
 }
 

@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_apis::cache::CachePhase;
 use flotilla_apis::constants::condition;
 use flotilla_apis::{InferenceClass, InferenceCluster, ModelCache};
 use flotilla_placement::plan::DeploymentPlan;
@@ -37,8 +36,9 @@ pub struct ClusterFact {
     gateway: Option<flotilla_apis::cluster::GatewayRef>,
 }
 
-/// What a reconcile reads of a ModelCache: per cluster, the phase and a failure's reason.
-pub type CacheFact = Vec<(String, CachePhase, Option<String>)>;
+/// What a reconcile reads of a ModelCache (its `cacheRef`'s or an adapter's): `spec.digest` and,
+/// per cluster, the phase, the digest observed there and a failure's reason.
+pub type CacheFact = super::adapters::AdapterCache;
 
 /// What a reconcile reads of an InferenceClass: its spec (by generation).
 pub type ClassFact = Option<i64>;
@@ -57,7 +57,7 @@ pub fn cluster_fact(ic: &InferenceCluster) -> ClusterFact {
 
 /// The fact of a cache.
 pub fn cache_fact(c: &ModelCache) -> CacheFact {
-    c.status.iter().flat_map(|s| s.clusters.iter()).map(|s| (s.cluster.clone(), s.phase, s.reason.clone())).collect()
+    super::adapters::AdapterCache::of(c)
 }
 
 /// The fact of a class.
@@ -192,8 +192,8 @@ async fn write_quotas(ctx: &DeploymentContext, plan: &flotilla_placement::Plan) 
     crate::quota::write_all(&ctx.client, &quotas, &classes, plan).await;
 }
 
-/// What the wake rule reads of a deployment: its cache and the (cluster, class) of its status
-/// placements and of its plan entry.
+/// What the wake rule reads of a deployment: its caches (`cacheRef` and the adapters') and the
+/// (cluster, class) of its status placements and of its plan entry.
 fn watched(d: &ModelDeployment, plan: &HashMap<(&str, &str), &DeploymentPlan>) -> Watched {
     let ns = d.namespace().unwrap_or_default();
     let name = d.name_any();
@@ -202,5 +202,6 @@ fn watched(d: &ModelDeployment, plan: &HashMap<(&str, &str), &DeploymentPlan>) -
     if let Some(entry) = plan.get(&(ns.as_str(), name.as_str())) {
         uses.extend(entry.assignments.iter().map(|a| (a.cluster.clone(), a.class.clone())));
     }
-    Watched { cache: d.spec.model.cache_ref.as_ref().map(|c| format!("{ns}/{c}")), key: (ns, name), uses }
+    let caches = d.spec.model.cache_ref.iter().chain(d.spec.adapters.iter().map(|a| &a.cache_ref));
+    Watched { caches: caches.map(|c| format!("{ns}/{c}")).collect(), key: (ns, name), uses }
 }

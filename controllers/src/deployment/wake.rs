@@ -1,7 +1,7 @@
 //! Which ModelDeployments a change of the fleet concerns, so that only those are reconciled
 //! (`trigger.rs` drives it). A deployment is woken when its plan entry differs from the one its
-//! last reconcile acted on ([`Acted`]), when the ModelCache it references changed what the
-//! reconcile reads of it, when a cluster it is placed on (or planned on) changed reachability,
+//! last reconcile acted on ([`Acted`]), when a ModelCache it references (`cacheRef`, or an
+//! adapter's `cacheRef`) changed what the reconcile reads of it, when a cluster it is placed on (or planned on) changed reachability,
 //! readiness, DRA or deletion, and when a class it uses changed its spec ([`Changes`] turns
 //! every watch event into such facts). A cluster's heartbeat or capacity figures wake nobody
 //! unless they move the plan.
@@ -36,7 +36,7 @@ pub type DeploymentKey = (String, String);
 pub enum Why {
     /// Its plan entry changed.
     PlanChanged,
-    /// The ModelCache it references changed.
+    /// A ModelCache it references (its model's or an adapter's) changed.
     CacheChanged,
     /// A cluster it is placed or planned on changed reachability, readiness or deletion.
     ClusterChanged,
@@ -226,8 +226,8 @@ pub struct Changed {
 pub struct Watched {
     /// The deployment.
     pub key: DeploymentKey,
-    /// `namespace/name` of the ModelCache it references.
-    pub cache: Option<String>,
+    /// `namespace/name` of the ModelCaches it references: `cacheRef` and its adapters'.
+    pub caches: Vec<String>,
     /// (cluster, class) of its status placements and of its plan entry's assignments.
     pub uses: Vec<(String, String)>,
 }
@@ -244,7 +244,7 @@ pub fn to_wake(
         if out.contains_key(&d.key) {
             continue;
         }
-        let why = if d.cache.as_ref().is_some_and(|c| changed.caches.contains(c)) {
+        let why = if d.caches.iter().any(|c| changed.caches.contains(c)) {
             Some(Why::CacheChanged)
         } else if d.uses.iter().any(|(cluster, _)| changed.clusters.contains(cluster)) {
             Some(Why::ClusterChanged)

@@ -135,7 +135,7 @@ fn a_relist_that_no_longer_lists_an_object_counts_as_its_deletion() {
 fn watched(name: &str, cache: Option<&str>, uses: &[(&str, &str)]) -> Watched {
     Watched {
         key: k(name),
-        cache: cache.map(|c| format!("ml/{c}")),
+        caches: cache.iter().map(|c| format!("ml/{c}")).collect(),
         uses: uses.iter().map(|(c, k)| (c.to_string(), k.to_string())).collect(),
     }
 }
@@ -166,4 +166,52 @@ fn a_change_wakes_only_the_deployments_it_concerns() {
         to_wake(&deps, &plan_changed, &Changed { clusters: BTreeSet::from(["us1".to_string()]), ..Default::default() }),
         BTreeMap::from([(k("c"), Why::PlanChanged)])
     );
+}
+
+#[test]
+fn an_adapter_cache_wakes_the_deployments_that_reference_it_and_no_other() {
+    let mut with_adapters = watched("a", Some("llama"), &[("eu1", "h100")]);
+    with_adapters.caches.extend(["ml/support-fr".to_string(), "ml/sql".to_string()]);
+    let deps = [with_adapters, watched("b", Some("qwen"), &[("eu1", "a100")])];
+    let none = BTreeSet::new();
+    let changed = |c: &str| Changed { caches: BTreeSet::from([c.to_string()]), ..Default::default() };
+    assert_eq!(to_wake(&deps, &none, &changed("ml/support-fr")), BTreeMap::from([(k("a"), Why::CacheChanged)]));
+    assert_eq!(to_wake(&deps, &none, &changed("ml/sql")), BTreeMap::from([(k("a"), Why::CacheChanged)]));
+    assert!(to_wake(&deps, &none, &changed("prod/support-fr")).is_empty(), "another namespace's cache");
+}
+
+#[test]
+fn a_cache_fact_moves_with_the_digest_an_adapter_is_checked_against() {
+    use flotilla_apis::cache::{CachePhase, ClusterCacheStatus, ModelCacheStatus};
+    let mut cache: flotilla_apis::ModelCache = serde_json::from_value(serde_json::json!({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelCache", "metadata": {"name": "fr", "namespace": "ml"},
+        "spec": {"source": "hf://org/fr", "size": "1Gi", "targets": {"deployments": ["a"]}}
+    }))
+    .unwrap();
+    let changes: Changes<super::super::trigger::CacheFact> = Changes::default();
+    let key = |c: &flotilla_apis::ModelCache| super::super::trigger::namespaced_key(c);
+    let fact = super::super::trigger::cache_fact;
+    changes.event(&Event::Apply(cache.clone()), key, fact);
+    let _ = changes.take();
+    // spec.digest added: an adapter waiting CacheUnverified must be looked at again.
+    cache.spec.digest = Some(format!("sha256:{}", "a".repeat(64)));
+    changes.event(&Event::Apply(cache.clone()), key, fact);
+    assert_eq!(changes.take(), BTreeSet::from(["ml/fr".to_string()]));
+    // The digest observed in a cluster changes while the phase stays Ready.
+    let ready = |digest: &str| ClusterCacheStatus {
+        cluster: "eu1".into(),
+        phase: CachePhase::Ready,
+        digest: Some(digest.into()),
+        ..Default::default()
+    };
+    cache.status = Some(ModelCacheStatus { clusters: vec![ready("sha256:old")], ..Default::default() });
+    changes.event(&Event::Apply(cache.clone()), key, fact);
+    let _ = changes.take();
+    cache.status = Some(ModelCacheStatus { clusters: vec![ready("sha256:new")], ..Default::default() });
+    changes.event(&Event::Apply(cache.clone()), key, fact);
+    assert_eq!(changes.take(), BTreeSet::from(["ml/fr".to_string()]));
+    // Progress bytes alone are no change.
+    cache.status.as_mut().unwrap().clusters[0].bytes = 42;
+    changes.event(&Event::Apply(cache), key, fact);
+    assert!(changes.take().is_empty());
 }

@@ -310,7 +310,7 @@ fn objects_of(
     }
     pools
         .into_iter()
-        .map(|(c, w)| (c.to_string(), render(md, &w, dra.get(c).copied().unwrap_or(false), None, None)))
+        .map(|(c, w)| (c.to_string(), render(md, &w, dra.get(c).copied().unwrap_or(false), None, None, &[])))
         .collect()
 }
 
