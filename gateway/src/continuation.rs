@@ -296,6 +296,7 @@ mod tests {
             routes: vec![],
             deployments: vec![],
             scale_to_zero: false,
+            parent: None,
         };
         let mut splice = Splice::new(true);
         let chunk = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"the fleet \"}}]}\n\n");

@@ -1,7 +1,7 @@
 //! The routing table as the control cluster describes it, as a pure function: InferenceClusters
 //! (entry URL, region, jurisdiction, readiness) and ModelDeployments (model name, aliases,
-//! sovereignty, fallbacks, routing weight, per-cluster Ready replicas from status) go in; a
-//! [`TableFile`] and the problems that kept parts of it out come out. One bad object never empties the table:
+//! sovereignty, fallbacks, routing weight, per-cluster Ready replicas from status, LoRA adapters
+//! through `adapters`) go in; a [`TableFile`] and the problems that kept parts of it out come out. One bad object never empties the table:
 //! it is left out and named, and the rest routes.
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,6 +12,7 @@ use flotilla_apis::constants::condition;
 use flotilla_apis::deployment::ModelDeployment;
 use kube::ResourceExt;
 
+use crate::adapters;
 use crate::member::{Material, SCHEMES, UpstreamToken, normalise_url};
 use crate::split::{self, Holder};
 use crate::table::{ClusterSpec, Deployment, ModelSpec, RouteSpec, TableFile};
@@ -114,8 +115,10 @@ pub fn table_file(
             .then_with(|| a.namespace().cmp(&b.namespace()))
             .then_with(|| a.name_any().cmp(&b.name_any()))
     });
-    // Name or alias → (the deployment that took it first, the model it names, how it holds it).
-    let mut owner: BTreeMap<String, (String, String, Holder)> = BTreeMap::new();
+    // Name, alias or adapter → (the deployment that took it first, the model it names, how it
+    // holds it).
+    let mut owner = adapters::Names::new();
+    let mut adapter_specs = Vec::new();
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     // Model name → the namespace of the deployment that took it first (a split stays in it).
     let mut first_namespace: BTreeMap<String, String> = BTreeMap::new();
@@ -137,6 +140,7 @@ pub fn table_file(
                     routes: Vec::new(),
                     deployments: Vec::new(),
                     scale_to_zero: false,
+                    parent: None,
                 });
                 index.insert(model.name.clone(), file.models.len() - 1);
                 file.models.len() - 1
@@ -164,7 +168,7 @@ pub fn table_file(
         for a in &model.aliases {
             match owner.get(a) {
                 // Another deployment of the same split already gave it.
-                Some((first, m, _)) if *m == model.name && *first != who => {}
+                Some((first, m, h)) if *m == model.name && *first != who && *h != Holder::Adapter => {}
                 Some((first, _, _)) => problems.push(format!(
                     "{who}: alias `{a}` is already a name or alias of {first}: the alias is not routed; remove it from spec.model.aliases"
                 )),
@@ -175,7 +179,8 @@ pub fn table_file(
             }
         }
         // Held while a replica starts when any deployment of the name may scale to zero.
-        spec.scale_to_zero |= d.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0);
+        let to_zero = d.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0);
+        spec.scale_to_zero |= to_zero;
         for f in d.spec.routing.iter().flat_map(|r| &r.fallback_models) {
             if !spec.fallbacks.contains(f) {
                 spec.fallbacks.push(f.clone());
@@ -188,26 +193,38 @@ pub fn table_file(
             name
         });
         if deployment.is_none() {
-            spec.sovereignty = sovereignty;
+            spec.sovereignty = sovereignty.clone();
         }
         let mut ready: BTreeMap<&str, i32> = BTreeMap::new();
         // Replicas still serving the previous spec during a rollout are routed to as well.
         for p in d.status.iter().flat_map(|s| &s.placements) {
             *ready.entry(p.cluster.as_str()).or_default() += p.ready.max(p.serving).max(0);
         }
-        let routes =
-            ready.into_iter().filter(|(c, n)| *n > 0 && routable.get(*c).copied().unwrap_or(false)).map(|(c, n)| {
-                RouteSpec {
-                    cluster: c.to_string(),
-                    weight: n.unsigned_abs(),
-                    ready: true,
-                    continuation: None,
-                    deployment: deployment.clone(),
-                    member_route: Some(format!("{ns}/{dname}")),
-                }
-            });
-        spec.routes.extend(routes);
+        let routes: Vec<RouteSpec> = ready
+            .into_iter()
+            .filter(|(c, n)| *n > 0 && routable.get(*c).copied().unwrap_or(false))
+            .map(|(c, n)| RouteSpec {
+                cluster: c.to_string(),
+                weight: n.unsigned_abs(),
+                ready: true,
+                continuation: None,
+                deployment: deployment.clone(),
+                member_route: Some(format!("{ns}/{dname}")),
+            })
+            .collect();
+        spec.routes.extend(routes.iter().cloned());
+        // Each adapter routes only to this deployment's routes, never to another of a split name.
+        let base = adapters::Base {
+            who: &who,
+            model: &model.name,
+            policy: &sovereignty,
+            routes: &routes,
+            weight,
+            scale_to_zero: to_zero,
+        };
+        adapter_specs.extend(adapters::specs(d, &base, &file.clusters, &mut owner, &mut problems));
     }
+    file.models.extend(adapter_specs);
     // A split name as a whole may be served wherever one of its deployments may (each route
     // stays bound by its own deployment's policy).
     for m in file.models.iter_mut().filter(|m| !m.deployments.is_empty()) {
@@ -220,16 +237,19 @@ pub fn table_file(
             ));
         }
     }
-    // Fallbacks must name served models; an unknown one is dropped, not fatal.
-    let names: std::collections::HashSet<String> = owner.keys().cloned().collect();
+    // Fallbacks must name served models (never an adapter: another fine-tuning would answer); an
+    // unknown one is dropped, not fatal.
+    let is_adapter = |f: &String| owner.get(f).is_some_and(|(_, _, h)| *h == Holder::Adapter);
     for m in &mut file.models {
         let (keep, drop): (Vec<String>, Vec<String>) =
-            m.fallbacks.drain(..).partition(|f| names.contains(f) && f != &m.name);
+            m.fallbacks.drain(..).partition(|f| owner.contains_key(f) && !is_adapter(f) && f != &m.name);
         for f in drop {
-            problems.push(format!(
-                "model `{}`: fallback `{f}` is not a model served by the fleet (or is the model itself): it is skipped",
-                m.name
-            ));
+            let why = if is_adapter(&f) {
+                "is a LoRA adapter, and a fallback is a model"
+            } else {
+                "is not a model served by the fleet (or is the model itself)"
+            };
+            problems.push(format!("model `{}`: fallback `{f}` {why}: it is skipped", m.name));
         }
         m.fallbacks = keep;
     }

@@ -1,7 +1,7 @@
 //! The gateway's HTTP surface: `fn app(state) -> Router`. Client requests get a request id,
 //! authentication, a body bounded in size and time, only then a concurrency slot, and a known
-//! model here; then the proxy serves them. Also `/v1/models` (the routing table's models and
-//! aliases), `/healthz`, `/readyz` (which names misconfigured clusters) and `/metrics`. Every error, a wrong method or an unknown
+//! model here; then the proxy serves them. Also `/v1/models` (the routing table's models,
+//! aliases and LoRA adapters with their `parent`), `/healthz`, `/readyz` (which names misconfigured clusters) and `/metrics`. Every error, a wrong method or an unknown
 //! path included, leaves in the OpenAI error shape.
 
 use std::borrow::Cow;
@@ -280,7 +280,12 @@ async fn models(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap)
     let mut data = Vec::new();
     for m in table.models().filter(|m| key.as_ref().is_none_or(|k| k.authorize(m).is_ok())) {
         for id in std::iter::once(&m.name).chain(&m.aliases) {
-            data.push(json!({"id": id, "object": "model", "created": 0, "owned_by": "flotilla", "root": m.name}));
+            let mut entry = json!({"id": id, "object": "model", "created": 0, "owned_by": "flotilla", "root": m.name});
+            // A LoRA adapter names its base model, as vLLM lists one.
+            if let Some(parent) = &m.parent {
+                entry["parent"] = json!(parent);
+            }
+            data.push(entry);
         }
     }
     Json(json!({"object": "list", "data": data})).into_response()

@@ -326,6 +326,7 @@ mod tests {
             routes: vec![],
             deployments: vec![],
             scale_to_zero: false,
+            parent: None,
         }
     }
 

@@ -9,6 +9,7 @@
 //! without spending user requests on them. `autoscale` holds requests for models scaled to zero
 //! and, on the elected replica, decides replica counts.
 
+mod adapters;
 mod attempts;
 pub mod autoscale;
 pub mod breaker;

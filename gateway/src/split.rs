@@ -31,6 +31,8 @@ pub enum Holder {
     Alone,
     /// As its model name, with `spec.routing.weight`: deployments with a weight share it.
     Split,
+    /// As one of its LoRA adapters (`spec.adapters[].name`).
+    Adapter,
 }
 
 /// Whether `who` (giving `weight`) joins `model`, which `first` already holds as `holder`;
@@ -45,7 +47,7 @@ pub fn join(
     holder: Holder,
     same_namespace: bool,
 ) -> Result<(), String> {
-    if !same_namespace && holder != Holder::Alias {
+    if !same_namespace && !matches!(holder, Holder::Alias | Holder::Adapter) {
         return Err(format!(
             "{who}: model name `{model}` is already served by {first}, in another namespace: a name's traffic is shared only between deployments of one namespace, so it is not routed; give it another spec.model.name"
         ));
@@ -54,6 +56,9 @@ pub fn join(
         (Holder::Split, Some(_)) => Ok(()),
         (Holder::Alias, _) => Err(format!(
             "{who}: model name `{model}` is already served by {first}: it is not routed; give it another spec.model.name"
+        )),
+        (Holder::Adapter, _) => Err(format!(
+            "{who}: model name `{model}` is already a LoRA adapter of {first}: it is not routed; give it another spec.model.name"
         )),
         (Holder::Alone, None) => Err(format!(
             "{who}: model name `{model}` is already served by {first}: it is not routed; give it another spec.model.name, or set spec.routing.weight on both to split the traffic"

@@ -82,6 +82,12 @@ pub struct ModelSpec {
     /// replica starts (`--activation-timeout-ms`), not refused.
     #[serde(default)]
     pub scale_to_zero: bool,
+    /// This name is a LoRA adapter of the model named here (a canonical name in `models`): its
+    /// requests are served by that model's engines, which load the adapter (`docs/gateway.md`,
+    /// adapters). Its policy may only narrow the parent's (an absent list is the parent's); it
+    /// has no fallbacks, no `deployments`, and routes only to clusters the parent has routes to.
+    #[serde(default)]
+    pub parent: Option<String>,
 }
 
 /// One deployment of a model whose traffic is split by weight.
@@ -238,6 +244,8 @@ pub struct Model {
     pub deployments: Vec<Deployment>,
     /// Requests wait for a Ready route when there is none (`ModelSpec::scale_to_zero`).
     pub scale_to_zero: bool,
+    /// The base model when this is a LoRA adapter (`ModelSpec::parent`).
+    pub parent: Option<String>,
 }
 
 /// The validated table the gateway routes by.
@@ -291,8 +299,12 @@ impl RoutingTable {
                 }
             }
         }
-        for m in file.models {
+        let bases = crate::adapters::bases(&file.models);
+        for mut m in file.models {
             crate::split::check_deployments(&m).map_err(err)?;
+            if let Some(parent) = &m.parent {
+                m.sovereignty = crate::adapters::check(&m, &bases, parent).map_err(err)?;
+            }
             let mut seen = HashSet::new();
             let mut routes = Vec::new();
             for r in &m.routes {
@@ -325,6 +337,12 @@ impl RoutingTable {
             let mut fallbacks = Vec::new();
             for f in &m.fallbacks {
                 match t.names.get(f) {
+                    Some(canonical) if bases.adapters.contains(canonical) => {
+                        return Err(err(format!(
+                            "model `{}`: fallback `{f}` is a LoRA adapter: a fallback is a model, never an adapter (it would answer with another fine-tuning)",
+                            m.name
+                        )));
+                    }
                     Some(canonical) if canonical != &m.name => fallbacks.push(canonical.clone()),
                     Some(_) => return Err(err(format!("model `{}` names itself as a fallback", m.name))),
                     None => return Err(err(format!("model `{}`: unknown fallback `{f}`", m.name))),
@@ -338,6 +356,7 @@ impl RoutingTable {
                 routes,
                 deployments: m.deployments,
                 scale_to_zero: m.scale_to_zero,
+                parent: m.parent,
             };
             t.models.insert(m.name, model);
         }

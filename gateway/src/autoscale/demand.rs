@@ -2,7 +2,9 @@
 //! `/metrics` page is split by the `model_name` label (vLLM's, SGLang's) into queued requests,
 //! running requests and KV-cache use, read under each engine's names (`scrape::engine_metric`:
 //! `vllm:num_requests_waiting`, `llamacpp:requests_deferred`, …), and kept with the time it was
-//! read; [`DemandBook::signal`] sums a model over every cluster whose page is fresh.
+//! read; [`DemandBook::signal`] sums a model over every cluster whose page is fresh, together
+//! with the model's LoRA adapters: their requests run on the model's replicas (vLLM counts them
+//! under the base model's `model_name`; an engine that labels them by adapter is summed too).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -65,12 +67,13 @@ impl DemandBook {
         lock(&self.pages).retain(|c, _| keep(c));
     }
 
-    /// `model`'s demand summed over the clusters whose page is younger than `fresh`, and how
-    /// many reported it; `None` when none did. A page whose samples carry no `model_name`
-    /// counts for `model` when `model` is the only model `only` says that cluster serves.
+    /// The demand of `names` (a model and its adapters; the model first) summed over the
+    /// clusters whose page is younger than `fresh`, and how many reported it; `None` when none
+    /// did. A page whose samples carry no `model_name` counts for the model when it is the only
+    /// model `only` says that cluster serves.
     pub fn signal(
         &self,
-        model: &str,
+        names: &[&str],
         fresh: Duration,
         now: Instant,
         only: impl Fn(&str) -> bool,
@@ -82,11 +85,21 @@ impl DemandBook {
             if now.saturating_duration_since(*at) > fresh {
                 continue;
             }
-            let sample = models.get(model).or_else(|| models.get("").filter(|_| only(cluster)));
-            let Some(s) = sample else { continue };
-            total.queued += s.queued;
-            total.running += s.running;
-            if let Some(k) = s.kv_cache {
+            let mut found: Vec<&Sample> = names.iter().filter_map(|n| models.get(*n)).collect();
+            if found.is_empty() {
+                found.extend(models.get("").filter(|_| only(cluster)));
+            }
+            if found.is_empty() {
+                continue;
+            }
+            // The adapters share the model's engines: one KV cache per cluster, the highest.
+            let mut kv: Option<f64> = None;
+            for s in found {
+                total.queued += s.queued;
+                total.running += s.running;
+                kv = s.kv_cache.map(|k| kv.map_or(k, |m: f64| m.max(k))).or(kv);
+            }
+            if let Some(k) = kv {
                 kv_sum += k;
                 kv_n += 1;
             }
@@ -143,16 +156,24 @@ vllm:num_requests_running NaN\n";
         book.record("eu2", "vllm:num_requests_waiting{model_name=\"llama\"} 4\n", t + Duration::from_secs(5));
         book.record("us1", "vllm:num_requests_running 6\n", t + Duration::from_secs(5));
         let fresh = Duration::from_secs(10);
-        let (s, n) = book.signal("llama", fresh, t + Duration::from_secs(6), |_| false).unwrap();
+        let (s, n) = book.signal(&["llama"], fresh, t + Duration::from_secs(6), |_| false).unwrap();
         assert_eq!((s.queued, s.running, s.kv_cache, n), (9.0, 7.0, Some(0.5), 2));
         // An unlabelled page counts only where the cluster serves that model alone.
-        let (s, n) = book.signal("llama", fresh, t + Duration::from_secs(6), |c| c == "us1").unwrap();
+        let (s, n) = book.signal(&["llama"], fresh, t + Duration::from_secs(6), |c| c == "us1").unwrap();
         assert_eq!((s.running, n), (13.0, 3));
         // eu1's page is too old now.
-        let (s, n) = book.signal("llama", fresh, t + Duration::from_secs(12), |_| false).unwrap();
+        let (s, n) = book.signal(&["llama"], fresh, t + Duration::from_secs(12), |_| false).unwrap();
         assert_eq!((s.queued, n), (4.0, 1));
-        assert_eq!(book.signal("mistral", fresh, t, |_| false), None);
-        book.retain(|c| c != "eu2");
-        assert_eq!(book.signal("llama", fresh, t + Duration::from_secs(12), |_| false), None);
+        assert_eq!(book.signal(&["mistral"], fresh, t, |_| false), None);
+        // A model's adapters add up with it, each cluster counted once; another model's do not.
+        book.record("eu3", "vllm:num_requests_waiting{model_name=\"llama\"} 1\nvllm:num_requests_waiting{model_name=\"sql-lora\"} 2\nvllm:num_requests_running{model_name=\"qwen-lora\"} 8\n", t + Duration::from_secs(6));
+        book.record("eu4", "vllm:num_requests_running{model_name=\"sql-lora\"} 5\n", t + Duration::from_secs(6));
+        let at = t + Duration::from_secs(6);
+        let (s, n) = book.signal(&["llama", "sql-lora"], fresh, at, |_| false).unwrap();
+        assert_eq!((s.queued, s.running, n), (12.0, 12.0, 4), "eu1 5+0/7, eu2 4, eu3 1+2, eu4 5 running");
+        let (s, n) = book.signal(&["llama"], fresh, at, |_| false).unwrap();
+        assert_eq!((s.queued, s.running, n), (10.0, 7.0, 3), "without its adapters: eu4 is not counted");
+        book.retain(|c| c != "eu2" && c != "eu3" && c != "eu4");
+        assert_eq!(book.signal(&["llama"], fresh, t + Duration::from_secs(12), |_| false), None);
     }
 }

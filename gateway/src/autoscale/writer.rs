@@ -170,10 +170,12 @@ async fn step(
         tracing::info!(deployment = %format!("{ns}/{name}"), cold_start_ms = ?t.cold_ms, "first Ready replica after a start from zero");
     }
     t.seen = Some(current);
-    let serves_only =
-        |cluster: &str| table.models().filter(|m| m.routes.iter().any(|r| r.cluster.name == cluster)).count() <= 1;
+    // An adapter runs on its model's replicas: it is not another model on the cluster.
+    let serves_only = |cluster: &str| {
+        table.models().filter(|m| m.parent.is_none() && m.routes.iter().any(|r| r.cluster.name == cluster)).count() <= 1
+    };
     let fresh = Duration::from_millis(st.cfg.scrape_interval_ms.saturating_mul(3).max(2000));
-    let signal = st.autoscale.demand.signal(&model, fresh, now, serves_only);
+    let signal = st.autoscale.demand.signal(&demand_names(table, &model), fresh, now, serves_only);
     let input = Input {
         spec,
         current,
@@ -255,6 +257,33 @@ async fn step(
     }
 }
 
+/// The names whose demand is `model`'s: the model, then its LoRA adapters (their requests run
+/// on its replicas).
+pub fn demand_names<'t>(table: &'t RoutingTable, model: &'t str) -> Vec<&'t str> {
+    let adapters = table.models().filter(|m| m.parent.as_deref() == Some(model)).map(|m| m.name.as_str());
+    std::iter::once(model).chain(adapters).collect()
+}
+
+/// The deployment to raise for a request held for `name` (a model, or a LoRA adapter: then the
+/// oldest deployment of its parent that declares it, the one the table routes it to) and the
+/// model name the leader's decisions know it by. `owner` gives the model a deployment serves.
+pub fn activation_target<'d>(
+    table: &RoutingTable,
+    name: &str,
+    deployments: &'d [Arc<ModelDeployment>],
+    owner: impl Fn(&ModelDeployment) -> Option<String>,
+) -> Option<(&'d Arc<ModelDeployment>, String)> {
+    let parent = table.resolve(name).and_then(|m| m.parent.clone());
+    let model = parent.clone().unwrap_or_else(|| name.to_string());
+    let serves = |d: &ModelDeployment| {
+        owner(d).as_deref() == Some(model.as_str())
+            && (parent.is_none() || d.spec.adapters.iter().any(|a| a.name == name))
+    };
+    let oldest =
+        |d: &&Arc<ModelDeployment>| (d.metadata.creation_timestamp.as_ref().map(|t| t.0), d.namespace(), d.name_any());
+    deployments.iter().filter(|d| serves(d)).min_by_key(oldest).map(|d| (d, model))
+}
+
 /// On every replica: raise the deployment of each model whose request is held from 0 to 1.
 pub async fn activations(
     st: Arc<AppState>,
@@ -269,10 +298,10 @@ pub async fn activations(
             continue;
         }
         last.insert(model.clone(), Instant::now());
-        let owner = deployments.state().into_iter().find(|d| {
-            st.feed.owner(&d.namespace().unwrap_or_default(), &d.name_any()).as_deref() == Some(model.as_str())
-        });
-        let Some(d) = owner else { continue };
+        let all = deployments.state();
+        let owner = |d: &ModelDeployment| st.feed.owner(&d.namespace().unwrap_or_default(), &d.name_any());
+        let Some((d, base)) = activation_target(&st.table.load(), &model, &all, owner) else { continue };
+        let d = d.clone();
         if d.spec.autoscaling.as_ref().is_none_or(|a| a.min_replicas != 0) {
             continue;
         }
@@ -294,7 +323,8 @@ pub async fn activations(
         match api.replace_scale(&d.name_any(), &pp, &up).await {
             Ok(_) => {
                 st.metrics.autoscale.scale_write(WriteResult::ok);
-                st.autoscale.activation.activated(&model);
+                // The leader's decisions know the deployment by its model, an adapter's parent.
+                st.autoscale.activation.activated(&base);
                 tracing::info!(model = %model, deployment = %d.name_any(), "activated from zero for a held request");
                 event(
                     &rec,
