@@ -1,7 +1,8 @@
 //! The member router's knobs: command-line flags with `FLOTILLA_MEMBER_ROUTER_*` environment
 //! fallbacks. `--gateway` names the one Gateway whose HTTPRoutes this router serves; the rest
 //! bound what one request may cost (body size, connect timeout, attempts) and how long a
-//! shutdown waits for requests in flight.
+//! shutdown waits for requests in flight; the `--adapter-*` ones say how requests for LoRA
+//! adapters are placed and how long a load may take.
 
 use std::fmt;
 use std::str::FromStr;
@@ -84,6 +85,25 @@ pub struct RouterConfig {
     /// in milliseconds, before their connections are closed.
     #[arg(long, env = "FLOTILLA_MEMBER_ROUTER_DRAIN_MS", default_value_t = 25_000)]
     pub drain_ms: u64,
+    /// Send a request for a LoRA adapter to an endpoint that has it loaded (`true`), or where a
+    /// base-model request would go, loading it there when needed (`false`: no affinity).
+    #[arg(long, env = "FLOTILLA_MEMBER_ROUTER_ADAPTER_AFFINITY", default_value_t = true,
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub adapter_affinity: bool,
+    /// An endpoint that has the adapter loaded is saturated, and the adapter is loaded on the
+    /// least-loaded endpoint instead, when it has this many requests outstanding (per unit of
+    /// weight) more than the least-loaded endpoint of the route.
+    #[arg(long, env = "FLOTILLA_MEMBER_ROUTER_ADAPTER_SATURATION", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub adapter_saturation: u32,
+    /// Time allowed to load an adapter on an endpoint (unloading the ones it evicts included),
+    /// in milliseconds; a load that takes longer has failed.
+    #[arg(long, env = "FLOTILLA_MEMBER_ROUTER_ADAPTER_LOAD_TIMEOUT_MS", default_value_t = 30_000)]
+    pub adapter_load_timeout_ms: u64,
+    /// After a load of an adapter on an endpoint failed, how long that endpoint is not asked to
+    /// load it again, in milliseconds.
+    #[arg(long, env = "FLOTILLA_MEMBER_ROUTER_ADAPTER_BACKOFF_MS", default_value_t = 5_000)]
+    pub adapter_backoff_ms: u64,
 }
 
 impl RouterConfig {
@@ -97,7 +117,21 @@ impl RouterConfig {
             max_body_bytes: 16 << 20,
             attempts: 3,
             drain_ms: 25_000,
+            adapter_affinity: true,
+            adapter_saturation: 4,
+            adapter_load_timeout_ms: 30_000,
+            adapter_backoff_ms: 5_000,
         }
+    }
+
+    /// `--adapter-load-timeout-ms` as a duration (at least a millisecond).
+    pub fn adapter_load_timeout(&self) -> Duration {
+        Duration::from_millis(self.adapter_load_timeout_ms.max(1))
+    }
+
+    /// `--adapter-backoff-ms` as a duration.
+    pub fn adapter_backoff(&self) -> Duration {
+        Duration::from_millis(self.adapter_backoff_ms)
     }
 
     /// `--connect-timeout-ms` as a duration (at least a millisecond).
@@ -132,6 +166,13 @@ mod tests {
             (d.connect_timeout_ms, d.max_body_bytes, d.attempts, d.drain_ms)
         );
         assert_eq!(d.header.as_str(), DEPLOYMENT_HEADER);
+        assert_eq!(
+            (c.adapter_affinity, c.adapter_saturation, c.adapter_load_timeout_ms, c.adapter_backoff_ms),
+            (d.adapter_affinity, d.adapter_saturation, d.adapter_load_timeout_ms, d.adapter_backoff_ms)
+        );
+        let off = RouterConfig::try_parse_from(["r", "--gateway", "a/b", "--adapter-affinity", "false"]).unwrap();
+        assert!(!off.adapter_affinity);
+        assert!(RouterConfig::try_parse_from(["r", "--gateway", "a/b", "--adapter-saturation", "0"]).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The router's front door. A request carrying the routing header goes to `proxy`; one without
 //! it may only ask for `/healthz`, `/readyz`, `/metrics` or `GET /v1/models` (the models of
 //! routes with a ready endpoint, which the fleet gateway's health probe reads). Every refusal
-//! leaves through `Refusal`, one mapping to an OpenAI-shaped body and status.
+//! leaves through `Refusal`, one mapping to an OpenAI-shaped body and status. The model list
+//! also names the LoRA adapters those routes may load, each with its route's model as `parent`.
 
 use std::sync::Arc;
 
@@ -15,6 +16,19 @@ use serde_json::json;
 
 use super::MemberRouter;
 use super::metrics::RequestResult;
+
+/// Why a request for an adapter found no endpoint to serve it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterFault {
+    /// Every endpoint holds its maximum of adapters, all in use (503).
+    Full,
+    /// Its loads failed moments ago everywhere; not asked again yet (503).
+    BackingOff,
+    /// Loading it failed (502).
+    LoadFailed,
+    /// Loading it took too long (504).
+    TimedOut,
+}
 
 /// Why a request is not proxied.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +80,18 @@ pub enum Refusal {
     /// The body could not be read.
     #[error("the request body could not be read: {0}")]
     BadBody(String),
+    /// A request for a LoRA adapter the route lists found no endpoint that has it or can load it.
+    #[error("ModelDeployment {value}, adapter `{adapter}`: {reason}")]
+    Adapter {
+        /// The header value.
+        value: String,
+        /// The adapter (a name the route lists).
+        adapter: String,
+        /// Which way it failed.
+        fault: AdapterFault,
+        /// What happened.
+        reason: String,
+    },
     /// No endpoint could be reached, or the connection failed after the request was sent.
     #[error("ModelDeployment {value}: {reason}")]
     Unreachable {
@@ -91,6 +117,16 @@ impl Refusal {
             Refusal::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large"),
             Refusal::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request"),
             Refusal::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable"),
+            Refusal::Adapter { fault, .. } => match fault {
+                AdapterFault::Full => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "adapter_capacity")
+                }
+                AdapterFault::BackingOff => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "adapter_load_failed")
+                }
+                AdapterFault::LoadFailed => (StatusCode::BAD_GATEWAY, "upstream_error", "adapter_load_failed"),
+                AdapterFault::TimedOut => (StatusCode::GATEWAY_TIMEOUT, "upstream_error", "adapter_load_timeout"),
+            },
         }
     }
 
@@ -103,6 +139,7 @@ impl Refusal {
             Refusal::NoEndpoint { .. } | Refusal::NotSynced => Some(RequestResult::no_endpoint),
             Refusal::TooLarge(_) => Some(RequestResult::too_large),
             Refusal::Unreachable { .. } => Some(RequestResult::unreachable),
+            Refusal::Adapter { .. } => Some(RequestResult::adapter_unavailable),
             Refusal::BadBody(_) => None,
         }
     }
@@ -123,7 +160,9 @@ impl IntoResponse for Refusal {
             Refusal::TooLarge(_) | Refusal::BadBody(_) => {
                 r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Refusal::NoEndpoint { .. } | Refusal::NotSynced => {
+            Refusal::NoEndpoint { .. }
+            | Refusal::NotSynced
+            | Refusal::Adapter { fault: AdapterFault::Full | AdapterFault::BackingOff, .. } => {
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -171,12 +210,15 @@ fn local(st: &MemberRouter, req: &Request) -> Response {
         (&Method::GET, "/v1/models") if !st.sync.has_table() => refuse(st, Refusal::NotSynced),
         (&Method::GET, "/v1/models") => {
             let live = st.live();
-            let data: Vec<serde_json::Value> = live
+            let mut data: Vec<serde_json::Value> = live
                 .table
                 .ready_models()
                 .into_iter()
                 .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "flotilla"}))
                 .collect();
+            data.extend(live.table.ready_adapters().into_iter().map(|(a, parent)| {
+                json!({"id": a, "object": "model", "created": 0, "owned_by": "flotilla", "parent": parent})
+            }));
             Json(json!({"object": "list", "data": data})).into_response()
         }
         _ => refuse(st, Refusal::NoHeader { header: st.cfg.header.to_string() }),

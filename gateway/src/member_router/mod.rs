@@ -5,9 +5,14 @@
 //! and swapped in atomically. Requests enter through `front` (routing header, health, models,
 //! metrics) and go out through `proxy` (one endpoint per attempt, retried only when the
 //! connection could not be made, the answer streamed back as it arrives); `serve` runs the
-//! listener and drains on shutdown.
+//! listener and drains on shutdown. A request for a LoRA adapter a route lists is placed by
+//! `affinity` (pure) on the record `adapters` keeps of what each endpoint holds, loading it there
+//! first through `engine` when needed.
 
+pub mod adapters;
+pub mod affinity;
 pub mod config;
+pub mod engine;
 pub mod front;
 pub mod metrics;
 pub mod pick;
@@ -17,6 +22,7 @@ pub mod serve;
 pub mod table;
 pub mod watch;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -31,6 +37,7 @@ pub use front::app;
 pub use serve::serve;
 pub use table::{Route, Table};
 
+use crate::member_router::adapters::{Book, Loader};
 use crate::member_router::metrics::RouterMetrics;
 use crate::member_router::pick::{Live, Outstanding};
 
@@ -159,6 +166,8 @@ pub struct MemberRouter {
     pub client: UpstreamClient,
     /// Readiness.
     pub sync: SyncStatus,
+    /// Which adapters each endpoint holds, by URL (kept across table swaps).
+    pub adapters: Arc<Book>,
 }
 
 impl MemberRouter {
@@ -184,13 +193,28 @@ impl MemberRouter {
         metrics.set_routes(table.routes.len());
         let live = ArcSwap::from_pointee(Live::bind(table, &outstanding));
         let sync = SyncStatus { watching, state: Mutex::new(SyncState::default()) };
-        Arc::new(MemberRouter { cfg, live, outstanding, metrics, client, sync })
+        let adapters = Arc::new(Book::default());
+        Arc::new(MemberRouter { cfg, live, outstanding, metrics, client, sync, adapters })
     }
 
     /// Put `table` in force (requests in flight finish on the one they started with).
     pub fn set_table(&self, table: Table) {
         self.metrics.set_routes(table.routes.len());
+        let urls: HashSet<&str> =
+            table.routes.values().flat_map(|r| r.endpoints.iter().map(|e| e.url.as_str())).collect();
+        self.adapters.retain(&urls);
         self.live.store(Arc::new(Live::bind(table, &self.outstanding)));
+    }
+
+    /// What a task loading an adapter needs.
+    pub fn loader(&self) -> Loader {
+        Loader {
+            book: self.adapters.clone(),
+            client: self.client.clone(),
+            counters: self.metrics.adapters.clone(),
+            timeout: self.cfg.adapter_load_timeout(),
+            backoff: self.cfg.adapter_backoff(),
+        }
     }
 
     /// The table in force.

@@ -111,9 +111,18 @@ impl Live {
     /// Choose an endpoint of `value`'s route other than those in `tried` (indices); the
     /// endpoint's index, URL and the hold that counts the request.
     pub fn pick(&self, value: &str, tried: &[usize]) -> Option<(usize, &str, Hold)> {
-        let route = self.table.routes.get(value)?;
-        let live = self.routes.get(value)?;
-        let loads: Vec<Load> = route
+        let loads = self.loads(value, tried);
+        let i = self.choose_among(value, &loads)?;
+        let (url, hold) = self.hold(value, i)?;
+        Some((i, url, hold))
+    }
+
+    /// Each endpoint of `value`'s route as `choose` sees it, those in `tried` excluded.
+    pub fn loads(&self, value: &str, tried: &[usize]) -> Vec<Load> {
+        let (Some(route), Some(live)) = (self.table.routes.get(value), self.routes.get(value)) else {
+            return Vec::new();
+        };
+        route
             .endpoints
             .iter()
             .zip(&live.counters)
@@ -123,14 +132,27 @@ impl Live {
                 outstanding: c.load(Ordering::Relaxed),
                 excluded: tried.contains(&i),
             })
-            .collect();
-        let i = {
-            let mut current = live.current.lock().unwrap_or_else(|p| p.into_inner());
-            choose(&loads, &mut current)?
-        };
-        let counter = live.counters.get(i)?.clone();
+            .collect()
+    }
+
+    /// `choose` over `loads` (as `loads` gave them, some perhaps excluded since) with the
+    /// route's round-robin credits.
+    pub fn choose_among(&self, value: &str, loads: &[Load]) -> Option<usize> {
+        let live = self.routes.get(value)?;
+        let mut current = live.current.lock().unwrap_or_else(|p| p.into_inner());
+        if current.len() != loads.len() {
+            return None;
+        }
+        choose(loads, &mut current)
+    }
+
+    /// Count a request on endpoint `i` of `value`'s route: its URL and the hold.
+    pub fn hold(&self, value: &str, i: usize) -> Option<(&str, Hold)> {
+        let route = self.table.routes.get(value)?;
+        let counter = self.routes.get(value)?.counters.get(i)?.clone();
+        let url = route.endpoints.get(i)?.url.as_str();
         counter.fetch_add(1, Ordering::Relaxed);
-        Some((i, route.endpoints.get(i)?.url.as_str(), Hold(counter)))
+        Some((url, Hold(counter)))
     }
 }
 

@@ -3,19 +3,26 @@
 //! tried and sends method, path, query, headers (hop-by-hop ones, `Host` and `Expect` removed)
 //! and body.
 //! Only a failure to connect moves on to another endpoint; once an endpoint has the request its
-//! answer, or its failure, is final. The answer's body is relayed frame by frame as it arrives
+//! answer, or its failure, is final. On a route that lists LoRA adapters, a body whose `model`
+//! is one of them is placed by adapter (`to_adapter`): loaded where needed first, and a failed
+//! load moves on too. The answer's body is relayed frame by frame as it arrives
 //! (SSE streams included), and the endpoint stays counted as busy until the body is done.
 //! Dropping the response (the client went away) drops the upstream request with it.
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
-use http::{HeaderMap, HeaderName, Uri, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use tokio::time::Instant;
 
 use super::MemberRouter;
-use super::front::{Refusal, refuse};
-use super::metrics::RequestResult;
+use super::adapters::{NoPlace, Policy};
+use super::engine::EngineError;
+use super::front::{AdapterFault, Refusal, refuse};
+use super::metrics::{AdapterEvent, RequestResult};
+use super::pick::Live;
 
 /// Headers that concern one connection only (RFC 9110 §7.6.1), never forwarded.
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -95,50 +102,182 @@ pub async fn proxy(st: &MemberRouter, value: &str, req: Request) -> Response {
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::EXPECT);
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let out = Outgoing { parts: &parts, headers: &headers, body: &body, path };
+    // Only a route that lists adapters has its body read for `model`; a name it does not list
+    // (the base model, or anything else) goes on as a base-model request: never loaded.
+    if !route.adapters.is_empty()
+        && let Some(adapter) = requested_model(&body).filter(|m| route.adapters.contains_key(m.as_str()))
+    {
+        return to_adapter(st, &live, value, &adapter, &out).await;
+    }
     let mut tried: Vec<usize> = Vec::new();
     let mut last = String::from("no endpoint was tried");
     for _ in 0..st.cfg.attempts.max(1) {
         let Some((i, url, hold)) = live.pick(value, &tried) else { break };
         tried.push(i);
-        let uri: Uri = match format!("{url}{path}").parse() {
-            Ok(u) => u,
-            Err(e) => {
-                last = format!("endpoint {url} makes an invalid URL: {e}");
-                continue;
-            }
-        };
-        let mut out = http::Request::new(Full::new(body.clone()));
-        *out.method_mut() = parts.method.clone();
-        *out.uri_mut() = uri;
-        *out.headers_mut() = headers.clone();
-        match st.client.request(out).await {
-            Ok(resp) => {
-                st.metrics.request(RequestResult::proxied);
-                let (mut head, incoming) = resp.into_parts();
-                head.headers = end_to_end(&head.headers);
-                // The hold lives as long as the body: a stream keeps its endpoint busy.
-                let body = incoming.map_frame(move |f| {
-                    let _busy = &hold;
-                    f
-                });
-                return Response::from_parts(head, Body::new(body));
-            }
-            Err(e) if e.is_connect() => {
-                let why = chain(&e);
-                tracing::debug!(route = %route.source, endpoint = %url, error = %why, "connect failed; trying another endpoint");
-                last = format!("connecting to {url} failed: {why}");
-            }
-            Err(e) => {
-                let why = chain(&e);
-                tracing::debug!(route = %route.source, endpoint = %url, error = %why, "request failed after it was sent");
-                let reason = format!("the connection to {url} failed after the request was sent (not retried): {why}");
-                return refuse(st, Refusal::Unreachable { value: value.into(), reason });
-            }
+        match send(st, value, &route.source, url, &out, hold).await {
+            Sent::Answer(resp, _) | Sent::Broken(resp) => return resp,
+            Sent::NotConnected(why) => last = why,
         }
     }
     let reason = format!("no endpoint could be reached ({} tried); last: {last}", tried.len());
     tracing::warn!(route = %route.source, %reason, "request not delivered");
     refuse(st, Refusal::Unreachable { value: value.into(), reason })
+}
+
+/// The request as it goes to every endpoint tried.
+struct Outgoing<'a> {
+    parts: &'a http::request::Parts,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+    path: &'a str,
+}
+
+/// How one attempt ended.
+enum Sent {
+    /// The endpoint answered (with this status); the answer streams back.
+    Answer(Response, StatusCode),
+    /// The connection failed after the request was sent: the refusal to answer with.
+    Broken(Response),
+    /// It could not be connected to: why.
+    NotConnected(String),
+}
+
+/// The `model` a JSON request body names, if any.
+fn requested_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.model
+}
+
+/// One attempt: send the request to `url`; `busy` (the endpoint's hold, and the adapter's)
+/// lives as long as the answer's body.
+async fn send(
+    st: &MemberRouter,
+    value: &str,
+    source: &str,
+    url: &str,
+    out: &Outgoing<'_>,
+    busy: impl Send + 'static,
+) -> Sent {
+    let uri: Uri = match format!("{url}{}", out.path).parse() {
+        Ok(u) => u,
+        Err(e) => return Sent::NotConnected(format!("endpoint {url} makes an invalid URL: {e}")),
+    };
+    let mut req = http::Request::new(Full::new(out.body.clone()));
+    *req.method_mut() = out.parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = out.headers.clone();
+    match st.client.request(req).await {
+        Ok(resp) => {
+            st.metrics.request(RequestResult::proxied);
+            let (mut head, incoming) = resp.into_parts();
+            head.headers = end_to_end(&head.headers);
+            let status = head.status;
+            // The hold lives as long as the body: a stream keeps its endpoint busy.
+            let body = incoming.map_frame(move |f| {
+                let _busy = &busy;
+                f
+            });
+            Sent::Answer(Response::from_parts(head, Body::new(body)), status)
+        }
+        Err(e) if e.is_connect() => {
+            let why = chain(&e);
+            tracing::debug!(route = %source, endpoint = %url, error = %why, "connect failed; trying another endpoint");
+            Sent::NotConnected(format!("connecting to {url} failed: {why}"))
+        }
+        Err(e) => {
+            let why = chain(&e);
+            tracing::debug!(route = %source, endpoint = %url, error = %why, "request failed after it was sent");
+            let reason = format!("the connection to {url} failed after the request was sent (not retried): {why}");
+            Sent::Broken(refuse(st, Refusal::Unreachable { value: value.into(), reason }))
+        }
+    }
+}
+
+/// A request for `adapter`, one the route lists: each attempt places it on an endpoint
+/// (`adapters::Book::place`), waits for the adapter to be loaded there if it is not, and sends
+/// it. A load that fails, or an endpoint that cannot be connected to, moves it on to another
+/// endpoint, up to `--attempts` in all.
+async fn to_adapter(st: &MemberRouter, live: &Live, value: &str, adapter: &str, out: &Outgoing<'_>) -> Response {
+    let policy = Policy { affinity: st.cfg.adapter_affinity, saturation: f64::from(st.cfg.adapter_saturation) };
+    let auth = out.parts.headers.get(header::AUTHORIZATION).cloned();
+    let source = live.route(value).map(|r| r.source.clone()).unwrap_or_default();
+    let mut tried: Vec<usize> = Vec::new();
+    let (mut load_failed, mut not_connected): (Option<EngineError>, Option<String>) = (None, None);
+    let mut stop = NoPlace::Exhausted;
+    for _ in 0..st.cfg.attempts.max(1) {
+        let placed = match st.adapters.place(live, value, adapter, &tried, policy, Instant::now()) {
+            Ok(p) => p,
+            Err(why) => {
+                stop = why;
+                break;
+            }
+        };
+        tried.push(placed.index);
+        let url = placed.url;
+        if let Some(job) = placed.job {
+            tokio::spawn(st.loader().run(job, auth.clone()));
+        }
+        let hit = placed.wait.is_none();
+        if let Some(mut rx) = placed.wait {
+            let outcome = match rx.wait_for(Option::is_some).await {
+                Ok(o) => o.clone().unwrap_or(Ok(())),
+                Err(_) => Err(EngineError::Unreachable { url: url.into(), why: "the load was abandoned".into() }),
+            };
+            if let Err(e) = outcome {
+                tracing::debug!(route = %source, endpoint = %url, %adapter, error = %e, "adapter not loaded; trying another endpoint");
+                load_failed = Some(e);
+                continue;
+            }
+        }
+        match send(st, value, &source, url, out, (placed.hold, placed.in_flight)).await {
+            Sent::Answer(resp, status) => {
+                st.metrics.adapters.count(adapter, if hit { AdapterEvent::Hit } else { AdapterEvent::Miss });
+                if status == StatusCode::NOT_FOUND {
+                    // The engine does not know it after all: load it again next time.
+                    st.adapters.forget(url, adapter);
+                }
+                return resp;
+            }
+            Sent::Broken(resp) => return resp,
+            Sent::NotConnected(why) => not_connected = Some(why),
+        }
+    }
+    let refusal = match (load_failed, not_connected, stop) {
+        (Some(e), _, _) => {
+            let fault = if matches!(e, EngineError::TimedOut { .. }) {
+                AdapterFault::TimedOut
+            } else {
+                AdapterFault::LoadFailed
+            };
+            let reason = format!("it could not be loaded ({} endpoints tried); last: {e}", tried.len());
+            Refusal::Adapter { value: value.into(), adapter: adapter.into(), fault, reason }
+        }
+        (None, Some(why), _) => {
+            let reason = format!("no endpoint could be reached ({} tried); last: {why}", tried.len());
+            Refusal::Unreachable { value: value.into(), reason }
+        }
+        (None, None, NoPlace::Full) => Refusal::Adapter {
+            value: value.into(),
+            adapter: adapter.into(),
+            fault: AdapterFault::Full,
+            reason: "every endpoint holds as many adapters as it may, all of them in use: retry shortly".into(),
+        },
+        (None, None, NoPlace::BackingOff) => Refusal::Adapter {
+            value: value.into(),
+            adapter: adapter.into(),
+            fault: AdapterFault::BackingOff,
+            reason: "loading it failed moments ago on every endpoint (see the member router's log): retry later".into(),
+        },
+        (None, None, NoPlace::Exhausted) => {
+            Refusal::Unreachable { value: value.into(), reason: "no endpoint was left to try".into() }
+        }
+    };
+    tracing::warn!(route = %source, %adapter, reason = %refusal, "adapter request not delivered");
+    refuse(st, refusal)
 }
 
 /// An error with its causes, `a: b: c`.

@@ -1,6 +1,8 @@
 //! The routing table, built by one pure function from the member's HTTPRoutes, Services and
 //! EndpointSlices: each header value (`<namespace>/<ModelDeployment>`) maps to the model its
-//! route serves and the ready endpoints (`http://IP:port`, weighted) behind it. Trust rules: a
+//! route serves, the LoRA adapters it may load (`flotilla.dev/adapters`, at most
+//! `flotilla.dev/max-adapters` at once per endpoint) and the ready endpoints (`http://IP:port`,
+//! weighted) behind it. Trust rules: a
 //! route only claims values in its own namespace and only sends to Services there; when two
 //! routes claim one value the oldest wins (Gateway API precedence). Whatever is not served is
 //! said once per build in `notes`, for the watch loop to log when it changes.
@@ -8,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use flotilla_apis::constants::annotations::MODEL;
+use flotilla_apis::constants::annotations::{ADAPTERS, MAX_ADAPTERS, MODEL};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -38,6 +40,13 @@ pub struct Route {
     pub source: String,
     /// Ready endpoints, by URL; empty: known but not ready (503).
     pub endpoints: Vec<Endpoint>,
+    /// LoRA adapters the router may load on these endpoints (`flotilla.dev/adapters`): name →
+    /// directory in the engine container. Empty: none (a request for any other `model` is
+    /// forwarded as it is, never loaded).
+    pub adapters: BTreeMap<String, String>,
+    /// Adapters one endpoint holds loaded at once (`flotilla.dev/max-adapters`, the engine's
+    /// `--max-loras`); at least 1 whenever `adapters` is not empty.
+    pub max_adapters: usize,
 }
 
 impl Route {
@@ -47,7 +56,16 @@ impl Route {
             model: model.into(),
             source: source.into(),
             endpoints: endpoints.iter().map(|(u, w)| Endpoint { url: (*u).into(), weight: *w }).collect(),
+            adapters: BTreeMap::new(),
+            max_adapters: 0,
         }
+    }
+
+    /// `self` allowed to load `adapters` (`(name, path)`), at most `max` at once per endpoint.
+    pub fn with_adapters(mut self, adapters: &[(&str, &str)], max: usize) -> Self {
+        self.adapters = adapters.iter().map(|(n, p)| ((*n).to_string(), (*p).to_string())).collect();
+        self.max_adapters = max;
+        self
     }
 }
 
@@ -63,6 +81,20 @@ impl Table {
     pub fn with(mut self, value: &str, route: Route) -> Self {
         self.routes.insert(value.into(), route);
         self
+    }
+
+    /// The adapters loadable on routes with at least one ready endpoint, as `(adapter, the
+    /// route's model)`, sorted, each pair once.
+    pub fn ready_adapters(&self) -> Vec<(&str, &str)> {
+        let mut m: Vec<(&str, &str)> = self
+            .routes
+            .values()
+            .filter(|r| !r.endpoints.is_empty())
+            .flat_map(|r| r.adapters.keys().map(|a| (a.as_str(), r.model.as_str())))
+            .collect();
+        m.sort_unstable();
+        m.dedup();
+        m
     }
 
     /// The models of routes with at least one ready endpoint, sorted, each once.
@@ -132,6 +164,7 @@ pub fn build(inp: Inputs<'_>) -> Built {
         if model.is_empty() {
             notes.push(format!("HTTPRoute {key} has no `{MODEL}` annotation: served, but not listed in /v1/models"));
         }
+        let (adapters, max_adapters) = adapters(r, &key, &model, &mut notes);
         let mut mine: Vec<String> = Vec::new();
         for (i, rule) in r.spec.rules.iter().enumerate() {
             let Some(value) = rule_value(rule, inp.header) else {
@@ -155,7 +188,13 @@ pub fn build(inp: Inputs<'_>) -> Built {
             mine.push(value.clone());
             let endpoints = backends(&key, ns, i, &rule.backend_refs, &services, &slices, &mut notes);
             let age = (r.metadata.creation_timestamp.is_none(), r.metadata.creation_timestamp.clone(), key.clone());
-            let route = Route { model: model.clone(), source: key.clone(), endpoints };
+            let route = Route {
+                model: model.clone(),
+                source: key.clone(),
+                endpoints,
+                adapters: adapters.clone(),
+                max_adapters,
+            };
             claims.entry(value).or_default().push(Claim { age, route });
         }
     }
@@ -175,6 +214,47 @@ pub fn build(inp: Inputs<'_>) -> Built {
     notes.sort();
     notes.dedup();
     Built { table, notes }
+}
+
+/// The adapters a route may load and how many at once, from its `flotilla.dev/adapters` and
+/// `flotilla.dev/max-adapters` annotations. Anything malformed is said in `notes` and gives no
+/// adapters: the route still serves its base model.
+fn adapters(r: &HttpRoute, key: &str, model: &str, notes: &mut Vec<String>) -> (BTreeMap<String, String>, usize) {
+    let ann = r.metadata.annotations.as_ref();
+    let (listed, max) = (ann.and_then(|a| a.get(ADAPTERS)), ann.and_then(|a| a.get(MAX_ADAPTERS)));
+    let Some(listed) = listed else { return (BTreeMap::new(), 0) };
+    let mut bad = |why: String| {
+        notes.push(format!("HTTPRoute {key}: {why}: no adapters are loaded for it (its base model is served)"));
+        (BTreeMap::new(), 0)
+    };
+    let map: BTreeMap<String, String> = match serde_json::from_str(listed) {
+        Ok(m) => m,
+        Err(e) => {
+            return bad(format!(
+                "annotation `{ADAPTERS}` is not a JSON object of adapter name → path ({e}), e.g. {{\"support-fr\": \"/adapters/support-fr\"}}"
+            ));
+        }
+    };
+    if let Some((name, path)) = map.iter().find(|(n, p)| n.trim().is_empty() || p.trim().is_empty()) {
+        return bad(format!("annotation `{ADAPTERS}` has an empty adapter name or path (`{name}`: `{path}`)"));
+    }
+    if !model.is_empty() && map.contains_key(model) {
+        return bad(format!("annotation `{ADAPTERS}` names the base model `{model}` as an adapter"));
+    }
+    if map.is_empty() {
+        return (BTreeMap::new(), 0);
+    }
+    let max = match max.map(|m| m.trim().parse::<usize>()) {
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            return bad(format!(
+                "annotation `{MAX_ADAPTERS}` must be a whole number above 0 (the engine's --max-loras), not `{}`",
+                max.map(String::as_str).unwrap_or_default()
+            ));
+        }
+        None => return bad(format!("annotation `{ADAPTERS}` is set without `{MAX_ADAPTERS}`")),
+    };
+    (map, max)
 }
 
 /// The routes of `objects` parented to `gw`, and a note for each one that cannot be read (left

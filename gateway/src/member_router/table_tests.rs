@@ -336,3 +336,65 @@ fn the_same_inputs_give_the_same_notes() {
     ];
     assert_eq!(run(&routes, &[], &[]), run(&routes, &[], &[]));
 }
+
+fn annotated(adapters: Option<&str>, max: Option<&str>) -> Built {
+    let mut v = route_json("team-a", "llama", "2024-01-01T00:00:00Z", "team-a/llama", "llama");
+    if let Some(a) = adapters {
+        v["metadata"]["annotations"]["flotilla.dev/adapters"] = json!(a);
+    }
+    if let Some(m) = max {
+        v["metadata"]["annotations"]["flotilla.dev/max-adapters"] = json!(m);
+    }
+    run(&[route(v)], &[service("team-a", "llama")], &[slice("team-a", "llama", "IPv4", &[("10.0.0.1", None)])])
+}
+
+#[test]
+fn adapter_annotations_are_read_into_the_route() {
+    let b = annotated(Some(r#"{"support-fr": "/adapters/support-fr-lora", "sql": "/adapters/sql"}"#), Some("8"));
+    assert_eq!(b.notes, Vec::<String>::new());
+    let r = &b.table.routes["team-a/llama"];
+    let names: Vec<(&str, &str)> = r.adapters.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+    assert_eq!(names, [("sql", "/adapters/sql"), ("support-fr", "/adapters/support-fr-lora")]);
+    assert_eq!(r.max_adapters, 8);
+    assert_eq!(b.table.ready_adapters(), [("sql", "model-llama"), ("support-fr", "model-llama")]);
+    // No annotation: no adapters, and nothing to say.
+    let plain = annotated(None, None);
+    assert!(plain.table.routes["team-a/llama"].adapters.is_empty());
+    assert_eq!(plain.notes, Vec::<String>::new());
+    assert_eq!(annotated(Some("{}"), None).notes, Vec::<String>::new(), "an empty list needs no maximum");
+}
+
+#[test]
+fn a_malformed_adapter_annotation_gives_a_note_and_no_adapters() {
+    let cases = [
+        (Some("not json"), Some("4"), "not a JSON object"),
+        (Some(r#"["a"]"#), Some("4"), "not a JSON object"),
+        (Some(r#"{"a": 3}"#), Some("4"), "not a JSON object"),
+        (Some(r#"{"a": ""}"#), Some("4"), "empty adapter name or path"),
+        (Some(r#"{"": "/p"}"#), Some("4"), "empty adapter name or path"),
+        (Some(r#"{"model-llama": "/p"}"#), Some("4"), "names the base model"),
+        (Some(r#"{"a": "/p"}"#), None, "without `flotilla.dev/max-adapters`"),
+        (Some(r#"{"a": "/p"}"#), Some("0"), "above 0"),
+        (Some(r#"{"a": "/p"}"#), Some("eight"), "above 0"),
+        (Some(r#"{"a": "/p"}"#), Some("-1"), "above 0"),
+    ];
+    for (adapters, max, says) in cases {
+        let b = annotated(adapters, max);
+        let r = &b.table.routes["team-a/llama"];
+        assert!(r.adapters.is_empty(), "{adapters:?} {max:?}");
+        assert_eq!(r.endpoints.len(), 1, "the route still serves its base model");
+        assert_eq!(b.notes.len(), 1, "{adapters:?} {max:?}: {:?}", b.notes);
+        assert!(b.notes[0].contains("team-a/llama") && b.notes[0].contains(says), "{says}: {:?}", b.notes);
+        assert!(b.table.ready_adapters().is_empty());
+    }
+}
+
+#[test]
+fn adapters_of_a_route_without_ready_endpoints_are_not_listed() {
+    let mut v = route_json("team-a", "llama", "2024-01-01T00:00:00Z", "team-a/llama", "llama");
+    v["metadata"]["annotations"]["flotilla.dev/adapters"] = json!(r#"{"a": "/p"}"#);
+    v["metadata"]["annotations"]["flotilla.dev/max-adapters"] = json!("2");
+    let b = run(&[route(v)], &[service("team-a", "llama")], &[]);
+    assert_eq!(b.table.routes["team-a/llama"].adapters.len(), 1);
+    assert!(b.table.ready_adapters().is_empty());
+}
