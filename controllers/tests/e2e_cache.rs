@@ -32,6 +32,7 @@ use flotilla_apis::cache::CachePhase;
 use flotilla_apis::stage::{ManifestFile, StageManifest, StageReason, StageResult};
 use flotilla_apis::{ModelCache, ModelDeployment};
 use futures_util::StreamExt;
+use harness::staging::{self, jobs, provide_volume, set_container, staging_pod, terminated};
 use harness::{ControllerProcess, Fleet, apply, install_crds, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -88,21 +89,8 @@ fn model(name: &str, replicas: i32, clusters: &[&str]) -> serde_json::Value {
                                "spread": {"by": "cluster", "maxSkew": 1}}}})
 }
 
-/// What the real program writes: a `StageResult` line.
 fn ready_result(digest: &str) -> String {
-    StageResult {
-        phase: CachePhase::Ready,
-        reason: None,
-        message: format!("2 files, 6 bytes staged and verified; manifest {digest}"),
-        source: SOURCE.into(),
-        file: None,
-        digest: Some(digest.into()),
-        expected_digest: Some(digest.into()),
-        resolved: Some("0123456789abcdef0123456789abcdef01234567".into()),
-        files: 2,
-        bytes: 6,
-    }
-    .to_line()
+    staging::ready_result(SOURCE, digest)
 }
 
 fn mismatch_result(digest: &str) -> String {
@@ -119,58 +107,6 @@ fn mismatch_result(digest: &str) -> String {
         bytes: 0,
     }
     .to_line()
-}
-
-async fn jobs(client: &Client, cache: &str) -> Vec<Job> {
-    let lp = ListParams::default().labels(&format!("flotilla.dev/cache=ml.{cache}"));
-    Api::<Job>::namespaced(client.clone(), "ml").list(&lp).await.map(|l| l.items).unwrap_or_default()
-}
-
-/// The one Job of a cache in a member, once it exists, and its pod once the Job controller made it.
-async fn staging_pod(client: &Client, cache: &str) -> (Job, Pod) {
-    let job = wait_for(&format!("the staging Job of {cache}"), Duration::from_secs(30), || async {
-        jobs(client, cache).await.into_iter().next()
-    })
-    .await;
-    let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={}", job.name_any()));
-    let pods = Api::<Pod>::namespaced(client.clone(), "ml");
-    let pod = wait_for("the staging pod", Duration::from_secs(30), || async {
-        pods.list(&lp).await.ok()?.items.into_iter().next()
-    })
-    .await;
-    (job, pod)
-}
-
-/// Plays the container: running, or terminated with an exit code and termination message.
-async fn set_container(client: &Client, pod: &Pod, state: serde_json::Value, phase: &str) {
-    let patch = json!({"status": {"phase": phase, "containerStatuses": [{"name": "stage", "image": "flotilla-stage",
-        "imageID": "", "ready": phase == "Running", "restartCount": 0, "started": phase == "Running", "state": state}]}});
-    Api::<Pod>::namespaced(client.clone(), "ml")
-        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-}
-
-/// Plays the storage provisioner (kwok members have none): a volume pre-bound to the claim.
-/// Done only once staging finished there, so the staging pod itself is never scheduled and
-/// kwok never plays its container in our stead.
-async fn provide_volume(client: &Client, claim: &str) {
-    let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": format!("pv-{claim}")},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "persistentVolumeReclaimPolicy": "Retain",
-                 "hostPath": {"path": format!("/tmp/{claim}")}, "claimRef": {"namespace": "ml", "name": claim}}
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone())
-        .create(&PostParams::default(), &pv)
-        .await
-        .unwrap();
-}
-
-fn terminated(exit: i32, message: &str) -> serde_json::Value {
-    let t = "2026-11-29T00:00:00Z";
-    json!({"terminated": {"exitCode": exit, "reason": if exit == 0 { "Completed" } else { "Error" }, "message": message,
-        "startedAt": t, "finishedAt": t}})
 }
 
 async fn cluster_phase(api: &Api<ModelCache>, name: &str, cluster: &str) -> Option<(CachePhase, Option<String>)> {

@@ -15,6 +15,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "e2e_datapath/adapters.rs"]
+mod adapters;
 mod harness;
 
 use std::collections::BTreeMap;
@@ -253,19 +255,20 @@ async fn rogue_route(fleet: &Fleet) -> SimHandle {
     engine
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
-async fn requests_reach_only_their_own_deployments_pods_through_each_members_gateway() {
-    let _range = LocalPodRange::add();
-    let fleet = Fleet::up("datapath", &["control", "eu1", "us1"]);
+/// Both members: GPU nodes with local pod CIDRs, the Gateway API and a member router each.
+async fn members_with_routers(fleet: &Fleet) -> BTreeMap<&'static str, Router> {
     let mut routers = BTreeMap::new();
     for (member, region, _, octet) in MEMBERS {
         fleet.gpu_nodes(member, "h100", 2, "h100", region);
-        local_pod_cidrs(&fleet, member, octet).await;
-        routers.insert(member, member_routing(&fleet, member).await);
+        local_pod_cidrs(fleet, member, octet).await;
+        routers.insert(member, member_routing(fleet, member).await);
     }
-    let rogue = rogue_route(&fleet).await;
+    routers
+}
 
+/// The control cluster: Flotilla's CRDs, namespaces `flotilla-system` and `ml`, the h100 class
+/// and one InferenceCluster per member whose endpoint is its router.
+async fn control_with_members(fleet: &Fleet, routers: &BTreeMap<&'static str, Router>) -> Client {
     let control = fleet.client("control").await;
     install_crds(&control).await;
     for ns in ["flotilla-system", "ml"] {
@@ -290,6 +293,17 @@ async fn requests_reach_only_their_own_deployments_pods_through_each_members_gat
                      "pools": [{"name": "h100", "class": "h100", "maxNodes": 8, "capacityTypes": ["on-demand"]}]}}))
         .await;
     }
+    control
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the e2e harness; run by scripts/test-e2e.sh"]
+async fn requests_reach_only_their_own_deployments_pods_through_each_members_gateway() {
+    let _range = LocalPodRange::add();
+    let fleet = Fleet::up("datapath", &["control", "eu1", "us1"]);
+    let routers = members_with_routers(&fleet).await;
+    let rogue = rogue_route(&fleet).await;
+    let control = control_with_members(&fleet, &routers).await;
     let _ctl =
         ControllerProcess::start(&fleet, "control", "ctl-1", &["--poll-seconds", "3", "--member-timeout-seconds", "8"]);
     let (gw, _state, control_tasks) = fleet_gateway(&fleet).await;

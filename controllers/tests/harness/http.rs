@@ -48,6 +48,21 @@ impl Client {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// POSTs `body` as JSON to `url` with `headers`: the status and the body as text.
+    pub async fn post_json_with(&self, url: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String) {
+        let mut req = hyper::Request::post(url).header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let (resp, bytes) = bounded(url, async {
+            let resp = self.0.request(req.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await.unwrap();
+            let (parts, body) = resp.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        })
+        .await;
+        (resp.status.as_u16(), String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     pub async fn chat(&self, url: &str, model: &str, key: Option<&str>) -> Answer {
         self.chat_prompt(url, model, key, "hello fleet").await
     }

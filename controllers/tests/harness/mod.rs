@@ -10,6 +10,7 @@
 pub mod apiserver;
 pub mod http;
 pub mod identity;
+pub mod staging;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
