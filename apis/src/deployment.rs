@@ -112,6 +112,42 @@ impl Adapter {
         }
     }
 
+    /// Why the adapter's policy (its sovereignty narrowing the deployment's `base`, then its
+    /// cluster selector) leaves out a cluster in `jurisdiction` and `region` whose selectable
+    /// labels are `labels` (`crate::selector::cluster_labels`); `None` when it allows it. A
+    /// selector that cannot be evaluated leaves the cluster out.
+    pub fn outside_policy(
+        &self,
+        base: &Sovereignty,
+        jurisdiction: &str,
+        region: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Option<String> {
+        let s = self.sovereignty(base);
+        if !s.allowed_jurisdictions.is_empty() && !s.allowed_jurisdictions.iter().any(|a| a.0 == jurisdiction) {
+            let allowed: Vec<&str> = s.allowed_jurisdictions.iter().map(|a| a.0.as_str()).collect();
+            return Some(format!(
+                "jurisdiction {jurisdiction} is not among the adapter's allowed [{}]",
+                allowed.join(", ")
+            ));
+        }
+        if !s.allowed_regions.is_empty() && !s.allowed_regions.iter().any(|a| a == region) {
+            return Some(format!(
+                "region {region} is not among the adapter's allowed [{}]",
+                s.allowed_regions.join(", ")
+            ));
+        }
+        if s.denied_regions.iter().any(|d| d == region) {
+            return Some(format!("region {region} is denied to the adapter"));
+        }
+        if let Some(sel) = &self.cluster_selector
+            && let Err(why) = crate::selector::selector_matches(sel, labels)
+        {
+            return Some(format!("the cluster does not match the adapter's clusterSelector ({why})"));
+        }
+        None
+    }
+
     /// What in the adapter's policy is wider than the deployment's `base`, as a field path and a
     /// message; `None` when it only narrows.
     pub fn wider_than(&self, base: &Sovereignty) -> Option<(&'static str, String)> {

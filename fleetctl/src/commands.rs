@@ -18,7 +18,7 @@ use crate::live::{self, ClusterArgs, Control, LiveError};
 use crate::overlay::{self, LiveFleet, Overlaid};
 use crate::progress::Progress;
 use crate::rejections::{self, Detail, SummarisedDeployment};
-use crate::{claims, diff, load, render};
+use crate::{adapters, claims, diff, load, render};
 
 /// `fleetctl validate`.
 pub fn validate(files: &[PathBuf], output: Output, strict: bool) -> anyhow::Result<ExitCode> {
@@ -101,6 +101,10 @@ struct OfflinePlan<'a, P: Serialize> {
     /// For each deployment with unplaced replicas: the claim that would be made, and what the
     /// claim engine would try first.
     claims: &'a [claims::ClaimPreview],
+    /// Each adapter of a planned deployment: the planned clusters it may be served in once
+    /// staged, and those its policy leaves out.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    adapters: &'a [adapters::AdapterPreview],
 }
 
 /// The plan's fields with each deployment's rejections summarised.
@@ -158,16 +162,20 @@ pub fn plan(
     };
     let mut plan = solve_with_progress(&fleet.snapshot(), &solve_options(exact));
     let previews = claims::previews(&fleet.parsed.objects, &plan, cloud)?;
+    let adapters = adapters::previews(&fleet.parsed.objects, &plan);
     let exit = if plan.fully_placed() { ExitCode::SUCCESS } else { ExitCode::from(2) };
     match (output, detail) {
         (Output::Table, _) => {
-            let text = render::plan_table(&plan, detail) + &claims::render(&previews);
+            let text = render::plan_table(&plan, detail) + &adapters::render(&adapters) + &claims::render(&previews);
             std::io::stdout().write_all(text.as_bytes())?;
         }
-        (_, Detail::Full) => print_structured(&OfflinePlan { plan: &plan, claims: &previews }, output)?,
+        (_, Detail::Full) => {
+            print_structured(&OfflinePlan { plan: &plan, claims: &previews, adapters: &adapters }, output)?
+        }
         (_, Detail::Summary) => {
             let summaries = take_summaries(&mut plan);
-            print_structured(&OfflinePlan { plan: summarised(&plan, summaries), claims: &previews }, output)?
+            let plan = summarised(&plan, summaries);
+            print_structured(&OfflinePlan { plan, claims: &previews, adapters: &adapters }, output)?
         }
     }
     Ok(exit)

@@ -4,6 +4,7 @@
 //! against a control cluster it lists objects with their conditions (`get`) and plans or
 //! explains the files laid over the live fleet (`plan --live`, `explain --live`).
 
+pub mod adapters;
 pub mod claims;
 pub mod cli;
 pub mod commands;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use flotilla_apis::cache::{CachePhase, ModelCache};
 use flotilla_apis::common::Sovereignty;
 use flotilla_apis::deployment::{Adapter, AdapterStatus, AdapterWaitReason, AdapterWaiting};
-use flotilla_apis::selector::{cluster_labels, selector_matches};
+use flotilla_apis::selector::cluster_labels;
 use flotilla_apis::{InferenceCluster, ModelDeployment};
 
 /// What an adapter's policy reads of a cluster.
@@ -185,25 +185,7 @@ impl AdapterView {
 /// Why `adapter`'s policy (its sovereignty narrowing `base`, then its cluster selector) leaves
 /// `place` out; `None` when it allows it. A selector that cannot be evaluated leaves it out.
 pub fn outside_policy(adapter: &Adapter, base: &Sovereignty, place: &Place) -> Option<String> {
-    let s = adapter.sovereignty(base);
-    let (j, r) = (place.jurisdiction.as_str(), place.region.as_str());
-    if !s.allowed_jurisdictions.is_empty() && !s.allowed_jurisdictions.iter().any(|a| a.as_str() == j) {
-        let allowed: Vec<&str> = s.allowed_jurisdictions.iter().map(|a| a.as_str()).collect();
-        return Some(format!("jurisdiction {j} is not among the adapter's allowed [{}]", allowed.join(", ")));
-    }
-    if !s.allowed_regions.is_empty() && !s.allowed_regions.iter().any(|a| a == r) {
-        return Some(format!("region {r} is not among the adapter's allowed [{}]", s.allowed_regions.join(", ")));
-    }
-    if s.denied_regions.iter().any(|d| d == r) {
-        return Some(format!("region {r} is denied to the adapter"));
-    }
-    debug_assert!(s.allows(j, r));
-    if let Some(sel) = &adapter.cluster_selector
-        && let Err(why) = selector_matches(sel, &place.labels)
-    {
-        return Some(format!("the cluster does not match the adapter's clusterSelector ({why})"));
-    }
-    None
+    adapter.outside_policy(base, &place.jurisdiction, &place.region, &place.labels)
 }
 
 #[cfg(test)]
