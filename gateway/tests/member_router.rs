@@ -7,45 +7,17 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-
 use axum::body::Body;
 use bytes::Bytes;
+use common::router::start;
 use common::{chat, chat_stream, client, dead_url, eventually, get, get_with, post_with, sim};
 use flotilla_gateway::member_router::metrics::RequestResult;
-use flotilla_gateway::member_router::{GatewayName, MemberRouter, Route, RouterConfig, Table, app, serve};
+use flotilla_gateway::member_router::{Route, Table, app};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const HDR: &str = "x-flotilla-deployment";
-
-struct Running {
-    addr: SocketAddr,
-    st: Arc<MemberRouter>,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl Running {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-async fn start(table: Table, tweak: impl FnOnce(&mut RouterConfig)) -> Running {
-    let mut cfg = RouterConfig::new(GatewayName::new("flotilla-router", "flotilla"));
-    cfg.connect_timeout_ms = 500;
-    tweak(&mut cfg);
-    let st = MemberRouter::with_table(cfg, table);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, st.clone(), async {
-        let _ = rx.await;
-    }));
-    Running { addr, st, _stop: tx }
-}
 
 fn route(model: &str, source: &str, urls: &[&str]) -> Route {
     let eps: Vec<(&str, f64)> = urls.iter().map(|u| (*u, 1.0)).collect();

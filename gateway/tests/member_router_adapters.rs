@@ -9,52 +9,26 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-
+use common::router::{Running, start};
 use common::{Answer, chat, chat_stream, get, post_with, sim};
 use flotilla_enginesim::SimHandle;
 use flotilla_enginesim::config::LoadFailure;
 use flotilla_gateway::member_router::metrics::{AdapterEvent, RequestResult};
-use flotilla_gateway::member_router::{GatewayName, MemberRouter, Route, RouterConfig, Table, serve};
+use flotilla_gateway::member_router::{Route, Table};
 use serde_json::Value;
 
 const HDR: &str = "x-flotilla-deployment";
 const BASE: &str = "base";
 const ADAPTERS: [(&str, &str); 3] = [("a", "/adapters/a"), ("b", "/adapters/b"), ("c", "/adapters/c")];
 
-struct Running {
-    addr: SocketAddr,
-    st: Arc<MemberRouter>,
-    _stop: tokio::sync::oneshot::Sender<()>,
+/// Asks the router for a chat completion of `model` on `route`.
+async fn ask(r: &Running, route: &str, model: &str) -> Answer {
+    post_with(&r.url("/v1/chat/completions"), &chat(model, "hello"), &[(HDR, route)]).await
 }
 
-impl Running {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    async fn ask(&self, route: &str, model: &str) -> Answer {
-        post_with(&self.url("/v1/chat/completions"), &chat(model, "hello"), &[(HDR, route)]).await
-    }
-
-    fn counted(&self, adapter: &str, e: AdapterEvent) -> u64 {
-        self.st.metrics.adapters.get(adapter, e)
-    }
-}
-
-async fn start(table: Table, tweak: impl FnOnce(&mut RouterConfig)) -> Running {
-    let mut cfg = RouterConfig::new(GatewayName::new("flotilla-router", "flotilla"));
-    cfg.connect_timeout_ms = 500;
-    tweak(&mut cfg);
-    let st = MemberRouter::with_table(cfg, table);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, st.clone(), async {
-        let _ = rx.await;
-    }));
-    Running { addr, st, _stop: tx }
+/// The router's count of `e` for `adapter`.
+fn counted(r: &Running, adapter: &str, e: AdapterEvent) -> u64 {
+    r.st.metrics.adapters.get(adapter, e)
 }
 
 /// `n` simulators serving `base`, each holding at most `max_loras` adapters.
@@ -87,7 +61,7 @@ async fn after_the_first_load_requests_for_an_adapter_go_where_it_is_loaded() {
     let r = start(table(&sims, 4), |_| {}).await;
     let mut served_by = Vec::new();
     for _ in 0..6 {
-        let ans = r.ask("team-a/llama", "a").await;
+        let ans = ask(&r, "team-a/llama", "a").await;
         assert_eq!(ans.status, 200, "{}", ans.text);
         assert_eq!(ans.json()["model"], "a", "the adapter answered");
         served_by.push(ans.header("x-sim-name"));
@@ -99,8 +73,8 @@ async fn after_the_first_load_requests_for_an_adapter_go_where_it_is_loaded() {
     assert_eq!(home.state.lora_counters("a").requests, 6);
     let loaded_with = &home.state.loaded_loras()[0];
     assert_eq!((loaded_with.path.as_str(), loaded_with.base.as_str()), ("/adapters/a", BASE));
-    assert_eq!((r.counted("a", AdapterEvent::Miss), r.counted("a", AdapterEvent::Hit)), (1, 5));
-    assert_eq!(r.counted("a", AdapterEvent::Load), 1);
+    assert_eq!((counted(&r, "a", AdapterEvent::Miss), counted(&r, "a", AdapterEvent::Hit)), (1, 5));
+    assert_eq!(counted(&r, "a", AdapterEvent::Load), 1);
     let m = get(&r.url("/metrics")).await.text;
     assert!(m.contains("flotilla_member_router_adapter_affinity_hits_total{adapter=\"a\"} 5"), "{m}");
     assert!(m.contains("flotilla_member_router_adapter_loads_total{adapter=\"a\"} 1"), "{m}");
@@ -111,18 +85,18 @@ async fn a_full_replica_unloads_its_least_recently_used_adapter() {
     let sims = replicas(1, 2).await;
     let r = start(table(&sims, 2), |_| {}).await;
     for model in ["a", "b", "a", "c"] {
-        let ans = r.ask("team-a/llama", model).await;
+        let ans = ask(&r, "team-a/llama", model).await;
         assert_eq!((ans.status, ans.json()["model"].as_str()), (200, Some(model)), "{}", ans.text);
     }
     // b was the least recently used when c came.
     assert_eq!(loaded(&sims[0]), ["a", "c"]);
     let (a, b) = (sims[0].state.lora_counters("a"), sims[0].state.lora_counters("b"));
     assert_eq!((a.loads, a.unloads, b.loads, b.unloads), (1, 0, 1, 1));
-    assert_eq!(r.counted("b", AdapterEvent::Eviction), 1);
+    assert_eq!(counted(&r, "b", AdapterEvent::Eviction), 1);
     // Now a is the oldest.
-    assert_eq!(r.ask("team-a/llama", "b").await.status, 200);
+    assert_eq!(ask(&r, "team-a/llama", "b").await.status, 200);
     assert_eq!(loaded(&sims[0]), ["b", "c"]);
-    assert_eq!(r.counted("a", AdapterEvent::Eviction), 1);
+    assert_eq!(counted(&r, "a", AdapterEvent::Eviction), 1);
     let refused: u64 = ["a", "b", "c"].iter().map(|n| sims[0].state.lora_counters(n).load_refused).sum();
     assert_eq!(refused, 0, "the router never asked a full engine to load");
 }
@@ -133,19 +107,19 @@ async fn a_failed_load_moves_the_request_to_another_replica() {
     let r = start(table(&sims, 4), |_| {}).await;
     // Loading `a` fails on the replica asked first (both are idle: the first in the route).
     sims[0].state.set_lora_load_failure("a", Some(LoadFailure::Error), None);
-    let ans = r.ask("team-a/llama", "a").await;
+    let ans = ask(&r, "team-a/llama", "a").await;
     assert_eq!((ans.status, ans.header("x-sim-name").as_str()), (200, "replica-1"), "{}", ans.text);
     assert_eq!(sims[0].state.lora_counters("a").load_failures, 1);
     assert_eq!(loads(&sims, "a"), [0, 1]);
-    assert_eq!((r.counted("a", AdapterEvent::LoadFailure), r.counted("a", AdapterEvent::Load)), (1, 1));
+    assert_eq!((counted(&r, "a", AdapterEvent::LoadFailure), counted(&r, "a", AdapterEvent::Load)), (1, 1));
     // The next one goes where it is loaded.
-    assert_eq!(r.ask("team-a/llama", "a").await.header("x-sim-name"), "replica-1");
+    assert_eq!(ask(&r, "team-a/llama", "a").await.header("x-sim-name"), "replica-1");
 
     // Failing everywhere: an OpenAI-shaped 502, then 503 while both back off.
     for s in &sims {
         s.state.set_lora_load_failure("b", Some(LoadFailure::NotFound), None);
     }
-    let ans = r.ask("team-a/llama", "b").await;
+    let ans = ask(&r, "team-a/llama", "b").await;
     assert_eq!(ans.status, 502, "{}", ans.text);
     let v = ans.json();
     assert_eq!(
@@ -155,7 +129,7 @@ async fn a_failed_load_moves_the_request_to_another_replica() {
     assert!(v["error"]["param"].is_null());
     assert!(v["error"]["message"].as_str().unwrap().contains("No adapter found"), "{v}");
     assert_eq!(sims.iter().map(|s| s.state.lora_counters("b").load_failures).sum::<u64>(), 2);
-    let ans = r.ask("team-a/llama", "b").await;
+    let ans = ask(&r, "team-a/llama", "b").await;
     assert_eq!((ans.status, ans.header("retry-after").as_str()), (503, "1"), "{}", ans.text);
     assert_eq!(ans.json()["error"]["code"], "adapter_load_failed");
     assert_eq!(sims.iter().map(|s| s.state.lora_counters("b").load_failures).sum::<u64>(), 2, "not asked again yet");
@@ -176,14 +150,14 @@ async fn concurrent_first_requests_share_one_load() {
         );
     }
     let r = start(table(&sims, 4), |_| {}).await;
-    let answers = futures_util::future::join_all((0..3).map(|_| r.ask("team-a/llama", "a"))).await;
+    let answers = futures_util::future::join_all((0..3).map(|_| ask(&r, "team-a/llama", "a"))).await;
     for a in &answers {
         assert_eq!(a.status, 200, "{}", a.text);
     }
     assert_eq!(loads(&sims, "a").iter().sum::<u64>(), 1, "{:?}", loads(&sims, "a"));
     let refused: u64 = sims.iter().map(|s| s.state.lora_counters("a").load_refused).sum();
     assert_eq!(refused, 0, "no second load was sent");
-    assert_eq!(r.counted("a", AdapterEvent::Miss), 3);
+    assert_eq!(counted(&r, "a", AdapterEvent::Miss), 3);
 }
 
 #[tokio::test]
@@ -196,11 +170,11 @@ async fn an_adapter_the_engine_already_holds_is_used_as_loaded() {
     .await;
     let sims = vec![s];
     let r = start(table(&sims, 4), |_| {}).await;
-    let ans = r.ask("team-a/llama", "a").await;
+    let ans = ask(&r, "team-a/llama", "a").await;
     assert_eq!((ans.status, ans.json()["model"].as_str()), (200, Some("a")), "{}", ans.text);
     assert_eq!(sims[0].state.lora_counters("a").load_refused, 1, "the engine said it had it");
-    assert_eq!(r.counted("a", AdapterEvent::LoadFailure), 0);
-    assert_eq!(r.ask("team-a/llama", "a").await.status, 200);
+    assert_eq!(counted(&r, "a", AdapterEvent::LoadFailure), 0);
+    assert_eq!(ask(&r, "team-a/llama", "a").await.status, 200);
     assert_eq!(sims[0].state.lora_counters("a").load_refused, 1, "not asked again");
 }
 
@@ -213,13 +187,13 @@ async fn an_adapter_the_route_does_not_list_is_never_loaded() {
     let r = start(table, |_| {}).await;
     for model in ["z", "../a", "a "] {
         for _ in 0..2 {
-            let ans = r.ask("team-a/llama", model).await;
+            let ans = ask(&r, "team-a/llama", model).await;
             assert_eq!(ans.status, 404, "forwarded, and the engine does not know it: {}", ans.text);
         }
     }
     // `a` is listed by team-a's route, not by team-b's: there it is just an unknown model.
     for _ in 0..2 {
-        assert_eq!(r.ask("team-b/plain", "a").await.status, 404);
+        assert_eq!(ask(&r, "team-b/plain", "a").await.status, 404);
     }
     let everyone: Vec<&SimHandle> = sims.iter().chain(&other).collect();
     for s in &everyone {
@@ -240,7 +214,7 @@ async fn base_model_requests_go_on_as_before() {
     let sims = replicas(3, 4).await;
     let r = start(table(&sims, 4), |_| {}).await;
     for _ in 0..6 {
-        let ans = r.ask("team-a/llama", BASE).await;
+        let ans = ask(&r, "team-a/llama", BASE).await;
         assert_eq!((ans.status, ans.json()["model"].as_str()), (200, Some(BASE)), "{}", ans.text);
     }
     let stream =
@@ -267,10 +241,10 @@ async fn without_affinity_the_adapter_is_loaded_wherever_the_request_lands() {
     let sims = replicas(3, 4).await;
     let r = start(table(&sims, 4), |c| c.adapter_affinity = false).await;
     for _ in 0..3 {
-        assert_eq!(r.ask("team-a/llama", "a").await.status, 200);
+        assert_eq!(ask(&r, "team-a/llama", "a").await.status, 200);
     }
     assert_eq!(loads(&sims, "a"), [1, 1, 1], "round robin: each replica loaded it");
-    assert_eq!((r.counted("a", AdapterEvent::Miss), r.counted("a", AdapterEvent::Hit)), (3, 0));
+    assert_eq!((counted(&r, "a", AdapterEvent::Miss), counted(&r, "a", AdapterEvent::Hit)), (3, 0));
 }
 
 #[tokio::test]
