@@ -115,7 +115,8 @@ impl Adapter {
     /// Why the adapter's policy (its sovereignty narrowing the deployment's `base`, then its
     /// cluster selector) leaves out a cluster in `jurisdiction` and `region` whose selectable
     /// labels are `labels` (`crate::selector::cluster_labels`); `None` when it allows it. A
-    /// selector that cannot be evaluated leaves the cluster out.
+    /// selector that cannot be evaluated, or a policy wider than the deployment's
+    /// ([`Adapter::wider_than`]), leaves the cluster out.
     pub fn outside_policy(
         &self,
         base: &Sovereignty,
@@ -123,6 +124,11 @@ impl Adapter {
         region: &str,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Option<String> {
+        // A policy wider than the deployment's is refused as a whole (fail closed), as the
+        // gateway leaves such an adapter out: served nowhere until it only narrows.
+        if let Some((field, why)) = self.wider_than(base) {
+            return Some(format!("spec.adapters[].{field}: {why}"));
+        }
         let s = self.sovereignty(base);
         if !s.allowed_jurisdictions.is_empty() && !s.allowed_jurisdictions.iter().any(|a| a.0 == jurisdiction) {
             let allowed: Vec<&str> = s.allowed_jurisdictions.iter().map(|a| a.0.as_str()).collect();
@@ -712,4 +718,47 @@ pub struct ClusterRejection {
     pub reason: String,
     /// The numbers behind it.
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::common::JurisdictionCode;
+
+    fn policy(jurisdictions: &[&str]) -> Sovereignty {
+        Sovereignty {
+            allowed_jurisdictions: jurisdictions.iter().map(|j| JurisdictionCode((*j).into())).collect(),
+            ..Sovereignty::default()
+        }
+    }
+
+    fn adapter(jurisdictions: Option<&[&str]>) -> Adapter {
+        Adapter {
+            name: "support".into(),
+            cache_ref: "support".into(),
+            sovereignty: jurisdictions.map(policy),
+            cluster_selector: None,
+        }
+    }
+
+    #[test]
+    fn an_adapter_policy_only_narrows_and_a_wider_one_is_served_nowhere() {
+        let (base, labels) = (policy(&["EU", "US"]), BTreeMap::new());
+        let outside = |a: &Adapter, j: &str| a.outside_policy(&base, j, "r-1", &labels);
+        // Without a policy of its own: the deployment's.
+        assert_eq!((outside(&adapter(None), "EU"), outside(&adapter(None), "US")), (None, None));
+        assert!(outside(&adapter(None), "APAC").is_some());
+        // Narrowed to the EU: never the US.
+        let eu = adapter(Some(&["EU"]));
+        assert_eq!(outside(&eu, "EU"), None);
+        assert!(outside(&eu, "US").unwrap().contains("jurisdiction US"));
+        // Wider than the deployment (APAC): refused everywhere, even in the jurisdictions both allow.
+        let wide = adapter(Some(&["EU", "APAC"]));
+        assert!(wide.wider_than(&base).is_some());
+        for j in ["EU", "US", "APAC"] {
+            assert!(outside(&wide, j).unwrap().contains("allowedJurisdictions"), "{j}");
+        }
+    }
 }
