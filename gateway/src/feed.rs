@@ -377,6 +377,23 @@ pub async fn write_serving(
                 })
                 .collect();
             let mut want = serving(&model.name, &endpoints, st.cfg.degraded_error_rate);
+            // Its adapters' routes (each adapter a model of the table whose parent is this one).
+            let adapters: Vec<(String, Vec<Endpoint>)> = d
+                .spec
+                .adapters
+                .iter()
+                .filter_map(|a| {
+                    let m = table.resolve(&a.name).filter(|m| m.parent.as_deref() == Some(model.name.as_str()))?;
+                    let routes = m.routes.iter().filter(|r| r.ready).map(|r| Endpoint {
+                        cluster: r.cluster.name.clone(),
+                        ready: r.weight,
+                        ejected: r.health.ejected(),
+                        seen: st.stats.observe(&m.name, &r.cluster.name, now),
+                    });
+                    Some((a.name.clone(), routes.collect()))
+                })
+                .collect();
+            want = crate::feedback::with_adapters(want, &adapters, st.cfg.degraded_error_rate);
             let routable = model.routes.iter().filter(mine).any(|r| r.ready && crate::split::route_open(&model, r));
             if let Some(note) = crate::split::share_note(&model, &id, routable, &st.shares, now) {
                 want.message.push_str(&note);

@@ -220,6 +220,37 @@ pub fn serving(model: &str, endpoints: &[Endpoint], degraded_at: f64) -> Desired
     )
 }
 
+/// `base` (the deployment's own `Serving`) with what its LoRA adapters' routes show: an adapter
+/// failing on a cluster (error rate at or above `degraded_at`) or ejected there makes a
+/// `Routable` deployment `Degraded` (still serving), the message naming the adapter and the
+/// cluster, so that requests failing for an adapter never hide behind a healthy base model.
+/// `adapters` are (name, its routes) in spec order; an adapter without routes adds nothing
+/// here (`status.adapters` says why it is served nowhere yet).
+pub fn with_adapters(mut base: Desired, adapters: &[(String, Vec<Endpoint>)], degraded_at: f64) -> Desired {
+    let mut troubled = Vec::new();
+    for (name, endpoints) in adapters {
+        for e in endpoints {
+            if e.ejected {
+                troubled.push(format!("adapter `{name}` ejected on {} (its circuit is open)", e.cluster));
+            } else if let Some(r) = e.seen.error_rate().filter(|r| *r >= degraded_at) {
+                troubled.push(format!(
+                    "adapter `{name}` failing {:.0}% of attempts on {} over the last minute",
+                    r * 100.0,
+                    e.cluster
+                ));
+            }
+        }
+    }
+    if troubled.is_empty() {
+        return base;
+    }
+    if base.status == Status::True && base.reason == reason::ROUTABLE {
+        base.reason = reason::SERVING_DEGRADED;
+    }
+    base.message.push_str(&format!("; {}: check the adapters' loads on those clusters", troubled.join("; ")));
+    base
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +310,26 @@ mod tests {
             "{}",
             d.message
         );
+    }
+
+    #[test]
+    fn a_failing_adapter_degrades_a_routable_deployment_and_is_named() {
+        let healthy = Observation { ok: 50, ..Observation::default() };
+        let failing = Observation { ok: 2, failed: 18, ..Observation::default() };
+        let base = serving("llama", &[ep("eu1", false, healthy)], 0.2);
+        assert_eq!(base.reason, reason::ROUTABLE);
+        let fine = vec![("support-fr".to_string(), vec![ep("eu1", false, healthy)]), ("none".to_string(), vec![])];
+        assert_eq!(with_adapters(base.clone(), &fine, 0.2), base, "healthy adapters change nothing");
+        let broken = vec![("support-fr".to_string(), vec![ep("eu1", false, failing)])];
+        let got = with_adapters(base.clone(), &broken, 0.2);
+        assert_eq!((got.status, got.reason), (Status::True, reason::SERVING_DEGRADED));
+        assert!(got.message.contains("adapter `support-fr` failing 90% of attempts on eu1"), "{}", got.message);
+        let ejected = vec![("sql".to_string(), vec![ep("us1", true, healthy)])];
+        assert!(with_adapters(base, &ejected, 0.2).message.contains("adapter `sql` ejected on us1"));
+        // A deployment with no ready endpoint keeps its own reason; the adapter is still named.
+        let down = serving("llama", &[], 0.2);
+        let got = with_adapters(down, &broken, 0.2);
+        assert_eq!((got.status, got.reason), (Status::False, reason::NO_READY_ENDPOINTS));
+        assert!(got.message.contains("support-fr"));
     }
 }

@@ -269,7 +269,7 @@ pub const ALL: &[ReasonDoc] = &[
         MODEL_DEPLOYMENT,
         SERVING_DEGRADED,
         "`Serving`=True",
-        "The gateway routes the model, but some clusters are ejected by its circuit breaker or fail at least `--degraded-error-rate` (5%) of 10 or more attempts in the last minute; traffic avoids them.",
+        "The gateway routes the model, but some clusters are ejected by its circuit breaker or fail at least `--degraded-error-rate` (5%) of 10 or more attempts in the last minute — for the model or for one of its LoRA adapters, which the message names; traffic avoids them.",
         "Check the engines on the clusters the message names (logs, `/metrics`, GPU health); the gateway takes them back once probes and requests succeed.",
     ),
     r!(
