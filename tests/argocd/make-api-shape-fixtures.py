@@ -153,6 +153,21 @@ for c in o["status"]["conditions"]:
                          "\"policy.example.com\" denied the request: image registry not allowed")
 write("modeldeployment-apply-failed", o)
 
+# Adapters (controllers/src/deployment/adapters.rs writes status.adapters).
+o = copy.deepcopy(md)
+for c in o["status"]["conditions"]:
+    c["lastTransitionTime"] = T
+o["spec"]["adapters"] = [{"name": "support-fr", "cacheRef": "support-fr-lora",
+                          "sovereignty": {"allowedJurisdictions": ["EU"]}}]
+o["status"]["adapters"] = [{"name": "support-fr", "waiting": [
+    {"cluster": "eu-a", "reason": "CacheNotReady",
+     "message": "ModelCache ml/support-fr-lora is Downloading in eu-a: served here once it is Ready"}]}]
+write("modeldeployment-adapter-staging", o)
+o["status"]["adapters"] = [{"name": "support-fr", "waiting": [
+    {"cluster": "eu-a", "reason": "CacheUnverified",
+     "message": "ModelCache ml/support-fr-lora gives no spec.digest: adapters are loaded only from verified files; add the digest"}]}]
+write("modeldeployment-adapter-unverified", o)
+
 # FleetQuota (controllers/src/quota.rs writes its status from the plan).
 quota = base("fleetquota-no-status.json")
 o = copy.deepcopy(quota)

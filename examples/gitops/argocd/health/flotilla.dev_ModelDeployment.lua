@@ -2,9 +2,9 @@
 -- (argocd-cm key resource.customizations.health.flotilla.dev_ModelDeployment).
 -- Degraded: a failed placement (InsufficientCapacity, NoEligibleCluster, CostCeilingExceeded),
 --   the Degraded condition (ReplicasNotReady: some but not all replicas ready; ApplyFailed),
---   the gateway not serving it, an invalid spec.
+--   the gateway not serving it, an invalid spec, an adapter whose cache is missing or unverified.
 -- Progressing: no status yet, status older than the spec, a capacity claim pending, waiting for
---   a cache, replicas rolling out or moving between clusters (make-before-break).
+--   a cache (the model's or an adapter's), replicas rolling out or moving between clusters (make-before-break).
 -- Healthy: Ready=True (every replica ready, or scaled to zero) and nothing in flight.
 -- Lua 5.1 (Argo CD runs gopher-lua): no goto, no integer division, no bit operators.
 local hs = {}
@@ -58,6 +58,24 @@ if serving ~= nil and (serving.status == "False" or serving.reason == "Degraded"
 end
 local cache = find(conds, "WaitingForCache")
 if cache ~= nil and cache.status == "True" then return done("Progressing", say(cache)) end
+
+-- LoRA adapters (status.adapters): one whose ModelCache is missing or gives no digest is served
+-- nowhere until the spec or the cache changes; one whose cache is not Ready somewhere waits for
+-- it. A cluster outside an adapter's policy is by design and says nothing here.
+if obj.status.adapters ~= nil then
+  local staging = {}
+  for _, a in ipairs(obj.status.adapters) do
+    for _, w in ipairs(a.waiting or {}) do
+      if w.reason == "CacheNotFound" or w.reason == "CacheUnverified" then
+        return done("Degraded", "adapter " .. a.name .. ": " .. w.reason .. ": " .. (w.message or ""))
+      end
+      if w.reason == "CacheNotReady" then table.insert(staging, a.name .. " in " .. w.cluster) end
+    end
+  end
+  if #staging > 0 then
+    return done("Progressing", "Adapters wait for their caches: " .. table.concat(staging, ", "))
+  end
+end
 
 -- A rollout or a move is in flight while some cluster runs other than it should: new replicas
 -- not ready yet, or old ones still draining (desired 0) until their replacements are ready.
