@@ -135,6 +135,10 @@ struct Set<'a> {
     caches: BTreeSet<(&'a str, &'a str)>,
     /// (namespace, name) of the set's ModelCaches without `spec.digest`.
     unverified_caches: BTreeSet<(&'a str, &'a str)>,
+    /// The `spec.targets.clusterSelector` of the set's ModelCaches that give one.
+    cache_selectors: BTreeMap<(&'a str, &'a str), &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    /// Each InferenceCluster's jurisdiction and region, by name.
+    places: BTreeMap<&'a str, (&'a str, &'a str)>,
 }
 
 impl<'a> Set<'a> {
@@ -178,6 +182,19 @@ impl<'a> Set<'a> {
                     }
                     _ => None,
                 })
+                .collect(),
+            cache_selectors: objects
+                .iter()
+                .filter_map(|o| match &o.value {
+                    FleetObject::Cache(c) => Some((
+                        (o.value.namespace().unwrap_or(""), o.value.name()),
+                        c.spec.targets.cluster_selector.as_ref()?,
+                    )),
+                    _ => None,
+                })
+                .collect(),
+            places: clusters()
+                .map(|(o, c)| (o.value.name(), (c.spec.jurisdiction.as_str(), c.spec.region.as_str())))
                 .collect(),
         }
     }

@@ -40,6 +40,40 @@ pub(super) fn check_deployment<'e>(
     check_adapters(sink, s, ns, set);
 }
 
+/// A warning when the adapter's ModelCache selects, by its own `spec.targets.clusterSelector`,
+/// clusters the adapter may not be served in: its files are copied there all the same.
+fn check_adapter_cache_targets(
+    sink: &mut Sink<'_>,
+    a: &crate::deployment::Adapter,
+    base: &crate::common::Sovereignty,
+    cache: (&str, &str),
+    field: &str,
+    set: &Set<'_>,
+) {
+    let Some(sel) = set.cache_selectors.get(&cache) else { return };
+    let outside: Vec<&str> = set
+        .cluster_labels
+        .iter()
+        .filter(|(name, labels)| {
+            crate::selector::selector_matches(sel, labels).is_ok()
+                && set.places.get(name).is_some_and(|(j, r)| a.outside_policy(base, j, r, labels).is_some())
+        })
+        .map(|(name, _)| *name)
+        .collect();
+    if !outside.is_empty() {
+        sink.warn(
+            format!("{field}.cacheRef"),
+            format!(
+                "ModelCache {}/{}'s spec.targets.clusterSelector selects {}, where adapter `{}` may not be served: its files are staged there all the same; narrow the cache's selector, or target the cache by spec.targets.deployments only (it then stages only where the adapter may be served)",
+                cache.0,
+                cache.1,
+                outside.join(", "),
+                a.name
+            ),
+        );
+    }
+}
+
 /// Each adapter has its own name (not the model's, an alias, or another adapter's), a verified
 /// cache of the set, and a policy within the deployment's.
 fn check_adapters(sink: &mut Sink<'_>, s: &ModelDeploymentSpec, ns: &str, set: &Set<'_>) {
@@ -72,6 +106,8 @@ fn check_adapters(sink: &mut Sink<'_>, s: &ModelDeploymentSpec, ns: &str, set: &
         }
         if let Some((path, message)) = a.wider_than(&base) {
             sink.error(format!("{field}.{path}"), message);
+        } else {
+            check_adapter_cache_targets(sink, a, &base, cache, &field, set);
         }
         if let Some(sel) = &a.cluster_selector {
             check_label_selector(sink, &format!("{field}.clusterSelector"), sel);
@@ -293,6 +329,25 @@ mod tests {
                 "spec.adapters[4].clusterSelector",
             ]
         );
+    }
+
+    #[test]
+    fn an_adapter_cache_selecting_clusters_outside_the_adapters_policy_is_warned_of() {
+        let us = CLUSTER.replace("eu-fra-1", "us-iad-1").replace("eu-central-1", "us-east-1").replace("EU", "US");
+        let cache = format!(
+            "apiVersion: flotilla.dev/v1alpha1\nkind: ModelCache\nmetadata: {{name: wide, namespace: ml}}\nspec:\n  source: hf://org/wide\n  size: 1G\n  digest: sha256:{}\n  targets: {{clusterSelector: {{}}}}",
+            "b".repeat(64)
+        );
+        let spec = format!(
+            "{ONE}\n  devices: {{alternatives: [{{class: h100}}]}}\n  placement: {{sovereignty: {{allowedJurisdictions: [EU, US]}}}}\n  adapters: [{{name: fr, cacheRef: wide, sovereignty: {{allowedJurisdictions: [EU]}}}}, {{name: all, cacheRef: wide}}]"
+        );
+        let objects = parse(&[CLASS, CLUSTER, &us, &cache, &deployment("a", &spec)]);
+        let set = Set::of(&objects, &[], &BTreeMap::new());
+        let FleetObject::Deployment(md) = &objects[4].value else { panic!("not a deployment") };
+        let got = reported(&objects[4], |sink| check_adapters(sink, &md.spec, "ml", &set));
+        assert_eq!(fields(&got), vec!["spec.adapters[0].cacheRef"], "{got:#?}");
+        assert!(got[0].2.contains("selects us-iad-1, where adapter `fr` may not be served"), "{}", got[0].2);
+        assert!(!got[0].2.contains("eu-fra-1"));
     }
 
     #[test]
