@@ -1,6 +1,6 @@
 //! What every request meets first. [`Edge`], a layer on every route of `http::app` (API or not,
 //! wrong method and unknown path included): more than `--max-headers` header fields get 431
-//! before any routing (the server's parser itself stops at four times the limit with a bare 431;
+//! before any routing (the server's parser itself stops at twice the limit with a bare 431;
 //! `--max-header-bytes` bounds the head), and every request gets a request id, the client's
 //! `x-request-id` when valid, else a new one, which its answer carries back. [`Front`], the
 //! service the server runs: a `POST` to an inference API goes through that same edge straight to

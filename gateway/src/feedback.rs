@@ -95,20 +95,21 @@ impl Stats {
 
     fn slot(&self, model: &str, cluster: &str, now: Instant, f: impl FnOnce(&mut Slot)) {
         let epoch = self.epoch(now);
+        let apply = |slots: &mut [Slot; SLOTS]| {
+            let slot = &mut slots[(epoch % SLOTS as u64) as usize];
+            if slot.epoch != epoch {
+                *slot = Slot { epoch, ..Slot::default() };
+            }
+            f(slot);
+        };
         let mut w = lock(&self.windows);
-        if !w.contains_key(model) {
-            w.insert(model.to_string(), HashMap::new());
+        // One lookup per level once the pair is known; the names are copied only the first time.
+        if let Some(slots) = w.get_mut(model).and_then(|c| c.get_mut(cluster)) {
+            apply(slots);
+            return;
         }
-        let Some(clusters) = w.get_mut(model) else { return };
-        if !clusters.contains_key(cluster) {
-            clusters.insert(cluster.to_string(), [Slot::default(); SLOTS]);
-        }
-        let Some(slots) = clusters.get_mut(cluster) else { return };
-        let slot = &mut slots[(epoch % SLOTS as u64) as usize];
-        if slot.epoch != epoch {
-            *slot = Slot { epoch, ..Slot::default() };
-        }
-        f(slot);
+        let clusters = w.entry(model.to_string()).or_default();
+        apply(clusters.entry(cluster.to_string()).or_insert([Slot::default(); SLOTS]));
     }
 
     /// The window of `model` on `cluster` at `now`.

@@ -10,9 +10,9 @@ use crate::config::RoutingMode;
 
 /// One candidate as the chooser sees it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Candidate {
-    /// Cluster name (hashed for affinity).
-    pub name: String,
+pub struct Candidate<'a> {
+    /// Cluster name (hashed for affinity), borrowed from the table: no copy per request.
+    pub name: &'a str,
     /// Route weight (≥ 1).
     pub weight: u32,
     /// In-flight requests from this gateway.
@@ -25,7 +25,7 @@ pub struct Candidate {
     pub tried: bool,
 }
 
-impl Candidate {
+impl Candidate<'_> {
     fn load(&self) -> u64 {
         self.inflight + self.queue_depth
     }
@@ -49,17 +49,17 @@ pub fn prefix_key(prompt: &str, bytes: usize) -> Option<u64> {
     Some(hash(0, &b[..b.len().min(bytes)]))
 }
 
-fn least_load(c: &[Candidate], idx: &[usize]) -> Option<usize> {
+fn least_load(c: &[Candidate<'_>], idx: &[usize]) -> Option<usize> {
     idx.iter().copied().min_by(|&a, &b| {
         let (x, y) = (&c[a], &c[b]);
         let lx = (x.load() + 1) as f64 / f64::from(x.weight);
         let ly = (y.load() + 1) as f64 / f64::from(y.weight);
-        lx.total_cmp(&ly).then(x.ewma_ms.total_cmp(&y.ewma_ms)).then(x.name.cmp(&y.name))
+        lx.total_cmp(&ly).then(x.ewma_ms.total_cmp(&y.ewma_ms)).then(x.name.cmp(y.name))
     })
 }
 
 /// Rendezvous order of `idx` for `key`, weighted: highest score first.
-pub fn rendezvous(c: &[Candidate], idx: &[usize], key: u64) -> Vec<usize> {
+pub fn rendezvous(c: &[Candidate<'_>], idx: &[usize], key: u64) -> Vec<usize> {
     let score = |i: usize| {
         let u = (hash(key, c[i].name.as_bytes()) >> 11) as f64 / (1u64 << 53) as f64;
         let u = u.clamp(1e-12, 1.0 - 1e-12);
@@ -71,7 +71,7 @@ pub fn rendezvous(c: &[Candidate], idx: &[usize], key: u64) -> Vec<usize> {
 }
 
 /// The candidate to try next, or `None` when there is none. Untried candidates come first.
-pub fn choose(c: &[Candidate], key: Option<u64>, mode: RoutingMode, rr: u64, load_factor: f64) -> Option<usize> {
+pub fn choose(c: &[Candidate<'_>], key: Option<u64>, mode: RoutingMode, rr: u64, load_factor: f64) -> Option<usize> {
     let untried: Vec<usize> = (0..c.len()).filter(|&i| !c[i].tried).collect();
     let idx: Vec<usize> = if untried.is_empty() { (0..c.len()).collect() } else { untried };
     if idx.is_empty() {
@@ -98,12 +98,12 @@ pub fn choose(c: &[Candidate], key: Option<u64>, mode: RoutingMode, rr: u64, loa
 mod tests {
     use super::*;
 
-    fn cands(loads: &[u64]) -> Vec<Candidate> {
+    fn cands(loads: &[u64]) -> Vec<Candidate<'static>> {
         loads
             .iter()
             .enumerate()
             .map(|(i, l)| Candidate {
-                name: format!("c{i}"),
+                name: Box::leak(format!("c{i}").into_boxed_str()),
                 weight: 1,
                 inflight: *l,
                 queue_depth: 0,

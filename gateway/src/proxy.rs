@@ -347,7 +347,7 @@ impl<'t> Trying<'_, 't> {
         let candidate = |i: usize| {
             let (r, c) = (self.routes[i], self.routes[i].health.cluster());
             Candidate {
-                name: r.cluster.name.clone(),
+                name: r.cluster.name.as_str(),
                 weight: r.weight,
                 inflight: c.inflight(),
                 queue_depth: c.scraped_load(cfg.kv_cache_weight),

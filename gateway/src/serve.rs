@@ -88,8 +88,9 @@ async fn accept_loop(
     builder
         .max_buf_size(st.cfg.max_header_bytes.max(8192))
         // Parse room beyond the limit, so that the edge (`edge.rs`) answers an over-limit
-        // request with an OpenAI-shaped 431 instead of the parser's bare one.
-        .max_headers(st.cfg.max_headers.saturating_mul(4).max(st.cfg.max_headers + 1));
+        // request with an OpenAI-shaped 431 instead of the parser's bare one (twice the limit:
+        // the parser readies room for all of them on every request head).
+        .max_headers(st.cfg.max_headers.saturating_mul(2).max(st.cfg.max_headers + 1));
     let front = crate::edge::Front::new(st.clone());
     crate::process::accept_loop(listener, front, builder, until_stopped(stopped), ms(st.cfg.drain_ms)).await;
     Ok(())

@@ -106,37 +106,53 @@ fn wrong(field: &str, kinds: &[Kind], got: &Value) -> String {
     format!("`{field}` must be {}, not {}{hint}", want.join(" or "), type_of(got))
 }
 
-/// Whether `body` (a JSON object) has the right types for `endpoint`; `Err` says which field is
-/// wrong and what to send.
-pub fn check(endpoint: Endpoint, body: &Value) -> Result<(), String> {
-    let (required, kinds, optional): (&str, &[Kind], &[Fields]) = match endpoint {
-        Endpoint::chat_completions => ("messages", &[Kind::Array], &[COMMON, GENERATION, CHAT]),
-        Endpoint::completions => ("prompt", &[Kind::String, Kind::Array], &[COMMON, GENERATION, COMPLETION]),
-        Endpoint::embeddings => ("input", &[Kind::String, Kind::Array], &[COMMON]),
+/// The types an optional field named `key` may have on `endpoint`, if it is one the gateway knows.
+fn optional(endpoint: Endpoint, key: &str) -> Option<&'static [Kind]> {
+    let tables: &[Fields] = match endpoint {
+        Endpoint::chat_completions => &[COMMON, GENERATION, CHAT],
+        Endpoint::completions => &[COMMON, GENERATION, COMPLETION],
+        Endpoint::embeddings => &[COMMON],
     };
-    match &body[required] {
-        Value::Null => return Err(format!("`{required}` is required")),
-        v if !kinds.iter().any(|k| k.matches(v)) => return Err(wrong(required, kinds, v)),
-        _ => {}
+    tables.iter().flat_map(|t| t.iter()).find(|(f, _)| *f == key).map(|(_, kinds)| *kinds)
+}
+
+/// Whether `body` (a JSON object) has the right types for `endpoint`; `Err` says which field is
+/// wrong and what to send (the required field first, then the first wrong one of the body's).
+///
+/// One pass over the body's own fields, each looked up among the few the gateway knows: a
+/// lookup of every known field in the body would hash each name, on every request.
+pub fn check(endpoint: Endpoint, body: &Value) -> Result<(), String> {
+    let (required, kinds): (&str, &[Kind]) = match endpoint {
+        Endpoint::chat_completions => ("messages", &[Kind::Array]),
+        Endpoint::completions => ("prompt", &[Kind::String, Kind::Array]),
+        Endpoint::embeddings => ("input", &[Kind::String, Kind::Array]),
+    };
+    let Some(fields) = body.as_object() else { return Err("the body must be a JSON object".into()) };
+    match fields.get(required) {
+        None | Some(Value::Null) => return Err(format!("`{required}` is required")),
+        Some(v) if !kinds.iter().any(|k| k.matches(v)) => return Err(wrong(required, kinds, v)),
+        Some(_) => {}
     }
-    for (field, kinds) in optional.iter().flat_map(|t| t.iter()) {
-        match body.get(*field) {
-            None | Some(Value::Null) => {}
-            Some(v) if kinds.iter().any(|k| k.matches(v)) => {}
-            Some(v) => return Err(wrong(field, kinds, v)),
+    for (field, v) in fields {
+        if v.is_null() {
+            continue;
+        }
+        let Some(kinds) = optional(endpoint, field) else { continue };
+        if !kinds.iter().any(|k| k.matches(v)) {
+            return Err(wrong(field, kinds, v));
+        }
+        if field == "stream_options"
+            && let Some(u) = v.get("include_usage").filter(|u| !u.is_null() && !u.is_boolean())
+        {
+            return Err(wrong("stream_options.include_usage", &[Kind::Bool], u));
         }
     }
-    if let Some(o) = body.get("stream_options").and_then(Value::as_object)
-        && let Some(v) = o.get("include_usage").filter(|v| !v.is_null() && !v.is_boolean())
-    {
-        return Err(wrong("stream_options.include_usage", &[Kind::Bool], v));
-    }
     if endpoint == Endpoint::chat_completions {
-        for (i, m) in body["messages"].as_array().into_iter().flatten().enumerate() {
-            if !m.is_object() {
+        for (i, m) in fields.get("messages").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let Some(m) = m.as_object() else {
                 return Err(format!("`messages[{i}]` must be an object with `role` and `content`, not {}", type_of(m)));
-            }
-            if !m["role"].is_string() {
+            };
+            if !m.get("role").is_some_and(Value::is_string) {
                 return Err(format!("`messages[{i}].role` must be a string (system, user, assistant, tool)"));
             }
         }
@@ -203,5 +219,23 @@ mod tests {
                 .starts_with("`prompt` must be a string or an array")
         );
         assert_eq!(check(Endpoint::embeddings, &json!({})), Err("`input` is required".into()));
+        assert_eq!(check(Endpoint::chat_completions, &json!([1])), Err("the body must be a JSON object".into()));
+    }
+
+    #[test]
+    fn the_required_field_is_judged_first_then_any_wrong_field() {
+        let body = json!({"temperature": "hot", "stream": "yes", "messages": "hi"});
+        let e = check(Endpoint::chat_completions, &body).unwrap_err();
+        assert_eq!(e, "`messages` must be an array, not a string");
+        let body = json!({"temperature": "hot", "stream": "yes", "messages": []});
+        let e = check(Endpoint::chat_completions, &body).unwrap_err();
+        let (t, s) = (
+            "`temperature` must be a number, not a string",
+            "`stream` must be a boolean (true or false), not a string",
+        );
+        assert!(e == t || e.starts_with(s), "one wrong field named: {e}");
+        // A field of another endpoint is not judged here: `echo` is a completions field.
+        assert_eq!(check(Endpoint::chat_completions, &json!({"messages": [], "echo": "x"})), Ok(()));
+        assert!(check(Endpoint::completions, &json!({"prompt": "p", "echo": "x"})).is_err());
     }
 }
