@@ -23,7 +23,9 @@ What the model encodes (documented in docs/benchmarks.md):
     deployments solved before it (priority, then creation) and itself were placed: every
     option there has a full pool, an alternative at its maxReplicas, or a price that one
     more replica would take over maxCostPerHour. "Full" is counted on devices per node
-    group: exact for one-pod replicas, approximate (total free devices) for multi-pod ones;
+    group: exact for one-pod replicas, approximate (total free devices) for multi-pod ones.
+    The optimum uses the problem's order; our plan is checked against the model in the order
+    the plan solved its tiers in (the export's `solveOrder`: a same-tier trade changes it);
   * not encoded: minReplicas per alternative (a preference the plan reports as unmet, not a
     constraint), preferences between options (capacity type, price, fallback order, cache,
     stickiness): the optimum is about how many replicas fit, not where.
@@ -56,8 +58,14 @@ def groups(free_per_node, sizes):
 class Model:
     """The fleet as a CP-SAT model; `x[d][k]` replicas of deployment d on its option k."""
 
-    def __init__(self, problem):
+    def __init__(self, problem, order=None):
         self.p = problem
+        # Position of each deployment in the solve order (spread judges a pool full against the
+        # deployments solved before): the problem's order unless the plan solved a tier in
+        # another one (a same-tier trade, `solveOrder` of the export).
+        self.pos = list(range(len(problem["deployments"])))
+        for k, di in enumerate(order or []):
+            self.pos[di] = k
         self.m = cp_model.CpModel()
         m, deps, pools = self.m, problem["deployments"], problem["pools"]
         sizes = [s for d in deps for s in d["pods"]]
@@ -100,7 +108,7 @@ class Model:
     def remaining(self, pi, gi, upto):
         """Free devices of a node group once the deployments solved up to `upto` are placed."""
         free, n = self.groups[pi][gi]
-        return free * n - sum(s * z for di, s, z in self.used[(pi, gi)] if di <= upto)
+        return free * n - sum(s * z for di, s, z in self.used[(pi, gi)] if self.pos[di] <= self.pos[upto])
 
     def spread(self, di, d):
         m, kind, skew = self.m, d["spread"][0], d["spread"][1]
@@ -236,7 +244,11 @@ def main():
         doc = json.loads(line)
         p, placed = doc["problem"], doc["placed"]
         model = Model(p)
-        accepted = model.accepts(placed)  # before optimum() fixes the tiers
+        # before optimum() fixes the tiers; judged in the order the plan solved its tiers in (the
+        # optimum keeps the problem's order)
+        order = doc.get("solveOrder")
+        traded = order is not None and order != list(range(len(p["deployments"])))
+        accepted = (Model(p, order) if traded else model).accepts(placed)
         reach, reach_proven = model.reachable(placed, args.seconds)
         best, proven = model.optimum(args.seconds)
         ours = defaultdict(int)

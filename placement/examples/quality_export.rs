@@ -63,10 +63,21 @@ fn main() -> std::io::Result<()> {
                 })
             })
             .collect();
+        // The plan's solve order as problem indexes: the usual one, but a tier the plan traded in
+        // another order (`Plan::trades`) follows that order (spread is judged against the
+        // deployments solved before a deployment).
+        let traded: HashMap<&str, usize> =
+            plan.trades.iter().flat_map(|t| t.order.iter().enumerate().map(|(k, n)| (n.as_str(), k))).collect();
+        let mut solve_order: Vec<usize> = (0..p.deployments.len()).collect();
+        solve_order.sort_by_key(|&i| {
+            let d = &p.deployments[i];
+            (std::cmp::Reverse(d.priority), traded.get(d.name.as_str()).copied().unwrap_or(i))
+        });
         let doc = serde_json::json!({
             "spec": {"clusters": spec.clusters, "deployments": spec.deployments, "seed": spec.seed, "crowded": crowded},
             "problem": p,
             "placed": placed,
+            "solveOrder": solve_order,
             "solveMicros": solve_micros,
             "exact": plan.exact,
         });

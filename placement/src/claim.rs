@@ -169,6 +169,7 @@ mod tests {
             invalid: None,
             moves: Vec::new(),
             preemptions: Vec::new(),
+            trade: None,
         }
     }
 

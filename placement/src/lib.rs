@@ -13,7 +13,9 @@ mod reason_doc;
 pub mod snapshot;
 mod solve;
 
-pub use plan::{Assignment, DeploymentPlan, InvalidSpec, Move, Plan, Preemption, Reason, Rejection};
+pub use plan::{
+    Assignment, DeploymentPlan, GaveUp, InvalidSpec, Move, Plan, Preemption, Reason, Rejection, TierTrade, Trade,
+};
 pub use snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, QuotaView, cache_key};
 pub use solve::quota::{LimitUsage, QuotaUsage, usage as quota_usage};
 pub use solve::{ExactOptions, ExactReport, ReplanStats, Replanner, SolveOptions, exact, problem, solve};

@@ -425,6 +425,7 @@ impl Ctx<'_, '_> {
             invalid: None,
             moves: Vec::new(),
             preemptions: Vec::new(),
+            trade: None,
         }
     }
 }

@@ -120,6 +120,42 @@ pub struct Plan {
     /// Usage of every FleetQuota in the plan, in (namespace, name) order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub quotas: Vec<crate::solve::quota::QuotaUsage>,
+    /// Priority tiers solved in another order than the usual one because that placed strictly
+    /// more of the tier (same-tier trades, highest priority first). Not serialised: each
+    /// deployment a trade concerns carries it (`DeploymentPlan::trade`).
+    #[serde(skip)]
+    pub trades: Vec<Trade>,
+}
+
+/// A priority tier whose deployments were solved in another order than creation order, because
+/// that placed strictly more replicas of the tier without costing a higher tier anything, a
+/// replica that runs, or a met `minReplicas` of the tier (`placement/src/trade.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trade {
+    /// The tier's priority.
+    pub priority: i32,
+    /// The order its deployments were solved in (`namespace/name`), running replicas of every
+    /// one of them kept first as always.
+    pub order: Vec<String>,
+    /// Replicas of the tier placed in the usual order (after the trades of higher tiers).
+    pub placed_before: u32,
+    /// Replicas of the tier placed in this order (strictly more).
+    pub placed_after: u32,
+    /// Deployments of this tier or below that ended with fewer replicas than in the usual order,
+    /// and how many fewer: the trade's price.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gave_up: Vec<GaveUp>,
+}
+
+/// Replicas one deployment has fewer of because of a [`Trade`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GaveUp {
+    /// The deployment (`namespace/name`).
+    pub deployment: String,
+    /// Replicas fewer than in the usual order.
+    pub replicas: u32,
 }
 
 impl Plan {
@@ -185,6 +221,34 @@ pub struct DeploymentPlan {
     /// higher-priority one, and those this deployment preempted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preemptions: Vec<Preemption>,
+    /// Its tier was solved in another order than creation order because that placed more of
+    /// the tier (a same-tier trade, [`Trade`]), or a trade of a higher tier cost it replicas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trade: Option<TierTrade>,
+}
+
+/// What a same-tier trade ([`Trade`]) means for one deployment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TierTrade {
+    /// The priority of the tier traded: this deployment's, or a higher one whose trade cost it
+    /// replicas.
+    pub priority: i32,
+    /// This deployment's place (from 0) in the order its tier was solved in; absent for a
+    /// deployment of a lower tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
+    /// Replicas of the traded tier placed in creation order (after the trades of higher tiers).
+    pub tier_placed_before: u32,
+    /// Replicas of the traded tier placed in the traded order (strictly more).
+    pub tier_placed_after: u32,
+    /// Replicas this deployment has fewer than in creation order (left out when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gave_up: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Replicas of a lower-priority deployment that did not run yet, unplaced by the improvement

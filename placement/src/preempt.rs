@@ -145,8 +145,13 @@ impl Ctx<'_, '_> {
             }
         }
         *self.free.raw_mut() = room;
-        let options =
-            SolveOptions { explain: ph.explain.clone(), max_evaluations: u64::MAX, max_improvement: 0, exact: None };
+        let options = SolveOptions {
+            explain: ph.explain.clone(),
+            max_evaluations: u64::MAX,
+            max_improvement: 0,
+            exact: None,
+            trades: false,
+        };
         let before = *self.evaluations;
         let above: Vec<(&DeploymentView, &[Held])> =
             ph.order[..below].iter().zip(held[..below].iter()).map(|(d, h)| (*d, h.as_slice())).collect();

@@ -55,6 +55,9 @@ pub struct Replanner {
     /// The greedy pass's plans that the improvement phase changed (solve-order index, plan):
     /// with `plan`, the last greedy pass, which the next walk starts from.
     greedy_saved: Vec<(usize, DeploymentPlan)>,
+    /// When a same-tier trade replaced the plan (`trade.rs`): the plans before it, in solve
+    /// order, which `greedy_saved` applies to.
+    untraded: Option<Vec<DeploymentPlan>>,
     /// The last greedy pass, step by step; `None` when the last plan cannot be re-planned from
     /// (explain mode, the evaluations neared the budget, the trace outgrew its bound).
     trace: Option<Trace>,
@@ -142,6 +145,7 @@ impl Replanner {
             untraceable: false,
             plan: Plan::default(),
             greedy_saved: Vec::new(),
+            untraded: None,
             trace: None,
             stats: ReplanStats::default(),
         };
@@ -195,6 +199,9 @@ impl Replanner {
         let changed: Vec<bool> = order.iter().zip(&self.deployments).map(|(a, b)| *a != b).collect();
         let prev = self.trace.take();
         // The walk starts from the last greedy pass's plans.
+        if let Some(untraded) = self.untraded.take() {
+            self.plan = Plan { deployments: untraded, ..Plan::default() };
+        }
         for (i, p) in self.greedy_saved.drain(..) {
             self.plan.deployments[i] = p;
         }
@@ -218,6 +225,7 @@ impl Replanner {
                 }
                 self.trace = Some(trace);
                 self.stats = stats;
+                self.trade(snapshot, &order);
             }
             Outcome::Abort => self.full(snapshot),
         }
@@ -234,6 +242,7 @@ impl Replanner {
         self.deployments = order.iter().map(|d| (*d).clone()).collect();
         self.trace = None;
         self.greedy_saved = Vec::new();
+        self.untraded = None;
         let fixed = Fixed::of(snapshot);
         let n = order.len();
         let mut plans = Vec::with_capacity(n);
@@ -258,11 +267,23 @@ impl Replanner {
                 self.greedy_saved = greedy_saved;
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };
+                self.trade(snapshot, &order);
             }
             Outcome::Abort => {
                 self.untraceable |= self.options.explain.is_none();
                 self.plan = solve(snapshot, &self.options);
             }
+        }
+    }
+}
+
+impl Replanner {
+    /// The walk's plan (the greedy pass and the improvement phase, as `solve` gives them) with
+    /// `solve`'s same-tier trades applied; the plan before them kept for the next walk.
+    fn trade(&mut self, snapshot: &FleetSnapshot, order: &[&DeploymentView]) {
+        let Some(fixed) = self.fixed.as_ref() else { return };
+        if let Some(traded) = super::trade::trade(snapshot, &self.options, fixed, order, &self.plan) {
+            self.untraded = Some(std::mem::replace(&mut self.plan, traded).deployments);
         }
     }
 }

@@ -9,7 +9,9 @@
 //! ceiling (held back for the most replicas it can pay for, `ceiling.rs`). Then a bounded
 //! improvement phase moves equal- or lower-priority replicas to place what the greedy pass
 //! left out, and as a last resort preempts strictly lower-priority replicas that do not run
-//! and solves the lower tiers again (`improve.rs`, `preempt.rs`).
+//! and solves the lower tiers again (`improve.rs`, `preempt.rs`). A tier still left short is
+//! solved again in a few other orders of its deployments, one kept where it places strictly
+//! more of the tier (`trade.rs`).
 
 use flotilla_apis::common::parse_price_micros;
 use flotilla_apis::deployment::SplitStrategy;
@@ -35,11 +37,15 @@ pub struct SolveOptions {
     /// After the greedy pass, look for the optimum with an integer program and let it guide a
     /// second pass (`exact.rs`); `None` (the default): the greedy plan.
     pub exact: Option<ExactOptions>,
+    /// After the improvement phase, solve a priority tier it left short again in other orders of
+    /// its deployments and keep one that places strictly more of the tier (`trade.rs`); on by
+    /// default, within the `max_improvement` budget (off when that is 0).
+    pub trades: bool,
 }
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 1_000_000, exact: None }
+        Self { explain: None, max_evaluations: 200_000_000, max_improvement: 1_000_000, exact: None, trades: true }
     }
 }
 
@@ -86,8 +92,30 @@ pub fn solve(snapshot: &FleetSnapshot, options: &SolveOptions) -> Plan {
     if options.max_improvement > 0 && plan.deployments.iter().any(|p| p.unplaced > 0) {
         ctx.improve(&order, &mut plan.deployments, solved, options, None);
     }
+    // Tiers left short solved again in other orders where that places more of them (`trade.rs`).
+    let traded = trade::trade(snapshot, options, &fixed, &order, &plan);
     if let Some(exact) = &options.exact {
-        plan = exact_pass(snapshot, options, exact, &order, &fixed, plan);
+        // The exact mode searches every placement, trades within a tier included: it starts from
+        // the plan before the trades, and the traded plan stands only where it places more.
+        let by_exact = exact_pass(snapshot, options, exact, &order, &fixed, plan);
+        plan = match traded {
+            Some(t) if more_in_tier_order(&tier_counts(&order, &t), &tier_counts(&order, &by_exact)) => {
+                let counts = tier_counts(&order, &t);
+                let report = by_exact.exact.map(|mut r| {
+                    r.produced_by = exact::Producer::Greedy;
+                    r.note =
+                        Some("same-tier trades placed more than the exact mode's plan: the traded plan is kept".into());
+                    for tier in &mut r.tiers {
+                        tier.plan = counts.get(&tier.priority).copied().unwrap_or(0);
+                    }
+                    r
+                });
+                Plan { exact: report, ..t }
+            }
+            _ => by_exact,
+        };
+    } else if let Some(t) = traded {
+        plan = t;
     }
     if (options.max_improvement > 0 || options.exact.is_some()) && quota::over(snapshot, &plan.deployments) {
         // A step after the greedy pass took a namespace past a quota (they judge capacity and
@@ -206,6 +234,20 @@ fn exact_pass(
     plan.exact =
         report(exact::Producer::Greedy, solved.proven, solved.timed_out, Some(note.into()), &solved.tiers, None);
     plan
+}
+
+/// Replicas placed per priority tier.
+fn tier_counts(order: &[&DeploymentView], plan: &Plan) -> std::collections::BTreeMap<i32, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    for (d, p) in order.iter().zip(&plan.deployments) {
+        *out.entry(d.priority()).or_default() += p.desired - p.unplaced.min(p.desired);
+    }
+    out
+}
+
+/// Whether `a` places more than `b` in the tier order: the highest tier where they differ has more.
+fn more_in_tier_order(a: &std::collections::BTreeMap<i32, u32>, b: &std::collections::BTreeMap<i32, u32>) -> bool {
+    a.iter().rev().zip(b.iter().rev()).find(|(x, y)| x.1 != y.1).is_some_and(|(x, y)| x.1 > y.1)
 }
 
 /// Every pool's free devices per node, as the snapshot reports them.
@@ -890,6 +932,8 @@ mod refusal;
 mod replan;
 #[path = "scan.rs"]
 mod scan;
+#[path = "trade.rs"]
+mod trade;
 pub use exact::{ExactOptions, ExactReport};
 use free::Free;
 use place::Placing;

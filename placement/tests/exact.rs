@@ -81,9 +81,15 @@ fn crowded_pair() -> FleetSnapshot {
     }
 }
 
+/// The greedy pass and its improvement phase, without same-tier trades (`trade.rs`), which on
+/// these fleets would find some of the trades the exact mode is tested on first.
+fn no_trades() -> SolveOptions {
+    SolveOptions { trades: false, ..SolveOptions::default() }
+}
+
 /// The exact mode with its node budget only (no time limit): deterministic, whatever the load.
 fn exact() -> SolveOptions {
-    SolveOptions { exact: Some(ExactOptions { max_time: None, ..ExactOptions::default() }), ..SolveOptions::default() }
+    SolveOptions { exact: Some(ExactOptions { max_time: None, ..ExactOptions::default() }), ..no_trades() }
 }
 
 fn placed(plan: &Plan) -> u32 {
@@ -97,7 +103,7 @@ fn placed_of(plan: &Plan, name: &str) -> u32 {
 #[test]
 fn one_large_replica_gives_way_to_several_smaller_ones_of_its_tier() {
     let snap = crowded_pair();
-    let greedy = solve(&snap, &SolveOptions::default());
+    let greedy = solve(&snap, &no_trades());
     assert_eq!((placed(&greedy), placed_of(&greedy, "big")), (2, 2), "the greedy keeps the first-come TP8 replicas");
     assert!(greedy.exact.is_none(), "no report without the exact mode");
     let plan = solve(&snap, &exact());
@@ -132,7 +138,7 @@ fn a_deployment_that_spreads_is_placed_otherwise_for_the_optimum() {
         .map(|d| format!("{}/{}", d.namespace, d.name))
         .collect();
     assert!(!spreading.is_empty());
-    let greedy = solve(&snap, &SolveOptions::default());
+    let greedy = solve(&snap, &no_trades());
     let plan = solve(&snap, &exact());
     let report = plan.exact.as_ref().unwrap();
     assert_eq!(report.produced_by, Producer::Exact, "{report:#?}");
@@ -216,7 +222,7 @@ fn independent_parts_are_solved_apart_and_one_too_large_keeps_only_its_own_greed
         d.spec.devices.alternatives[0].class = Some("h100".into());
     }
     snap.deployments.extend(more);
-    let greedy = solve(&snap, &SolveOptions::default());
+    let greedy = solve(&snap, &no_trades());
     assert_eq!((placed_of(&greedy, "big"), placed_of(&greedy, "b-big")), (2, 4), "the greedy keeps first-come TP8s");
     let options =
         SolveOptions { exact: Some(ExactOptions { max_variables: 20, ..ExactOptions::default() }), ..exact() };
@@ -243,7 +249,7 @@ fn independent_parts_are_solved_apart_and_one_too_large_keeps_only_its_own_greed
 fn a_time_limit_already_spent_keeps_the_greedy_plan_and_says_why() {
     let snap = crowded_pair();
     let spent = ExactOptions { max_time: Some(std::time::Duration::ZERO), ..ExactOptions::default() };
-    let plan = solve(&snap, &SolveOptions { exact: Some(spent), ..SolveOptions::default() });
+    let plan = solve(&snap, &SolveOptions { exact: Some(spent), ..no_trades() });
     assert_eq!(placed(&plan), 2, "the greedy plan stands");
     let report = plan.exact.as_ref().unwrap();
     assert_eq!(report.produced_by, Producer::Greedy);
@@ -282,7 +288,7 @@ fn on_crowded_fleets_the_exact_mode_never_places_fewer_and_the_tier_order_no_lon
     for seed in 1..=12u64 {
         let spec = GenSpec { clusters: 3 + (seed % 3) as usize, deployments: 8 + (seed % 5) as usize, seed };
         let snap = generate_crowded(&spec);
-        let greedy = solve(&snap, &SolveOptions::default());
+        let greedy = solve(&snap, &no_trades());
         let plan = solve(&snap, &exact());
         let report = plan.exact.as_ref().unwrap();
         let (g, e) = (tiers(&snap, &greedy), tiers(&snap, &plan));
@@ -310,8 +316,8 @@ fn on_crowded_fleets_the_exact_mode_never_places_fewer_and_the_tier_order_no_lon
             |r: &flotilla_placement::ExactReport| r.tiers.iter().all(|t| t.optimum.is_some_and(|o| o == t.plan));
         if report.proven && other.proven && realised(report) && realised(other) {
             compared += 1;
-            let greedy_again = solve(&reversed, &SolveOptions::default());
-            let greedy_here = solve(&snap, &SolveOptions::default());
+            let greedy_again = solve(&reversed, &no_trades());
+            let greedy_here = solve(&snap, &no_trades());
             greedy_differs += u32::from(
                 tiers(&reversed, &greedy_again).into_values().collect::<Vec<_>>()
                     != tiers(&snap, &greedy_here).into_values().collect::<Vec<_>>(),

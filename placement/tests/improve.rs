@@ -92,9 +92,14 @@ fn fleet(flexible_priority: i32) -> FleetSnapshot {
     }
 }
 
+/// The greedy pass and the improvement phase, without same-tier trades after it (`trade.rs`),
+/// which may reach some of these plans by another order of a tier.
+fn phase_only() -> SolveOptions {
+    SolveOptions { trades: false, ..SolveOptions::default() }
+}
+
 fn plans(snap: &FleetSnapshot, improve: bool) -> Vec<DeploymentPlan> {
-    let options =
-        if improve { SolveOptions::default() } else { SolveOptions { max_improvement: 0, ..SolveOptions::default() } };
+    let options = if improve { phase_only() } else { SolveOptions { max_improvement: 0, ..SolveOptions::default() } };
     solve(snap, &options).deployments
 }
 
@@ -564,7 +569,7 @@ fn after_the_moves_a_replica_goes_to_a_better_ranked_pool_only_when_it_costs_les
         }
         let placed = |ps: &[DeploymentPlan]| ps.iter().map(|p| p.desired - p.unplaced).sum::<u32>();
         assert!(placed(&improved) >= placed(&greedy), "seed {seed}");
-        let json = serde_json::to_string(&solve(&snap, &SolveOptions::default())).unwrap();
+        let json = serde_json::to_string(&solve(&snap, &phase_only())).unwrap();
         assert!(json.contains("\"lowersCost\":true"), "seed {seed}: no cost-lowering move recorded");
     }
     assert!(seen > 0);
