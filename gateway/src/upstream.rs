@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client as HyperClient;
@@ -225,20 +225,23 @@ pub async fn attempt(client: Conn<'_>, out: Outgoing<'_>) -> Result<Success, Fai
     // Only these headers go upstream: the client's own `Authorization` (the gateway's key)
     // never reaches the engine; the cluster's credential does. No client header is forwarded,
     // so a client cannot name another deployment to the member's routing.
-    let mut req = Request::post(uri)
-        .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
-        .header(header::ACCEPT, HeaderValue::from_static(accept))
-        .header(REQUEST_ID.clone(), request_id)
-        .body(Full::new(out.body))
-        .map_err(|e| Failure::Connect(e.to_string()))?;
+    // Built in place (a `Request::builder` moves itself through every header it is given).
+    let mut req = Request::new(Full::new(out.body));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = uri;
+    let headers = req.headers_mut();
+    headers.reserve(6);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::ACCEPT, HeaderValue::from_static(accept));
+    headers.insert(REQUEST_ID.clone(), request_id);
     if let Some((_, host)) = target {
-        req.headers_mut().insert(header::HOST, host.clone());
+        headers.insert(header::HOST, host.clone());
     }
     if let Some(auth) = out.auth {
-        req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
+        headers.insert(header::AUTHORIZATION, auth.clone());
     }
     if let Some(route) = out.member_route {
-        req.headers_mut().insert(DEPLOYMENT_HEADER, route.clone());
+        headers.insert(DEPLOYMENT_HEADER, route.clone());
     }
     let deadline = tokio::time::Instant::from_std(out.deadline);
     let what = if out.stream { "first token" } else { "answer" };
