@@ -297,6 +297,7 @@ mod tests {
             deployments: vec![],
             scale_to_zero: false,
             parent: None,
+            meters: Default::default(),
         };
         let mut splice = Splice::new(true);
         let chunk = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"the fleet \"}}]}\n\n");

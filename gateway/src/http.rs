@@ -77,7 +77,8 @@ pub(crate) async fn infer(State(st): State<Arc<AppState>>, endpoint: Endpoint, r
     let started = Instant::now();
     let (label, result) = handle(&st, endpoint, req).await;
     let resp = result.unwrap_or_else(IntoResponse::into_response);
-    st.metrics.request(&label, endpoint, outcome(resp.status()), started.elapsed().as_secs_f64());
+    let secs = started.elapsed().as_secs_f64();
+    st.metrics.request(&label.name, label.meters.as_deref(), endpoint, outcome(resp.status()), secs);
     resp
 }
 
@@ -112,8 +113,21 @@ fn prompt_text(endpoint: Endpoint, v: &Value, limit: usize) -> String {
     out
 }
 
-async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (String, Result<Response, GatewayError>) {
-    let unknown = || "unknown".to_string();
+/// The model a request is counted under: a name from the table (or `unknown`), and, for a model
+/// of the table, its metrics' handles.
+struct Label {
+    name: String,
+    meters: Option<Arc<crate::metrics::ModelMeters>>,
+}
+
+impl From<String> for Label {
+    fn from(name: String) -> Self {
+        Label { name, meters: None }
+    }
+}
+
+async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (Label, Result<Response, GatewayError>) {
+    let unknown = || Label::from("unknown".to_string());
     let key = match authenticate(st, req.headers()) {
         Ok(k) => k,
         Err(e) => return (unknown(), Err(e)),
@@ -144,14 +158,14 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
         return (unknown(), Err(GatewayError::BadRequest(e)));
     }
     let table = st.table.load_full();
-    let model = match table.resolve(name) {
+    let (model, meters) = match table.resolve(name) {
         Some(m) => {
             if let Some(k) = &key
                 && let Err(e) = admit_key(st, k, m).await
             {
-                return (m.name.clone(), Err(e));
+                return (m.name.clone().into(), Err(e));
             }
-            m.name.clone()
+            (m.name.clone(), m.meters.get())
         }
         None => return (unknown(), Err(GatewayError::UnknownModel(name.chars().take(200).collect()))),
     };
@@ -160,7 +174,7 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
     // (or a 503).
     let permit = match crate::autoscale::activate::hold(st, &model, bytes.len(), permit).await {
         Ok(p) => p,
-        Err(e) => return (model, Err(e)),
+        Err(e) => return (Label { name: model, meters: Some(meters) }, Err(e)),
     };
     let stream = endpoint != Endpoint::embeddings && v["stream"].as_bool() == Some(true);
     let key_ref = key;
@@ -169,7 +183,7 @@ async fn handle(st: &Arc<AppState>, endpoint: Endpoint, mut req: Request) -> (St
         _ => None,
     };
     let p = Prepared { endpoint, body: v, raw: bytes, stream, key, request_id, model: model.clone(), api_key: key_ref };
-    (model, proxy::serve(st, p, permit).await)
+    (Label { name: model, meters: Some(meters) }, proxy::serve(st, p, permit).await)
 }
 
 /// Counts a request in `body_reads` while its body arrives.

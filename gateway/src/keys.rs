@@ -327,6 +327,7 @@ mod tests {
             deployments: vec![],
             scale_to_zero: false,
             parent: None,
+            meters: Default::default(),
         }
     }
 

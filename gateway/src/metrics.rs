@@ -3,6 +3,8 @@
 //! cluster and result, in-flight and circuit state per cluster, stream endings, fallbacks,
 //! table reloads, probes, bodies in transit, tokens and latency, the shared limits store.
 
+use std::sync::OnceLock;
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,6 +18,7 @@ use crate::member::ConfigReason;
 /// The API a request used.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
+#[repr(usize)]
 pub enum Endpoint {
     /// `/v1/chat/completions`.
     chat_completions,
@@ -414,12 +417,36 @@ impl Default for Metrics {
     }
 }
 
+/// One model's series that every answered request counts (`requests` with outcome `ok`, by
+/// endpoint, and `request_duration_seconds`), taken from their families the first time and kept
+/// on the model (`table::Meters`), so that an answered request builds no label and looks none up.
+#[derive(Debug, Default)]
+pub struct ModelMeters {
+    ok: [OnceLock<Counter>; 3],
+    duration: OnceLock<Histogram>,
+}
+
 impl Metrics {
-    /// Count a finished request. `model` must come from the routing table (or be `unknown`).
-    pub fn request(&self, model: &str, endpoint: Endpoint, outcome: Outcome, secs: f64) {
-        let labels = RequestLabels { model: model.to_string(), endpoint, outcome };
-        self.requests.get_or_create(&labels).inc();
-        self.duration.get_or_create(&ModelLabel { model: model.to_string() }).observe(secs);
+    /// Count a finished request. `model` must come from the routing table (or be `unknown`);
+    /// `meters`, the model's own handles when the request named a model of the table.
+    pub fn request(&self, model: &str, meters: Option<&ModelMeters>, endpoint: Endpoint, outcome: Outcome, secs: f64) {
+        let labels = || RequestLabels { model: model.to_string(), endpoint, outcome };
+        let duration = || self.duration.get_or_create(&ModelLabel { model: model.to_string() }).clone();
+        match meters {
+            Some(m) => {
+                if outcome == Outcome::ok {
+                    let i = endpoint as usize;
+                    m.ok[i].get_or_init(|| self.requests.get_or_create(&labels()).clone()).inc();
+                } else {
+                    self.requests.get_or_create(&labels()).inc();
+                }
+                m.duration.get_or_init(duration).observe(secs);
+            }
+            None => {
+                self.requests.get_or_create(&labels()).inc();
+                duration().observe(secs);
+            }
+        }
     }
     /// Count an attempt.
     pub fn attempt(&self, cluster: &str, result: AttemptResult) {
@@ -513,5 +540,41 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_models_handles_count_in_the_same_series_as_the_labels() {
+        let m = Metrics::default();
+        let meters = ModelMeters::default();
+        m.request("llama", Some(&meters), Endpoint::chat_completions, Outcome::ok, 0.01);
+        m.request("llama", Some(&meters), Endpoint::chat_completions, Outcome::ok, 0.02);
+        m.request("llama", None, Endpoint::chat_completions, Outcome::ok, 0.03);
+        m.request("llama", Some(&meters), Endpoint::embeddings, Outcome::ok, 0.01);
+        m.request("llama", Some(&meters), Endpoint::chat_completions, Outcome::timeout, 1.0);
+        let text = m.render();
+        let line = |s: &str| {
+            text.lines().find(|l| l.starts_with(s)).unwrap_or_else(|| panic!("no {s} in\n{text}")).to_string()
+        };
+        let ok = "flotilla_gateway_requests_total{model=\"llama\",endpoint=\"chat_completions\",outcome=\"ok\"}";
+        assert!(line(ok).ends_with(" 3"), "{}", line(ok));
+        assert!(
+            line("flotilla_gateway_requests_total{model=\"llama\",endpoint=\"embeddings\",outcome=\"ok\"}")
+                .ends_with(" 1")
+        );
+        assert!(
+            line("flotilla_gateway_requests_total{model=\"llama\",endpoint=\"chat_completions\",outcome=\"timeout\"}")
+                .ends_with(" 1")
+        );
+        assert!(line("flotilla_gateway_request_duration_seconds_count{model=\"llama\"}").ends_with(" 5"));
+        // Handles taken from one gateway's metrics never count in another's.
+        let other = Metrics::default();
+        let fresh = ModelMeters::default();
+        other.request("llama", Some(&fresh), Endpoint::chat_completions, Outcome::ok, 0.01);
+        assert!(line(ok).ends_with(" 3"), "the first gateway's series is unchanged");
     }
 }

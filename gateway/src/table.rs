@@ -246,6 +246,27 @@ pub struct Model {
     pub scale_to_zero: bool,
     /// The base model when this is a LoRA adapter (`ModelSpec::parent`).
     pub parent: Option<String>,
+    /// Its request metrics' handles, taken on first use.
+    pub meters: Meters,
+}
+
+/// A model's handles on its request metrics (`metrics::ModelMeters`), shared by the requests
+/// that resolved the model in this table. A copy of the model starts its own, empty: handles
+/// belong to the gateway whose metrics first filled them, and a copy may go to another.
+#[derive(Debug, Default)]
+pub struct Meters(Arc<crate::metrics::ModelMeters>);
+
+impl Clone for Meters {
+    fn clone(&self) -> Self {
+        Meters::default()
+    }
+}
+
+impl Meters {
+    /// The handles, for a request of this model.
+    pub fn get(&self) -> Arc<crate::metrics::ModelMeters> {
+        self.0.clone()
+    }
 }
 
 /// The validated table the gateway routes by.
@@ -357,6 +378,7 @@ impl RoutingTable {
                 deployments: m.deployments,
                 scale_to_zero: m.scale_to_zero,
                 parent: m.parent,
+                meters: Meters::default(),
             };
             t.models.insert(m.name, model);
         }
