@@ -355,7 +355,8 @@ Each change below measured against the build before it:
 | hyper's parse room twice \`--max-headers\` instead of four times (it readies room for all of them on every head) | 76,511 |
 | \`Stats::record\` one lookup per level once a (model, cluster) pair is known; \`pick\`'s candidates borrow the cluster name | 76,428 |
 | the upstream request built in place instead of through \`Request::builder\` | 75,235 |
-| an answered request counts its model's series through handles kept on the model, not labels built and looked up | **74,678** (−8.7 %) |
+| an answered request counts its model's series through handles kept on the model, not labels built and looked up | 74,678 |
+| the answered attempt counted through a handle kept on the route | **74,163** (−9.3 %) |
 
 What is left of the 75k, by the same profile: hyper's server and client (parsing both heads,
 the header room, encoding; about 30 %), the request body parsed into a \`serde_json::Value\`
@@ -363,11 +364,10 @@ the header room, encoding; about 30 %), the request body parsed into a \`serde_j
 hyper-util's request futures (\`memcpy\`, 5 %), its pool keys hashed with SipHash twice
 (3 %), allocation (8 %).
 
-Left to try: the attempt counter's handle kept on the route as the model's are, one
-timer for an attempt's deadline instead of one per step, fewer clock reads per attempt, and one
-event loop's connections balanced against the other's (the kernel hands a new connection to
-whichever loop accepts first: in some runs one loop served all 16 connections, in others
-8 and 8, which may be part of the run-to-run spread).
+Left to try: one timer for an attempt's deadline instead of one per step, fewer clock reads per
+attempt, and one event loop's connections balanced against the other's (the kernel hands a new
+connection to whichever loop accepts first: in some runs one loop served all 16 connections,
+in others 8 and 8, which may be part of the run-to-run spread).
 MD
 write_section "$OUT" gateway-nginx-bench "$SECTION" gateway-bench
 echo "wrote the gateway-nginx section of $OUT" >&2

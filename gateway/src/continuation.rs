@@ -256,6 +256,7 @@ mod tests {
             health: RouteHealth::detached(),
             deployment: 0,
             member_route: None,
+            meters: Default::default(),
         }
     }
 

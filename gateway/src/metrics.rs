@@ -426,6 +426,13 @@ pub struct ModelMeters {
     duration: OnceLock<Histogram>,
 }
 
+/// One route's series that every answered attempt counts (`attempts` with result `ok` on its
+/// cluster), kept on the route (`table::Meters`) as [`ModelMeters`] are on the model.
+#[derive(Debug, Default)]
+pub struct RouteMeters {
+    ok: OnceLock<Counter>,
+}
+
 impl Metrics {
     /// Count a finished request. `model` must come from the routing table (or be `unknown`);
     /// `meters`, the model's own handles when the request named a model of the table.
@@ -447,6 +454,11 @@ impl Metrics {
                 duration().observe(secs);
             }
         }
+    }
+    /// Count an attempt that got a usable answer on `cluster`, through the route's handle.
+    pub fn attempt_ok(&self, cluster: &str, meters: &RouteMeters) {
+        let labels = || AttemptLabels { cluster: cluster.to_string(), result: AttemptResult::ok };
+        meters.ok.get_or_init(|| self.attempts.get_or_create(&labels()).clone()).inc();
     }
     /// Count an attempt.
     pub fn attempt(&self, cluster: &str, result: AttemptResult) {
@@ -576,5 +588,14 @@ mod tests {
         let fresh = ModelMeters::default();
         other.request("llama", Some(&fresh), Endpoint::chat_completions, Outcome::ok, 0.01);
         assert!(line(ok).ends_with(" 3"), "the first gateway's series is unchanged");
+
+        let route = RouteMeters::default();
+        m.attempt_ok("eu1", &route);
+        m.attempt_ok("eu1", &route);
+        m.attempt("eu1", AttemptResult::ok);
+        let text = m.render();
+        let attempts = "flotilla_gateway_upstream_attempts_total{cluster=\"eu1\",result=\"ok\"}";
+        let line = text.lines().find(|l| l.starts_with(attempts)).unwrap_or_else(|| panic!("{text}"));
+        assert!(line.ends_with(" 3"), "{line}");
     }
 }

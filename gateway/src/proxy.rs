@@ -22,7 +22,7 @@ use crate::continuation;
 use crate::health::AttemptGuard;
 use crate::keys::{ApiKey, usage_tokens};
 use crate::member::ConfigReason;
-use crate::metrics::{AttemptResult, Endpoint};
+use crate::metrics::Endpoint;
 use crate::pick::{self, Candidate};
 use crate::splice::Splice;
 use crate::split;
@@ -404,7 +404,7 @@ impl<'t> Trying<'_, 't> {
     fn won(&self, route: &'t Route, success: Success, mut guard: AttemptGuard, prefill: bool, at: Instant) -> Won<'t> {
         let (st, m, name) = (self.st, self.m, route.cluster.name.as_str());
         guard.success();
-        st.metrics.attempt(name, AttemptResult::ok);
+        st.metrics.attempt_ok(name, &route.meters);
         st.stats.record(&m.name, name, Some(at.elapsed()), Instant::now());
         if let Some(d) = m.deployments.get(route.deployment) {
             st.shares.record(&m.name, &d.name, Some(at.elapsed()), Instant::now());

@@ -225,6 +225,8 @@ pub struct Route {
     pub deployment: usize,
     /// The `x-flotilla-deployment` value its requests carry (`RouteSpec::member_route`).
     pub member_route: Option<HeaderValue>,
+    /// Its attempt metrics' handles, taken on first use.
+    pub meters: Meters<crate::metrics::RouteMeters>,
 }
 
 /// A model, resolved.
@@ -247,25 +249,32 @@ pub struct Model {
     /// The base model when this is a LoRA adapter (`ModelSpec::parent`).
     pub parent: Option<String>,
     /// Its request metrics' handles, taken on first use.
-    pub meters: Meters,
+    pub meters: Meters<crate::metrics::ModelMeters>,
 }
 
-/// A model's handles on its request metrics (`metrics::ModelMeters`), shared by the requests
-/// that resolved the model in this table. A copy of the model starts its own, empty: handles
-/// belong to the gateway whose metrics first filled them, and a copy may go to another.
+/// A model's or a route's handles on its metrics (`metrics::ModelMeters`, `RouteMeters`),
+/// shared by the requests that resolved it in this table. A copy starts its own, empty:
+/// handles belong to the gateway whose metrics first filled them, and a copy may go to another.
 #[derive(Debug, Default)]
-pub struct Meters(Arc<crate::metrics::ModelMeters>);
+pub struct Meters<T>(Arc<T>);
 
-impl Clone for Meters {
+impl<T: Default> Clone for Meters<T> {
     fn clone(&self) -> Self {
-        Meters::default()
+        Meters(Arc::default())
     }
 }
 
-impl Meters {
-    /// The handles, for a request of this model.
-    pub fn get(&self) -> Arc<crate::metrics::ModelMeters> {
+impl<T> Meters<T> {
+    /// The handles (shared, not copied).
+    pub fn get(&self) -> Arc<T> {
         self.0.clone()
+    }
+}
+
+impl<T> std::ops::Deref for Meters<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
     }
 }
 
@@ -353,6 +362,7 @@ impl RoutingTable {
                     health: RouteHealth::detached(),
                     deployment,
                     member_route,
+                    meters: Meters::default(),
                 });
             }
             let mut fallbacks = Vec::new();
