@@ -94,8 +94,9 @@ fn incremental(c: &mut Criterion) {
             });
         });
     }
-    // With FleetQuotas on two of the four namespaces (half of what each holds, in devices): a
-    // quota couples its namespace's deployments, so every re-plan solves the fleet whole.
+    // With FleetQuotas on two of the four namespaces (half of what each holds, in devices, so
+    // both bind): a step reads its namespace's room, and runs again only where that answers one
+    // of its checks otherwise.
     let free = solve(&base, &SolveOptions::default());
     let held = flotilla_placement::quota_usage(&with_quotas(&base, 1_000_000), &free);
     let mut limited = base.clone();

@@ -269,10 +269,13 @@ impl Ctx<'_, '_> {
                 units.push(None);
                 continue;
             }
-            let reuse = old.as_ref().is_some_and(|u| {
-                let deps = &ph.deps;
-                u.reusable(di, &dirty, |i| deps[i].is_some(), ph.work, ph.budget)
-            });
+            // With FleetQuotas an attempt also reads its namespaces' usage, which the trace
+            // does not note: every attempt runs.
+            let reuse = ph.quota.is_none()
+                && old.as_ref().is_some_and(|u| {
+                    let deps = &ph.deps;
+                    u.reusable(di, &dirty, |i| deps[i].is_some(), ph.work, ph.budget)
+                });
             match old {
                 Some(u) if reuse => {
                     m.units_reused += 1;

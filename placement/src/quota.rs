@@ -12,8 +12,13 @@
 //! when it preempts, the tiers it solves again are charged with what the higher tiers hold. The
 //! solve still checks the final plan ([`over`]) and, should a step (the exact mode's guide, a
 //! path not covered above) have taken a namespace past a limit, falls back to the greedy pass
-//! alone, which holds every limit by construction. Quotas couple every deployment of a
-//! namespace, so the incremental re-planner solves whole while any quota exists.
+//! alone, which holds every limit by construction.
+//!
+//! For the incremental re-planner a deployment's room is an input of its step, like the free
+//! devices of the pools it reads: [`Room`] notes, per limit, the most the step's checks asked of
+//! it and whether one was refused ([`Probe`]), so a step is reused when its namespace's usage by
+//! the other deployments is the same on every limit that refused, and on every other limit still
+//! leaves room for all the step asked ([`Probe::holds`]).
 
 use std::collections::BTreeMap;
 
@@ -196,6 +201,32 @@ pub(crate) struct Book<'s> {
 pub(crate) struct Room {
     pub limits: Vec<Limit>,
     pub others: Vec<u64>,
+    /// What the checks asked of each limit (`refuses`), for the re-planner.
+    probe: std::cell::RefCell<Probe>,
+}
+
+/// What a step's quota checks read of its room: per limit, the most its own usage plus one
+/// more replica came to (`peak`, over the checks that charge the limit) and whether a check
+/// found the limit passed (`refused`); with the room's `others` they were judged against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Probe {
+    pub others: Vec<u64>,
+    pub peak: Vec<u64>,
+    pub refused: Vec<bool>,
+}
+
+impl Probe {
+    /// Whether every check of the step answers the same against `others` (the other
+    /// deployments' usage now) under `limits`: a limit that refused must read the same usage
+    /// (its answer and its message depend on it); any other must still hold all the step asked.
+    /// Then the step runs the same checks with the same answers: it may be reused.
+    pub fn holds(&self, others: &[u64], limits: &[Limit]) -> bool {
+        others.len() == self.others.len()
+            && limits.len() == others.len()
+            && (0..others.len()).all(|k| {
+                if self.refused[k] { others[k] == self.others[k] } else { others[k] + self.peak[k] <= limits[k].max }
+            })
+    }
 }
 
 impl Room {
@@ -209,11 +240,28 @@ impl Room {
         devices: u32,
         price: u64,
     ) -> Option<(usize, u64, u64)> {
-        self.limits.iter().enumerate().find_map(|(i, l)| {
+        let mut probe = self.probe.borrow_mut();
+        let mut first = None;
+        // Every limit judged (not only up to the first refusal), so the probe knows each one's answer.
+        for (i, l) in self.limits.iter().enumerate() {
             let add = l.charge(class, capacity_type, devices, price);
+            if add == 0 {
+                continue;
+            }
+            let mine = own.get(i).copied().unwrap_or(0) + add;
+            probe.peak[i] = probe.peak[i].max(mine);
             let used = self.others[i] + own.get(i).copied().unwrap_or(0);
-            (add > 0 && used + add > l.max).then_some((i, used, add))
-        })
+            if used + add > l.max {
+                probe.refused[i] = true;
+                first = first.or(Some((i, used, add)));
+            }
+        }
+        first
+    }
+
+    /// What the checks so far read of this room.
+    pub fn probe(&self) -> Probe {
+        self.probe.borrow().clone()
     }
 
     /// The charges of the replicas `placed` says are placed: (class, capacity type, replicas,
@@ -247,8 +295,38 @@ impl<'s> Book<'s> {
         let ns = self.namespaces[i];
         let limits = self.limits.get(ns)?;
         let total = &self.total[ns];
-        let others = total.iter().zip(&self.charged[i]).map(|(t, c)| t - c).collect();
-        Some(Room { limits: limits.clone(), others })
+        let others: Vec<u64> = total.iter().zip(&self.charged[i]).map(|(t, c)| t - c).collect();
+        let n = others.len();
+        let probe = Probe { others: others.clone(), peak: vec![0; n], refused: vec![false; n] };
+        Some(Room { limits: limits.clone(), others, probe: std::cell::RefCell::new(probe) })
+    }
+
+    /// What the other deployments of the namespace of the deployment at `i` hold of each limit,
+    /// with the limits; `None` when its namespace has no quota.
+    pub fn others(&self, i: usize) -> Option<(Vec<u64>, &[Limit])> {
+        let ns = self.namespaces[i];
+        let limits = self.limits.get(ns)?;
+        let others = self.total[ns].iter().zip(&self.charged[i]).map(|(t, c)| t - c).collect();
+        Some((others, limits.as_slice()))
+    }
+
+    /// What the deployment at `i` is charged now, per limit of its namespace.
+    pub fn charged(&self, i: usize) -> &[u64] {
+        &self.charged[i]
+    }
+
+    /// Charges the deployment at `i` with `now` (a reused step's charges) instead of what it
+    /// was charged before.
+    pub fn set_charged(&mut self, i: usize, now: &[u64]) {
+        let ns = self.namespaces[i];
+        let Some(total) = self.total.get_mut(ns) else { return };
+        if now.len() != total.len() {
+            return;
+        }
+        for (k, v) in now.iter().enumerate() {
+            total[k] = total[k] - self.charged[i][k] + v;
+        }
+        self.charged[i] = now.to_vec();
     }
 
     /// Charges the namespace of `d` with replicas that are not solved again (`preempt.rs`
@@ -328,6 +406,11 @@ impl QuotaUsage {
 
 /// What every quota of `snapshot` holds in `plan`.
 pub fn usage(snapshot: &FleetSnapshot, plan: &Plan) -> Vec<QuotaUsage> {
+    usage_of(snapshot, &plan.deployments)
+}
+
+/// What every quota of `snapshot` holds in `plans`.
+pub(crate) fn usage_of(snapshot: &FleetSnapshot, plans: &[DeploymentPlan]) -> Vec<QuotaUsage> {
     if snapshot.quotas.is_empty() {
         return Vec::new();
     }
@@ -338,7 +421,7 @@ pub fn usage(snapshot: &FleetSnapshot, plan: &Plan) -> Vec<QuotaUsage> {
         .map(|d| ((d.namespace.as_str(), d.name.as_str()), ReplicaShape::of(&d.spec.topology).devices()))
         .collect();
     let mut used: BTreeMap<&str, Vec<u64>> = limits.iter().map(|(ns, l)| (*ns, vec![0; l.len()])).collect();
-    for p in &plan.deployments {
+    for p in plans {
         let (Some(list), Some(u)) = (limits.get(p.namespace.as_str()), used.get_mut(p.namespace.as_str())) else {
             continue;
         };
@@ -371,15 +454,15 @@ pub fn usage(snapshot: &FleetSnapshot, plan: &Plan) -> Vec<QuotaUsage> {
                     max: l.max,
                 })
                 .collect();
-            QuotaUsage { namespace: q.namespace.clone(), name: q.name.clone(), limits, unplaced: unplaced_by(q, plan) }
+            QuotaUsage { namespace: q.namespace.clone(), name: q.name.clone(), limits, unplaced: unplaced_by(q, plans) }
         })
         .collect()
 }
 
 /// Replicas of `q`'s namespace the plan leaves short where a cluster refused for `q`.
-fn unplaced_by(q: &QuotaView, plan: &Plan) -> u32 {
+fn unplaced_by(q: &QuotaView, plans: &[DeploymentPlan]) -> u32 {
     let tag = format!("FleetQuota {}/{}:", q.namespace, q.name);
-    plan.deployments
+    plans
         .iter()
         .filter(|p| p.namespace == q.namespace && p.unplaced > 0)
         .filter(|p| p.rejections.iter().any(|r| r.reason == Reason::QuotaExceeded && r.message.starts_with(&tag)))
@@ -392,8 +475,7 @@ pub(crate) fn over(snapshot: &FleetSnapshot, plans: &[DeploymentPlan]) -> bool {
     if snapshot.quotas.is_empty() {
         return false;
     }
-    let plan = Plan { deployments: plans.to_vec(), ..Plan::default() };
-    usage(snapshot, &plan).iter().any(QuotaUsage::over)
+    usage_of(snapshot, plans).iter().any(QuotaUsage::over)
 }
 
 /// The words of a refusal of quota `quota`'s limit `device` (`None`: its cost limit) of `max`:

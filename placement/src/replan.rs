@@ -7,13 +7,16 @@
 //! last solve (a "dirty" pool); every other step's output and writes are reused. A pool stays
 //! dirty until a step that runs again leaves it as the last solve did. Which later steps read a
 //! dirty pool comes from an index (pool → steps that read it), so the walk costs the steps that
-//! run again, not every candidate of every deployment.
+//! run again, not every candidate of every deployment. A deployment whose namespace has
+//! FleetQuotas also reads its room (what the namespace's other deployments hold of each limit):
+//! its step runs again only when the room would answer one of its checks otherwise
+//! (`quota::Probe::holds`), and a reused step charges the namespace as before.
 //!
 //! The plan is byte for byte the one `solve` gives for the same snapshot (a property test checks
 //! it on random change sequences). A re-plan solves the whole fleet when what it would reuse
 //! cannot stand: the first solve, clusters that changed in more than their pools' free devices
-//! (capacity observed: those pools are dirty from the start), other classes, another set of
-//! deployments (or another solve order), explain mode, a solve whose evaluations near the budget
+//! (capacity observed: those pools are dirty from the start), other classes, other FleetQuotas,
+//! another set of deployments (or another solve order), explain mode, a solve whose evaluations near the budget
 //! or whose trace would outgrow its bound. When the greedy pass leaves replicas unplaced and the
 //! improvement phase is on, the phase runs on the replayed pass's result as `solve` runs it, its
 //! move attempts reused where what they read is unchanged (`phase_trace.rs`); the greedy plans it
@@ -24,11 +27,12 @@ use std::collections::{BTreeMap, HashMap};
 use super::free::StepIo;
 use super::held::Held;
 use super::improve::PhaseMemo;
+use super::quota::Probe;
 use super::{Fixed, Kept, SolveOptions, order_indices, solve, solve_cmp};
 use crate::devices::MatcherMemo;
 use crate::filters::StaticMemo;
 use crate::plan::{DeploymentPlan, Plan};
-use crate::snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView};
+use crate::snapshot::{ClassView, ClusterView, DeploymentView, FleetSnapshot, PoolView, QuotaView};
 use tier_open::TierOpen;
 use walk::Walk;
 
@@ -37,6 +41,8 @@ pub struct Replanner {
     options: SolveOptions,
     clusters: Vec<ClusterView>,
     classes: BTreeMap<String, ClassView>,
+    /// The FleetQuotas, as last solved (a re-plan with other quotas solves whole).
+    quotas: Vec<QuotaView>,
     /// The deployments in solve order, as last solved.
     deployments: Vec<DeploymentView>,
     /// Their positions in the last snapshot's list, and whether no two share a place in the
@@ -86,6 +92,17 @@ pub struct ReplanStats {
 struct Step {
     io: StepIo,
     cost: u64,
+    /// When its namespace has FleetQuotas: what the step read of its room, and what it left
+    /// its deployment charged with (`quota.rs`).
+    quota: Option<StepQuota>,
+}
+
+/// A step's quota input and output: a step is reused only when its room answers every check as
+/// before (`Probe::holds`); a reused step charges its deployment as before.
+#[derive(Clone, Debug)]
+struct StepQuota {
+    probe: Probe,
+    charged: Vec<u64>,
 }
 
 /// A keep step and what it left for the fill step (`None`: the spec is invalid; the fill step
@@ -137,6 +154,7 @@ impl Replanner {
             options,
             clusters: Vec::new(),
             classes: BTreeMap::new(),
+            quotas: Vec::new(),
             deployments: Vec::new(),
             order_ix: Vec::new(),
             unique: false,
@@ -178,17 +196,13 @@ impl Replanner {
         let kept_order = self.unique
             && snapshot.deployments.len() == n
             && self.order_ix.iter().zip(&self.deployments).all(|(&i, b)| same_key(&snapshot.deployments[i], b));
-        if !snapshot.quotas.is_empty() {
-            // Quotas couple every deployment of a namespace: no step stands alone.
-            self.full(snapshot);
-            return self.plan();
-        }
         let order_ix = if kept_order { std::mem::take(&mut self.order_ix) } else { order_indices(snapshot) };
         let order: Vec<&DeploymentView> = order_ix.iter().map(|&i| &snapshot.deployments[i]).collect();
         let same_frame = self.trace.is_some()
             && order.len() == n
             && (kept_order || order.iter().zip(&self.deployments).all(|(a, b)| same_key(a, b)))
-            && snapshot.classes == self.classes;
+            && snapshot.classes == self.classes
+            && snapshot.quotas == self.quotas;
         // Clusters may differ in their pools' free devices (capacity observed), nothing else.
         let capacity = if same_frame { free_changes(&snapshot.clusters, &self.clusters) } else { None };
         self.order_ix = order_ix;
@@ -226,6 +240,7 @@ impl Replanner {
                 self.trace = Some(trace);
                 self.stats = stats;
                 self.trade(snapshot, &order);
+                self.settle_quotas(snapshot);
             }
             Outcome::Abort => self.full(snapshot),
         }
@@ -239,6 +254,7 @@ impl Replanner {
         self.unique = order.windows(2).all(|w| solve_cmp(w[0], w[1]) == std::cmp::Ordering::Less);
         self.clusters = snapshot.clusters.clone();
         self.classes = snapshot.classes.clone();
+        self.quotas.clone_from(&snapshot.quotas);
         self.deployments = order.iter().map(|d| (*d).clone()).collect();
         self.trace = None;
         self.greedy_saved = Vec::new();
@@ -246,12 +262,6 @@ impl Replanner {
         let fixed = Fixed::of(snapshot);
         let n = order.len();
         let mut plans = Vec::with_capacity(n);
-        if !snapshot.quotas.is_empty() {
-            self.fixed = None;
-            self.stats = ReplanStats { full: true, ..ReplanStats::default() };
-            self.plan = solve(snapshot, &self.options);
-            return;
-        }
         let outcome = if self.options.explain.is_none() && !self.untraceable {
             let changes = Changes { deployments: &vec![true; n], capacity: &[] };
             Walk::run(snapshot, &fixed, &order, &self.options, None, changes, &mut plans, self.limit)
@@ -268,6 +278,7 @@ impl Replanner {
                 self.trace = Some(trace);
                 self.stats = ReplanStats { full: true, ..stats };
                 self.trade(snapshot, &order);
+                self.settle_quotas(snapshot);
             }
             Outcome::Abort => {
                 self.untraceable |= self.options.explain.is_none();
@@ -285,6 +296,26 @@ impl Replanner {
         if let Some(traded) = super::trade::trade(snapshot, &self.options, fixed, order, &self.plan) {
             self.untraded = Some(std::mem::replace(&mut self.plan, traded).deployments);
         }
+    }
+
+    /// The plan's FleetQuota usage, as `solve` ends: should a step after the greedy pass have
+    /// taken a namespace past a limit, the plan is the greedy pass alone (which the walk left:
+    /// the plan before the phase and the trades, with the greedy plans the phase changed).
+    fn settle_quotas(&mut self, snapshot: &FleetSnapshot) {
+        if snapshot.quotas.is_empty() {
+            return;
+        }
+        if self.options.max_improvement > 0 && super::quota::over(snapshot, &self.plan.deployments) {
+            let mut greedy = match self.untraded.take() {
+                Some(untraded) => untraded,
+                None => std::mem::take(&mut self.plan.deployments),
+            };
+            for (i, p) in self.greedy_saved.drain(..) {
+                greedy[i] = p;
+            }
+            self.plan = Plan { deployments: greedy, ..Plan::default() };
+        }
+        self.plan.quotas = super::quota::usage(snapshot, &self.plan);
     }
 }
 

@@ -9,9 +9,11 @@ use std::collections::HashMap;
 use super::super::free::{Free, StepIo};
 use super::super::held::{Held, movable};
 use super::super::improve::PhaseMemo;
+use super::super::quota::{Book, Room};
 use super::super::{Ctx, Fixed, Kept, SolveOptions, Solved, initial_free};
 use super::tier_open::TierOpen;
-use super::{Changes, KeepStep, Outcome, ReplanStats, Step, Trace, Traced};
+use super::{Changes, KeepStep, Outcome, ReplanStats, Step, StepQuota, Trace, Traced};
+use crate::devices::ReplicaShape;
 use crate::devices::{DeviceMatcher, MatcherMemo};
 use crate::filters::StaticMemo;
 use crate::plan::DeploymentPlan;
@@ -57,6 +59,8 @@ pub(super) struct Walk<'w> {
     phase: PhaseMemo,
     /// Per deployment in solve order, the evaluations its steps cost.
     costs: Vec<u64>,
+    /// The namespaces' FleetQuotas, charged as the steps run or are reused (`quota.rs`).
+    book: Option<Book<'w>>,
     stats: ReplanStats,
 }
 
@@ -65,7 +69,7 @@ impl<'w> Walk<'w> {
     /// is left with this pass's, then the improvement phase's.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run(
-        snapshot: &FleetSnapshot,
+        snapshot: &'w FleetSnapshot,
         fixed: &Fixed,
         order: &'w [&'w DeploymentView],
         options: &'w SolveOptions,
@@ -89,6 +93,7 @@ impl<'w> Walk<'w> {
         let statics = prev.as_mut().map(|t| std::mem::take(&mut t.statics));
         let mut statics = within(statics, statics_bound(snapshot), StaticMemo::len).unwrap_or_default();
         let mut walk = Walk::start(order, options, changes.deployments, prev, free.len(), (limit, max_entries));
+        walk.book = Book::new(snapshot, order);
         walk.note_changes(&free, changes.capacity);
         let mut evaluations = 0u64;
         let mut spare = Vec::new();
@@ -126,6 +131,7 @@ impl<'w> Walk<'w> {
             held: vec![Vec::new(); n],
             phase: PhaseMemo::default(),
             costs: vec![0; n],
+            book: None,
             stats: ReplanStats::default(),
         };
         if let Some(t) = prev {
@@ -225,10 +231,15 @@ impl<'w> Walk<'w> {
         let open_hit = old
             .as_ref()
             .is_some_and(|k| k.step.io.open_reads.iter().any(|&p| open_dirty.get(p as usize) == Some(&true)));
-        let reuse = self.pools.incremental && !self.changed[i] && hit.is_empty() && !open_hit;
+        let reuse = self.pools.incremental
+            && !self.changed[i]
+            && hit.is_empty()
+            && !open_hit
+            && old.as_ref().is_some_and(|o| self.same_room(i, &o.step));
         let left = match old {
             Some(old) if reuse => {
                 replay(ctx.free, &old.step.io);
+                self.recharge(i, &old.step);
                 self.reused(ctx, i, old.step.cost);
                 self.keep[i] = Some(old);
                 Left::Reused
@@ -237,12 +248,20 @@ impl<'w> Walk<'w> {
                 ctx.free.begin();
                 let before = *ctx.evaluations;
                 let d = self.order[i];
-                let kept = ctx.with(d, &self.options.explain, view).keep(d);
+                let room = self.room(i);
+                let mut step_ctx = ctx.with(d, &self.options.explain, view);
+                step_ctx.quota = room;
+                let kept = step_ctx.keep(d);
+                let room = step_ctx.quota.take();
                 let (io, changed_from) = ctx.free.end();
                 let cost = *ctx.evaluations - before;
                 self.costs[i] += cost;
                 self.pools.ran(ctx.free, pos, old.as_ref().map(|o| &o.step.io), &io, changed_from, &hit);
-                self.keep[i] = Some(KeepStep { step: Step { io, cost }, kept: kept.clone() });
+                let quota = kept.as_ref().and_then(|k| {
+                    let held = k.candidates.iter().filter(|c| c.placed > 0);
+                    self.charge(i, room, held.map(|c| (c.cluster, c.pool, c.placed, c.replica_price)))
+                });
+                self.keep[i] = Some(KeepStep { step: Step { io, cost, quota }, kept: kept.clone() });
                 self.stats.steps_run += 1;
                 Left::Ran(kept)
             }
@@ -263,10 +282,14 @@ impl<'w> Walk<'w> {
     ) -> Result<(), Abort> {
         let pos = position(start, true, i);
         let hit = self.pools.pop(pos);
+        let same = self.pools.incremental && !self.changed[i] && hit.is_empty();
         let kept = match left {
-            Left::Nothing | Left::Reused if self.pools.incremental && !self.changed[i] && hit.is_empty() => {
+            Left::Nothing | Left::Reused if same && self.same_room(i, &self.fill[i]) => {
                 replay(ctx.free, &self.fill[i].io);
-                self.reused(ctx, i, self.fill[i].cost);
+                let step = std::mem::take(&mut self.fill[i]);
+                self.recharge(i, &step);
+                self.reused(ctx, i, step.cost);
+                self.fill[i] = step;
                 return Ok(());
             }
             Left::Nothing => None,
@@ -276,14 +299,19 @@ impl<'w> Walk<'w> {
         ctx.free.begin();
         let before = *ctx.evaluations;
         let d = self.order[i];
-        let (plan, h) = ctx.with(d, &self.options.explain, None).solve_one(d, kept);
+        let room = self.room(i);
+        let mut step_ctx = ctx.with(d, &self.options.explain, None);
+        step_ctx.quota = room;
+        let (plan, h) = step_ctx.solve_one(d, kept);
+        let room = step_ctx.quota.take();
         let (io, changed_from) = ctx.free.end();
         let cost = *ctx.evaluations - before;
         self.costs[i] += cost;
         let old = std::mem::take(&mut self.fill[i]);
         let incremental = self.pools.incremental;
         self.pools.ran(ctx.free, pos, incremental.then_some(&old.io), &io, changed_from, &hit);
-        self.fill[i] = Step { io, cost };
+        let quota = self.charge(i, room, h.iter().map(|h| (h.cluster, h.pool, h.count, h.price)));
+        self.fill[i] = Step { io, cost, quota };
         // What the improvement phase will see otherwise than in the last run: this
         // deployment, and the users of the pools it had or has replicas on.
         if incremental && phase_sees_change(&self.held[i], &h, plans.get(i), &plan) {
@@ -299,6 +327,42 @@ impl<'w> Walk<'w> {
         self.held[i] = h;
         self.stats.steps_run += 1;
         self.within_bounds(ctx)
+    }
+
+    /// The room deployment `i`'s step has under its namespace's quotas now (`None`: none).
+    fn room(&self, i: usize) -> Option<Room> {
+        self.book.as_ref().and_then(|b| b.room(i))
+    }
+
+    /// Whether deployment `i`'s last `step` read its room as it stands now: no quota then and
+    /// now, or every check of the step answering the same (`Probe::holds`).
+    fn same_room(&self, i: usize, step: &Step) -> bool {
+        match (self.book.as_ref().and_then(|b| b.others(i)), &step.quota) {
+            (None, None) => true,
+            (Some((others, limits)), Some(q)) => q.probe.holds(&others, limits),
+            _ => false,
+        }
+    }
+
+    /// A reused step of deployment `i` charges its namespace as it did.
+    fn recharge(&mut self, i: usize, step: &Step) {
+        if let (Some(b), Some(q)) = (self.book.as_mut(), &step.quota) {
+            b.set_charged(i, &q.charged);
+        }
+    }
+
+    /// Deployment `i` charged with its replicas `placed` (cluster, pool, replicas, price per
+    /// replica) after a step that ran on `room`: what the step leaves in its trace.
+    fn charge(
+        &mut self,
+        i: usize,
+        room: Option<Room>,
+        placed: impl Iterator<Item = (usize, usize, u32, u64)>,
+    ) -> Option<StepQuota> {
+        let b = self.book.as_mut()?;
+        let room = room?;
+        b.charge(i, &ReplicaShape::of(&self.order[i].spec.topology), placed);
+        Some(StepQuota { probe: room.probe(), charged: b.charged(i).to_vec() })
     }
 
     /// A step of deployment `i` reused (its writes already replayed): what it cost is spent.

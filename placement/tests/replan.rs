@@ -7,12 +7,15 @@
 //! fallback alternatives added, removed or reordered, `minReplicas`/`maxReplicas`, capacity
 //! types and split, and a hardware class's attributes, memory, devices per node or price.
 //! Then that the re-plan really is incremental: it reuses steps, one changed deployment runs
-//! few of them, and every edit kind reaches the re-plan.
+//! few of them, and every edit kind reaches the re-plan. The same with FleetQuotas on random
+//! namespaces, some binding and some not (a step reads its namespace's room like a pool's free
+//! devices), and with quotas edited.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use flotilla_apis::CapacityType;
 use flotilla_apis::class::InferenceClassSpec;
+use flotilla_apis::common::format_price_micros;
 use flotilla_apis::common::{ClusterToleration, TaintEffect, TolerationOperator};
 use flotilla_apis::deployment::{
     CelExpression, ClusterPlacement, DeviceAlternative, ModelDeploymentSpec, RefusedPool, SplitStrategy, Spread,
@@ -21,7 +24,8 @@ use flotilla_apis::deployment::{
 use flotilla_placement::generate::{GenSpec, generate, with_current};
 use flotilla_placement::snapshot::free_per_node;
 use flotilla_placement::{
-    ClassView, ClusterView, DeploymentView, FleetSnapshot, Plan, PoolView, Replanner, SolveOptions, solve,
+    ClassView, ClusterView, DeploymentView, FleetSnapshot, Plan, PoolView, QuotaView, Replanner, SolveOptions,
+    quota_usage, solve,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -67,6 +71,8 @@ enum Change {
     Split(usize, bool),
     /// A hardware class edited (another frame: the whole fleet is solved again).
     Class(usize, ClassEdit),
+    /// Every limit of FleetQuota `k` (modulo their number) becomes `pct` % of what it was.
+    Quota(usize, u32),
 }
 
 /// How a deployment's alternatives change: `at` and `to` modulo their number.
@@ -254,6 +260,16 @@ fn apply(snap: &mut FleetSnapshot, last: &Plan, change: &Change) {
             snap.deployments[i % n].spec.placement.split = on.then_some(SplitStrategy::Proportional);
         }
         Change::Class(k, ref edit) => edit_class(snap, k, edit),
+        Change::Quota(k, pct) => {
+            let n = snap.quotas.len();
+            if let Some(q) = snap.quotas.get_mut(k % n.max(1)) {
+                for l in &mut q.spec.devices {
+                    l.max = (u64::from(l.max) * u64::from(pct) / 100) as u32;
+                }
+                let cost = q.spec.max_cost_per_hour.as_deref().and_then(flotilla_apis::common::parse_price_micros);
+                q.spec.max_cost_per_hour = cost.map(|c| format_price_micros(c * u64::from(pct) / 100));
+            }
+        }
     }
 }
 
@@ -385,6 +401,96 @@ fn matching() -> impl Strategy<Value = FleetSnapshot> {
     )
 }
 
+/// The namespaces the generator draws deployments in.
+const NAMESPACES: [&str; 4] = ["ml", "search", "assistants", "research"];
+
+/// What a FleetQuota limits: every device, one class's, one capacity type's, or cost.
+#[derive(Clone, Copy, Debug)]
+enum Limits {
+    Devices,
+    Class(usize),
+    Spot,
+    Cost,
+    /// Devices and cost together.
+    Both,
+}
+
+/// A FleetQuota drawn on namespace `ns` (of `NAMESPACES`): what it limits, at `pct` % of what
+/// the namespace holds in a plan without it (0–100: binding, above: not).
+#[derive(Clone, Copy, Debug)]
+struct QuotaDraw {
+    ns: usize,
+    limits: Limits,
+    pct: u32,
+}
+
+fn quota_draws() -> impl Strategy<Value = Vec<QuotaDraw>> {
+    let limits = prop_oneof![
+        3 => Just(Limits::Devices),
+        1 => any::<usize>().prop_map(Limits::Class),
+        1 => Just(Limits::Spot),
+        2 => Just(Limits::Cost),
+        1 => Just(Limits::Both),
+    ];
+    let pct = prop_oneof![Just(0u32), Just(30), Just(50), Just(80), Just(100), Just(120), Just(300), Just(10_000)];
+    proptest::collection::vec((0..NAMESPACES.len(), limits, pct), 1..=4)
+        .prop_map(|v| v.into_iter().map(|(ns, limits, pct)| QuotaDraw { ns, limits, pct }).collect())
+}
+
+/// `snap` with the drawn quotas: each limit set to its percentage of what its namespace holds
+/// in `solve`'s plan of `snap` under the same quotas at a limit nothing reaches.
+fn with_quotas(mut snap: FleetSnapshot, draws: &[QuotaDraw]) -> FleetSnapshot {
+    let classes: Vec<String> = snap.classes.keys().cloned().collect();
+    let unlimited = |d: &QuotaDraw| {
+        let devices =
+            |class: Option<&String>, t: Option<&str>| json!({"max": 1_000_000, "class": class, "capacityType": t});
+        let spec = match d.limits {
+            Limits::Devices => json!({"devices": [devices(None, None)]}),
+            Limits::Class(k) => json!({"devices": [devices(classes.get(k % classes.len().max(1)), None)]}),
+            Limits::Spot => json!({"devices": [devices(None, Some("spot"))]}),
+            Limits::Cost => json!({"maxCostPerHour": "999999"}),
+            Limits::Both => json!({"devices": [devices(None, None)], "maxCostPerHour": "999999"}),
+        };
+        serde_json::from_value(spec).unwrap()
+    };
+    snap.quotas = draws
+        .iter()
+        .enumerate()
+        .map(|(k, d)| QuotaView { namespace: NAMESPACES[d.ns].into(), name: format!("q{k}"), spec: unlimited(d) })
+        .collect();
+    snap.quotas.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let used = quota_usage(&snap, &solve(&snap, &SolveOptions { max_improvement: 0, ..SolveOptions::default() }));
+    for (q, u) in snap.quotas.iter_mut().zip(used) {
+        let k: usize = q.name[1..].parse().unwrap();
+        let pct = u64::from(draws[k].pct);
+        for (l, used) in q.spec.devices.iter_mut().zip(&u.limits) {
+            l.max = (used.used * pct / 100).min(1_000_000) as u32;
+        }
+        if let Some(cost) = u.limits.iter().find(|l| l.device.is_none()) {
+            q.spec.max_cost_per_hour = Some(format_price_micros((cost.used * pct / 100).min(999_999_000_000)));
+        }
+    }
+    snap
+}
+
+/// The changes of `change()`, and quotas edited.
+fn quota_change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        12 => change(),
+        1 => (any::<usize>(), prop_oneof![Just(0u32), Just(50), Just(90), Just(200)]).prop_map(|(k, p)| Change::Quota(k, p)),
+    ]
+}
+
+/// [`check_sequence`] on the fleet of `spec` with the quotas `draws`.
+fn check_quotas(
+    spec: &GenSpec,
+    draws: &[QuotaDraw],
+    options: &SolveOptions,
+    changes: &[Change],
+) -> Result<(usize, usize), String> {
+    check_snapshot(with_quotas(generate(spec), draws), options, changes)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
@@ -429,6 +535,34 @@ proptest! {
         let options = SolveOptions { max_improvement: budget, ..SolveOptions::default() };
         if let Err(e) = check_sequence(&spec, &options, &changes) {
             prop_assert!(false, "{spec:?} budget {budget}: {e}");
+        }
+    }
+    /// With FleetQuotas on random namespaces, some binding and some not: greedy-only (every
+    /// re-plan of the same frame incremental) and with the default options.
+    #[test]
+    fn replans_with_quotas_equal_full_solves(
+        spec in fleets(),
+        draws in quota_draws(),
+        greedy in any::<bool>(),
+        changes in proptest::collection::vec(quota_change(), 1..8),
+    ) {
+        let options = if greedy { SolveOptions { max_improvement: 0, ..SolveOptions::default() } } else { SolveOptions::default() };
+        if let Err(e) = check_quotas(&spec, &draws, &options, &changes) {
+            prop_assert!(false, "{spec:?} {draws:?} greedy {greedy}: {e}");
+        }
+    }
+
+    /// The same on crowded fleets, where a quota's room is what many deployments compete for.
+    #[test]
+    fn crowded_replans_with_quotas_equal_full_solves(
+        spec in crowded(),
+        draws in quota_draws(),
+        greedy in any::<bool>(),
+        changes in proptest::collection::vec(quota_change(), 1..8),
+    ) {
+        let options = if greedy { SolveOptions { max_improvement: 0, ..SolveOptions::default() } } else { SolveOptions::default() };
+        if let Err(e) = check_quotas(&spec, &draws, &options, &changes) {
+            prop_assert!(false, "{spec:?} {draws:?} greedy {greedy}: {e}");
         }
     }
 }
@@ -746,4 +880,102 @@ fn a_short_fleet_replans_incrementally_with_the_improvement_phase() {
     }
     assert!(short >= 3, "the generated fleets leave replicas unplaced: {short}");
     assert_eq!(incremental, short, "every short fleet re-planned incrementally");
+}
+
+/// A quota's room is an input of the steps that read it. `first` and `second` (namespace `ml`,
+/// one TP8 replica each, `first` solved first, on different clusters) under a quota of 16
+/// devices: both placed. Once
+/// `first` scales to 2, `second`'s room is gone and it is refused (`QuotaExceeded`), though
+/// nothing of `second` nor of any pool it reads changed; once `first` scales back, `second` is
+/// placed again. `other`, in a namespace without a quota and on a cluster of its own, is reused
+/// throughout.
+#[test]
+fn a_changed_charge_reaches_the_later_steps_of_the_namespace() {
+    // Apart (`first` on `a`, `second` on `b`): the quota is all that links them.
+    let on = |site: &str| json!({"clusterSelector": {"matchLabels": {"site": site}}});
+    let mut first = deployment("first", 0, 1, on("a"));
+    first.created = 1;
+    let mut second = deployment("second", 0, 1, on("b"));
+    second.created = 2;
+    let mut other = deployment("other", 0, 1, on("c"));
+    other.namespace = "search".into();
+    other.created = 3;
+    let quota = QuotaView {
+        namespace: "ml".into(),
+        name: "gpus".into(),
+        spec: serde_json::from_value(json!({"devices": [{"max": 16}]})).unwrap(),
+    };
+    let before = FleetSnapshot {
+        classes: h100_class(),
+        clusters: vec![cluster("a", 4), cluster("b", 4), cluster("c", 1)],
+        deployments: vec![first, second, other],
+        quotas: vec![quota],
+    };
+    for options in [SolveOptions { max_improvement: 0, ..SolveOptions::default() }, SolveOptions::default()] {
+        let mut r = Replanner::new(&before, options.clone());
+        assert_eq!(json(r.plan()), json(&solve(&before, &options)));
+        assert_eq!(placed_on(r.plan(), "second").len(), 1);
+        let mut after = before.clone();
+        after.deployments[0].spec.replicas = 2;
+        let got = r.replan(&after).clone();
+        assert!(!r.stats().full, "quotas unchanged: a re-plan, not a solve");
+        assert_eq!(json(&got), json(&solve(&after, &options)));
+        assert!(placed_on(&got, "second").is_empty(), "the quota is used up by `first`");
+        assert!(r.stats().steps_reused > 0, "`other` is reused: {:?}", r.stats());
+        let back = r.replan(&before).clone();
+        assert!(!r.stats().full);
+        assert_eq!(json(&back), json(&solve(&before, &options)));
+        assert_eq!(placed_on(&back, "second").len(), 1);
+    }
+}
+
+/// With quotas that do not bind, one changed deployment runs few steps, as without quotas: a
+/// later step of its namespace reads another usage, but every check it made still passes.
+/// With a binding quota on the changed deployment's namespace, the re-plan is still
+/// incremental and equal to `solve`.
+#[test]
+fn one_changed_deployment_with_quotas_runs_few_steps() {
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let base = generate(&GenSpec { clusters: 60, deployments: 300, seed: 5 });
+    for pct in [10_000, 60] {
+        let draws: Vec<QuotaDraw> =
+            (0..NAMESPACES.len()).map(|ns| QuotaDraw { ns, limits: Limits::Both, pct }).collect();
+        let limited = with_quotas(base.clone(), &draws);
+        let running = with_current(&limited, &solve(&limited, &options));
+        let mut r = Replanner::new(&running, options.clone());
+        let total = r.stats().steps_run;
+        let mut changed = running.clone();
+        let i = changed.deployments.iter().position(|d| d.spec.replicas > 0).unwrap();
+        changed.deployments[i].spec.replicas += 1;
+        let got = json(r.replan(&changed));
+        assert_eq!(got, json(&solve(&changed, &options)), "pct {pct}");
+        let s = r.stats();
+        assert!(!s.full, "pct {pct}");
+        assert_eq!(s.steps_run + s.steps_reused, total, "every step is either run or reused");
+        if pct > 100 {
+            assert!(s.steps_run * 10 < total, "{} of {total} steps ran", s.steps_run);
+        }
+        let back = json(r.replan(&running));
+        assert_eq!(back, json(&solve(&running, &options)), "pct {pct}");
+    }
+}
+
+/// The quota properties have teeth: over fixed seeds, re-plans with binding quotas are
+/// incremental and some change a plan a quota refused replicas in.
+#[test]
+fn replans_with_binding_quotas_are_incremental() {
+    let options = SolveOptions { max_improvement: 0, ..SolveOptions::default() };
+    let changes = [Change::Running, Change::Scale(3, 2), Change::Scale(7, -1), Change::Stopped(2), Change::Running];
+    let (mut incremental, mut refused) = (0, 0);
+    for seed in 0..8u64 {
+        let spec = GenSpec { clusters: 8 + seed as usize, deployments: 30, seed };
+        let draws: Vec<QuotaDraw> =
+            (0..NAMESPACES.len()).map(|ns| QuotaDraw { ns, limits: Limits::Devices, pct: 50 }).collect();
+        let snap = with_quotas(generate(&spec), &draws);
+        refused += usize::from(solve(&snap, &options).quotas.iter().any(|q| q.unplaced > 0));
+        let (i, _) = check_snapshot(snap, &options, &changes).unwrap();
+        incremental += i;
+    }
+    assert_eq!(incremental, 8 * changes.len(), "quotas unchanged: no re-plan solves whole");
+    assert!(refused >= 4, "the quotas bind: {refused}");
 }
