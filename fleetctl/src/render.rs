@@ -289,11 +289,37 @@ pub fn explain_text(d: &DeploymentPlan) -> String {
             };
         }
     }
+    if let Some(t) = &d.trade {
+        out.push_str("\nSAME-TIER TRADE\n");
+        let tier = format!(
+            "priority {} solved in another order than creation order: {} replica(s) of the tier placed instead of {}",
+            t.priority, t.tier_placed_after, t.tier_placed_before
+        );
+        let _ = match t.position {
+            Some(p) => writeln!(out, "  its tier, {tier}; this deployment solved {}", ordinal(p + 1)),
+            None => writeln!(out, "  a higher tier, {tier}"),
+        };
+        if t.gave_up > 0 {
+            let _ = writeln!(out, "  {} replica(s) fewer than in creation order: the trade's price", t.gave_up);
+        }
+    }
     if d.unplaced > 0 {
         out.push('\n');
         out.push_str(&unplaced_section(d));
     }
     out
+}
+
+/// `1st`, `2nd`, `3rd`, `4th`, … `11th`, `12th`, `13th`, `21st`.
+fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// What the exact mode did: which pass produced the plan, per tier the greedy's, the
@@ -419,5 +445,39 @@ mod tests {
         // Absence: no preemptions, no section.
         let quiet = super::explain_text(&DeploymentPlan { preemptions: vec![], ..plan("other") });
         assert!(!quiet.contains("PREEMPTED"), "{quiet}");
+    }
+
+    #[test]
+    fn explain_says_a_tier_was_traded_and_what_it_cost() {
+        use flotilla_placement::plan::TierTrade;
+        let plan = |trade: Option<TierTrade>| DeploymentPlan {
+            namespace: "ml".into(),
+            name: "big".into(),
+            desired: 2,
+            unplaced: 1,
+            trade,
+            ..Default::default()
+        };
+        let own =
+            TierTrade { priority: 100, position: Some(1), tier_placed_before: 6, tier_placed_after: 9, gave_up: 1 };
+        let text = super::explain_text(&plan(Some(own.clone())));
+        assert!(text.contains("SAME-TIER TRADE"), "{text}");
+        assert!(
+            text.contains(
+                "its tier, priority 100 solved in another order than creation order: 9 replica(s) of the tier placed \
+                 instead of 6; this deployment solved 2nd"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("1 replica(s) fewer than in creation order"), "{text}");
+        let below = super::explain_text(&plan(Some(TierTrade { position: None, gave_up: 0, ..own })));
+        assert!(below.contains("  a higher tier, priority 100"), "{below}");
+        assert!(!below.contains("fewer than in creation order"), "nothing given up, nothing said: {below}");
+        let quiet = super::explain_text(&plan(None));
+        assert!(!quiet.contains("TRADE"), "{quiet}");
+        assert_eq!(
+            [1, 2, 3, 4, 11, 12, 13, 21, 22, 111].map(super::ordinal).join(" "),
+            "1st 2nd 3rd 4th 11th 12th 13th 21st 22nd 111th"
+        );
     }
 }
