@@ -346,19 +346,12 @@ same binary's CPU per 1,000 requests ranged 24–41 ms within ten minutes). call
 the instructions the gateway executes per proxied request does not move with the load
 (\`scripts/gateway-instructions.sh [-n 3000] [BINARY...]\`: one event loop, one keep-alive
 connection, an nginx upstream, 200 requests of warm-up uncounted; kernel time is not in it).
-Each change below measured against the build before it:
+Current figure: **74,163 instructions per request** (commit 6823660; 81,759 at b18a7b2, before
+\`validate::check\` became one pass over the body's fields, hyper's header room twice
+\`--max-headers\` instead of four times, the upstream request was built in place and the request
+and attempt counters became handles kept on the model and route).
 
-| change | instructions per request |
-| --- | --- |
-| b18a7b2 (the hot path above) | 81,759 |
-| \`validate::check\` in one pass over the body's own fields instead of a lookup of each of the ~20 known ones | 78,877 |
-| hyper's parse room twice \`--max-headers\` instead of four times (it readies room for all of them on every head) | 76,511 |
-| \`Stats::record\` one lookup per level once a (model, cluster) pair is known; \`pick\`'s candidates borrow the cluster name | 76,428 |
-| the upstream request built in place instead of through \`Request::builder\` | 75,235 |
-| an answered request counts its model's series through handles kept on the model, not labels built and looked up | 74,678 |
-| the answered attempt counted through a handle kept on the route | **74,163** (−9.3 %) |
-
-What is left of the 75k, by the same profile: hyper's server and client (parsing both heads,
+What the 74k are made of, by the same profile: hyper's server and client (parsing both heads,
 the header room, encoding; about 30 %), the request body parsed into a \`serde_json::Value\`
 (6 %) and the engine's answer checked to be a JSON object (\`IgnoredAny\`, 5 %), moves of
 hyper-util's request futures (\`memcpy\`, 5 %), its pool keys hashed with SipHash twice
